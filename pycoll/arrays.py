@@ -1,0 +1,162 @@
+"""The array adapter: which arrays pycoll takes, and how MPI sees them.
+
+Every collective turns its arguments into (array, MPI datatype) pairs here,
+and all argument checks on arrays live here, so the messages are the same
+whichever collective the mistake was made in. numpy arrays are supported
+today; device arrays come in through this module too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+import ml_dtypes
+import numpy as np
+
+from . import _mpi
+
+__all__ = ["SUPPORTED_DTYPES", "dtype_kind", "mpi_datatype"]
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+# dtype -> (kind, name of the MPI datatype that carries it). The kind decides
+# which reductions are valid; "half" types travel as 16-bit words and are
+# reduced by pycoll, since MPI has no arithmetic for them.
+_TABLE: Dict[np.dtype, tuple] = {
+    np.dtype(np.bool_): ("bool", "C_BOOL"),
+    np.dtype(np.int8): ("int", "INT8_T"),
+    np.dtype(np.int16): ("int", "INT16_T"),
+    np.dtype(np.int32): ("int", "INT32_T"),
+    np.dtype(np.int64): ("int", "INT64_T"),
+    np.dtype(np.uint8): ("int", "UINT8_T"),
+    np.dtype(np.uint16): ("int", "UINT16_T"),
+    np.dtype(np.uint32): ("int", "UINT32_T"),
+    np.dtype(np.uint64): ("int", "UINT64_T"),
+    np.dtype(np.float16): ("half", "UINT16_T"),
+    BFLOAT16: ("half", "UINT16_T"),
+    np.dtype(np.float32): ("float", "FLOAT"),
+    np.dtype(np.float64): ("float", "DOUBLE"),
+    np.dtype(np.complex64): ("complex", "C_FLOAT_COMPLEX"),
+    np.dtype(np.complex128): ("complex", "C_DOUBLE_COMPLEX"),
+}
+
+SUPPORTED_DTYPES = tuple(_TABLE)
+_SUPPORTED_NAMES = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+
+# Filled on first use, after MPI is initialized.
+_MPI_TYPES: Dict[np.dtype, Any] = {}
+
+
+def dtype_kind(dtype: np.dtype) -> str:
+    """'bool', 'int', 'half', 'float' or 'complex' for a supported dtype."""
+    return _TABLE[dtype][0]
+
+
+def mpi_datatype(dtype: np.dtype) -> Any:
+    """The MPI datatype that carries one element of ``dtype``."""
+    try:
+        return _MPI_TYPES[dtype]
+    except KeyError:
+        pass
+    MPI = _mpi.load()
+    for dt, (_, name) in _TABLE.items():
+        _MPI_TYPES[dt] = getattr(MPI, name)
+    return _MPI_TYPES[dtype]
+
+
+def _type_error(func: str, name: str, x: Any) -> TypeError:
+    return TypeError(
+        f"{func}: {name} must be a numpy.ndarray, got {type(x).__name__}"
+    )
+
+
+def _check_dtype(func: str, name: str, x: np.ndarray) -> None:
+    if x.dtype not in _TABLE:
+        raise ValueError(
+            f"{func}: {name} has dtype {x.dtype}, which pycoll cannot send; "
+            f"supported dtypes are {_SUPPORTED_NAMES}"
+        )
+
+
+def check_input(func: str, name: str, x: Any) -> np.ndarray:
+    """Check an array that is only read; return it C-contiguous.
+
+    A non-contiguous input is copied once so MPI can read it, which is what
+    a user would do by hand.
+    """
+    if not isinstance(x, np.ndarray):
+        raise _type_error(func, name, x)
+    _check_dtype(func, name, x)
+    if not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x)
+    return x
+
+
+def check_output(func: str, name: str, x: Any) -> np.ndarray:
+    """Check an array that MPI writes into: C-contiguous and writeable."""
+    if not isinstance(x, np.ndarray):
+        raise _type_error(func, name, x)
+    _check_dtype(func, name, x)
+    flags = x.flags
+    if not flags.c_contiguous:
+        raise ValueError(
+            f"{func}: {name} is not C-contiguous, so MPI cannot write the result "
+            f"into it; pass numpy.ascontiguousarray(...) and read the result from that"
+        )
+    if not flags.writeable:
+        raise ValueError(
+            f"{func}: {name} is read-only, so the result cannot be written into it; "
+            f"pass a writeable array (e.g. a copy)"
+        )
+    return x
+
+
+def check_list(func: str, name: str, x: Any, length: Optional[int] = None) -> List[Any]:
+    """Check that ``x`` is a list (or tuple) and, if given, of ``length`` items."""
+    if not isinstance(x, (list, tuple)):
+        raise TypeError(f"{func}: {name} must be a list, got {type(x).__name__}")
+    if length is not None and len(x) != length:
+        raise ValueError(
+            f"{func}: {name} must hold one entry per rank of the group: "
+            f"expecting {length} items, got {len(x)}"
+        )
+    return list(x)
+
+
+def check_same_dtype(func: str, arrays: Sequence[np.ndarray]) -> np.dtype:
+    """Check that all arrays share one dtype and return it."""
+    dtype = arrays[0].dtype
+    for a in arrays:
+        if a.dtype != dtype:
+            found = sorted({str(b.dtype) for b in arrays})
+            raise ValueError(
+                f"{func}: cannot operate on tensors with different dtypes "
+                f"(found {', '.join(found)}); convert them to one dtype first"
+            )
+    return dtype
+
+
+def check_same_shape(func: str, name: str, arrays: Sequence[np.ndarray],
+                     shape: tuple, what: str) -> None:
+    """Check that each array has ``shape`` (the shape of ``what``)."""
+    for i, a in enumerate(arrays):
+        if a.shape != shape:
+            raise ValueError(
+                f"{func}: {name}[{i}] has shape {a.shape} but must have the shape "
+                f"of {what}, {shape}"
+            )
+
+
+def check_size(func: str, name: str, x: np.ndarray, size: int, why: str) -> None:
+    """Check that ``x`` holds exactly ``size`` elements."""
+    if x.size != size:
+        raise ValueError(
+            f"{func}: {name} holds {x.size} elements but must hold {size} ({why})"
+        )
+
+
+def spec(x: np.ndarray, count: Optional[int] = None) -> list:
+    """An mpi4py buffer spec for a checked, contiguous array."""
+    if count is None:
+        return [x, mpi_datatype(x.dtype)]
+    return [x, count, mpi_datatype(x.dtype)]

@@ -1,0 +1,86 @@
+"""The pipeline shared by every collective.
+
+Each collective checks its arguments (pycoll.arrays), then calls :func:`run`,
+which counts the operation on its group, makes the MPI call (blocking, or
+nonblocking with a Work when ``async_op=True``), turns MPI errors into
+DistBackendError, finishes up (divisions, unpacking) and logs at INFO.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from typing import Any, Callable, Optional
+
+from .. import _mpi, debug
+from ..errors import DistBackendError
+from ..groups import ProcessGroup
+from ..work import Work
+
+# Point-to-point tags at and above this value are pycoll's own (object
+# messages); MPI guarantees tags up to 32767.
+RESERVED_TAG = 32767
+
+
+def backend_error(op: str, seq: Optional[int], exc: BaseException) -> DistBackendError:
+    where = f"{op} (seq {seq})" if seq is not None else op
+    return DistBackendError(f"{where} failed in MPI: {exc}", op, seq)
+
+
+def run(pg: ProcessGroup, op: str, nbytes: int, blocking: Callable, nonblocking: Callable,
+        args: tuple, async_op: bool, finish: Optional[Callable[[], None]] = None,
+        result: Any = None) -> Optional[Work]:
+    """Sequence and issue one MPI collective; return a Work if ``async_op``."""
+    pg._seq += 1
+    seq = pg._seq
+    if async_op:
+        try:
+            request = nonblocking(*args)
+        except _mpi.MPI.Exception as exc:
+            raise backend_error(op, seq, exc) from None
+        return Work(op, seq, [request], finish, result, pg.group_name, nbytes)
+    t0 = time.perf_counter() if debug.LEVEL else 0.0
+    try:
+        blocking(*args)
+    except _mpi.MPI.Exception as exc:
+        raise backend_error(op, seq, exc) from None
+    if finish is not None:
+        finish()
+    if debug.LEVEL:
+        debug.log_collective(op, pg.group_name, seq, nbytes, time.perf_counter() - t0)
+    return None
+
+
+def done(pg: ProcessGroup, op: str, seq: int, nbytes: int, t0: float, async_op: bool,
+         result: Any = None) -> Optional[Work]:
+    """Close an operation made of several blocking MPI calls (object collectives)."""
+    if debug.LEVEL:
+        debug.log_collective(op, pg.group_name, seq, nbytes, time.perf_counter() - t0)
+    if async_op:
+        return Work(op, seq, [], None, result, pg.group_name, nbytes)
+    return None
+
+
+def group_rank(pg: ProcessGroup, rank: Any, name: str, func: str) -> int:
+    """Translate a global rank argument (src, dst) into ``pg``'s numbering."""
+    try:
+        index = operator.index(rank) if not isinstance(rank, bool) else None
+    except TypeError:
+        index = None
+    if index is None:
+        raise TypeError(f"{func}: {name} must be an int (a global rank), got {rank!r}")
+    local = pg._group_rank_of.get(index)
+    if local is None:
+        if pg._ranks == list(range(pg.size())):
+            valid = f"0..{pg.size() - 1}"
+        else:
+            valid = f"one of {pg._ranks}"
+        raise ValueError(f"{func}: {name}={index} is not a rank of the group; valid ranks "
+                         f"are {valid}")
+    return local
+
+
+def check_tag(tag: Any, func: str) -> int:
+    if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag < RESERVED_TAG:
+        raise ValueError(f"{func}: tag must be an int in 0..{RESERVED_TAG - 1}, got {tag!r}")
+    return tag

@@ -1,0 +1,176 @@
+"""All-to-all: all_to_all (lists) and all_to_all_single (one array, split on dim 0).
+
+When the amount each pair of ranks exchanges is given per pair (lists of
+arrays, or explicit split sizes), the ranks first check with each other that
+every sender and receiver agree on it: a disagreement would otherwise be a
+silent partial result or an MPI truncation error on one rank only. That
+check costs one small all-to-all and an all-gather of one integer; the even
+all_to_all_single needs none.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from .. import _mpi
+from ..arrays import (check_input, check_list, check_output, check_same_dtype, check_size,
+                      mpi_datatype)
+from ..groups import ProcessGroup, resolve
+from ..work import Work
+from ._common import run
+
+__all__ = ["all_to_all", "all_to_all_single"]
+
+
+def _displacements(counts: Sequence[int]) -> List[int]:
+    out, total = [], 0
+    for c in counts:
+        out.append(total)
+        total += c
+    return out
+
+
+def _agree(pg: ProcessGroup, func: str, send_counts: List[int], recv_counts: List[int]) -> None:
+    """Raise on every rank if any pair of ranks disagrees on what it exchanges."""
+    MPI = _mpi.MPI
+    n = pg._size
+    mine = np.array([send_counts, recv_counts], np.int64).T.copy()
+    theirs = np.empty((n, 2), np.int64)
+    pg.comm.Alltoall([mine, MPI.INT64_T], [theirs, MPI.INT64_T])
+    problems = []
+    for i in range(n):
+        peer = pg._ranks[i]
+        if theirs[i, 0] != recv_counts[i]:
+            problems.append(f"this rank expects {recv_counts[i]} elements from rank {peer}, "
+                            f"which sends {theirs[i, 0]}")
+        if theirs[i, 1] != send_counts[i]:
+            problems.append(f"this rank sends {send_counts[i]} elements to rank {peer}, "
+                            f"which expects {theirs[i, 1]}")
+    flags = np.empty(n, np.int64)
+    pg.comm.Allgather([np.array([len(problems)], np.int64), MPI.INT64_T], [flags, MPI.INT64_T])
+    if flags.any():
+        if problems:
+            raise ValueError(f"{func}: split sizes disagree between ranks: "
+                             + "; ".join(problems))
+        bad = [pg._ranks[i] for i in np.flatnonzero(flags)]
+        raise ValueError(f"{func}: split sizes disagree between ranks {bad} (see the error "
+                         f"on those ranks); nothing was exchanged")
+
+
+def all_to_all(output_tensor_list: List[np.ndarray], input_tensor_list: List[np.ndarray],
+               group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+    """Send ``input_tensor_list[i]`` to group rank i; receive into ``output_tensor_list``.
+
+    Args:
+        output_tensor_list: one array per rank; entry i receives what group
+            rank i sent to this rank (sizes may differ from pair to pair).
+        input_tensor_list: one array per rank; entry i goes to group rank i.
+    """
+    func = "all_to_all"
+    pg = resolve(group, func)
+    if pg is None:
+        return None
+    n = pg._size
+    outs = [check_output(func, f"output_tensor_list[{i}]", x)
+            for i, x in enumerate(check_list(func, "output_tensor_list", output_tensor_list, n))]
+    ins = [check_input(func, f"input_tensor_list[{i}]", x)
+           for i, x in enumerate(check_list(func, "input_tensor_list", input_tensor_list, n))]
+    dtype = check_same_dtype(func, outs + ins)
+    scounts = [x.size for x in ins]
+    rcounts = [x.size for x in outs]
+    _agree(pg, func, scounts, rcounts)
+    send = np.concatenate([x.reshape(-1) for x in ins])
+    recv = np.empty(sum(rcounts), dtype)
+    rdispls = _displacements(rcounts)
+
+    def finish() -> None:
+        for out, start, count in zip(outs, rdispls, rcounts):
+            out.reshape(-1)[...] = recv[start:start + count]
+
+    mpitype = mpi_datatype(dtype)
+    comm = pg.comm
+    return run(pg, func, send.nbytes, comm.Alltoallv, comm.Ialltoallv,
+               ([send, (scounts, _displacements(scounts)), mpitype],
+                [recv, (rcounts, rdispls), mpitype]), async_op, finish, outs)
+
+
+def _row_size(func: str, name: str, x: np.ndarray) -> int:
+    if x.ndim == 0:
+        raise ValueError(f"{func}: {name} is 0-dimensional; split sizes split dimension 0, "
+                         f"so pass an array with at least one dimension")
+    return int(np.prod(x.shape[1:], dtype=np.int64))
+
+
+def _splits(func: str, name: str, splits: Optional[Sequence[int]], x: np.ndarray,
+            n: int) -> List[int]:
+    """Rows per rank along dim 0: given, or an even split of ``x``."""
+    rows = x.shape[0]
+    if splits is None:
+        if rows % n:
+            raise ValueError(f"{func}: dimension 0 of {name.split('_split')[0]} ({rows}) "
+                             f"does not divide evenly among {n} ranks; pass {name}")
+        return [rows // n] * n
+    splits = check_list(func, name, splits, n)
+    for s in splits:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
+            raise ValueError(f"{func}: {name} must hold non-negative ints, got {splits}")
+    if sum(splits) != rows:
+        raise ValueError(f"{func}: {name} sums to {sum(splits)} but dimension 0 of the "
+                         f"array is {rows}")
+    return [int(s) for s in splits]
+
+
+def all_to_all_single(output: np.ndarray, input: np.ndarray,
+                      output_split_sizes: Optional[List[int]] = None,
+                      input_split_sizes: Optional[List[int]] = None,
+                      group: Optional[ProcessGroup] = None,
+                      async_op: bool = False) -> Optional[Work]:
+    """Split ``input`` on dimension 0, send part i to group rank i, and
+    concatenate what arrives, in rank order, into ``output``.
+
+    Args:
+        output: receives the parts, in group-rank order.
+        input: the array to split.
+        output_split_sizes: rows received from each rank (default: even).
+        input_split_sizes: rows sent to each rank (default: even).
+
+    Example (2 ranks, uneven)::
+
+        >>> # rank 0: input [0, 1, 2], input_split_sizes [1, 2], output_split_sizes [1, 1]
+        >>> # rank 1: input [10, 11],  input_split_sizes [1, 1], output_split_sizes [2, 1]
+        >>> # after:  rank 0 output [0, 10]; rank 1 output [1, 2, 11]
+    """
+    func = "all_to_all_single"
+    pg = resolve(group, func)
+    if pg is None:
+        return None
+    n = pg._size
+    output = check_output(func, "output", output)
+    input = check_input(func, "input", input)
+    dtype = check_same_dtype(func, [output, input])
+    mpitype = mpi_datatype(dtype)
+    comm = pg.comm
+    if output_split_sizes is None and input_split_sizes is None:
+        if input.size % n:
+            raise ValueError(f"{func}: input holds {input.size} elements, which do not "
+                             f"divide evenly among {n} ranks; pass input_split_sizes and "
+                             f"output_split_sizes")
+        check_size(func, "output", output, input.size, "the size of input")
+        return run(pg, func, input.nbytes, comm.Alltoall, comm.Ialltoall,
+                   ([input, mpitype], [output, mpitype]), async_op, None, [output])
+    in_row = _row_size(func, "input", input)
+    out_row = _row_size(func, "output", output)
+    if in_row != out_row:
+        raise ValueError(f"{func}: rows of input hold {in_row} elements but rows of output "
+                         f"hold {out_row}; dimensions after the first must match")
+    scounts = [s * in_row for s in _splits(func, "input_split_sizes", input_split_sizes,
+                                           input, n)]
+    rcounts = [s * out_row for s in _splits(func, "output_split_sizes", output_split_sizes,
+                                            output, n)]
+    _agree(pg, func, scounts, rcounts)
+    return run(pg, func, input.nbytes, comm.Alltoallv, comm.Ialltoallv,
+               ([input, (scounts, _displacements(scounts)), mpitype],
+                [output, (rcounts, _displacements(rcounts)), mpitype]),
+               async_op, None, [output])

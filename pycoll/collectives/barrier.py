@@ -1,0 +1,27 @@
+"""barrier: wait until every rank of the group has reached it."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ..groups import ProcessGroup, resolve
+from ..work import Work
+from ._common import run
+
+__all__ = ["barrier"]
+
+
+def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
+            device_ids: Any = None) -> Optional[Work]:
+    """Block until every rank of the group has called barrier.
+
+    Args:
+        group: the group (default: the world).
+        async_op: return a Work that completes once all ranks have arrived.
+        device_ids: accepted for torch.distributed compatibility; unused.
+    """
+    pg = resolve(group, "barrier")
+    if pg is None:
+        return None
+    comm = pg.comm
+    return run(pg, "barrier", 0, comm.Barrier, comm.Ibarrier, (), async_op)

@@ -1,0 +1,342 @@
+"""Object collectives: picklable Python objects of any size, 2 GiB and over included.
+
+Each object is pickled, the sizes are exchanged, then the bytes. Payloads
+past MPI's 2**31-1 count limit travel as 1 MiB blocks (a contiguous MPI
+datatype), which works on MPIs without MPI-4 large-count calls. A rank whose
+object cannot be pickled still takes part in the size exchange (with size
+-1), so every rank raises instead of the others waiting for it.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from typing import Any, List, Optional, Tuple
+
+import numpy as np
+
+from .. import _mpi, debug
+from ..arrays import check_list
+from ..groups import ProcessGroup, resolve
+from ._common import RESERVED_TAG, done, group_rank
+from .p2p import _peer, _source
+
+__all__ = ["all_gather_object", "gather_object", "broadcast_object_list",
+           "scatter_object_list", "send_object_list", "recv_object_list"]
+
+_CHUNK = 1 << 20
+_INT_MAX = (1 << 31) - 1
+_chunk_type: Any = None
+
+
+def _wire(buf: np.ndarray, nbytes: int) -> list:
+    """A buffer spec for ``nbytes`` bytes of ``buf`` that no count overflows."""
+    global _chunk_type
+    MPI = _mpi.MPI
+    if nbytes <= _INT_MAX:
+        return [buf, nbytes, MPI.BYTE]
+    if _chunk_type is None:
+        _chunk_type = MPI.BYTE.Create_contiguous(_CHUNK).Commit()
+    return [buf, -(-nbytes // _CHUNK), _chunk_type]
+
+
+def _alloc(nbytes: int) -> np.ndarray:
+    """A receive buffer for ``nbytes``, padded to whole blocks when large."""
+    if nbytes > _INT_MAX:
+        nbytes = -(-nbytes // _CHUNK) * _CHUNK
+    return np.empty(nbytes, np.uint8)
+
+
+def _pack(obj: Any) -> Tuple[np.ndarray, Optional[BaseException]]:
+    """Pickle ``obj`` into a send buffer (padded when large), or return the error."""
+    try:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # handed back so the caller can tell the other ranks
+        return np.empty(0, np.uint8), exc
+    if len(data) <= _INT_MAX:
+        return np.frombuffer(data, np.uint8), None
+    buf = _alloc(len(data))
+    buf[:len(data)] = np.frombuffer(data, np.uint8)
+    return buf[:len(data)], None
+
+
+def _unpack(buf: np.ndarray, nbytes: int) -> Any:
+    return pickle.loads(memoryview(buf)[:nbytes])
+
+
+def _pickle_error(func: str, who: List[int], exc: Optional[BaseException]) -> TypeError:
+    if exc is not None:
+        return TypeError(f"{func}: the object could not be pickled: {exc}")
+    return TypeError(f"{func}: the object on rank(s) {who} could not be pickled (see the "
+                     f"error there); nothing was exchanged")
+
+
+def _begin(pg: ProcessGroup) -> Tuple[int, float]:
+    pg._seq += 1
+    return pg._seq, (time.perf_counter() if debug.LEVEL else 0.0)
+
+
+def _sizes(pg: ProcessGroup, func: str, payload: np.ndarray,
+           exc: Optional[BaseException]) -> np.ndarray:
+    """Every rank's payload size, on every rank; raise everywhere if one failed."""
+    MPI = _mpi.MPI
+    sizes = np.empty(pg._size, np.int64)
+    mine = np.array([-1 if exc is not None else payload.size], np.int64)
+    pg.comm.Allgather([mine, MPI.INT64_T], [sizes, MPI.INT64_T])
+    if (sizes < 0).any():
+        raise _pickle_error(func, [pg._ranks[i] for i in np.flatnonzero(sizes < 0)], exc)
+    return sizes
+
+
+def _displs(sizes: np.ndarray) -> List[int]:
+    return np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64).tolist()
+
+
+def all_gather_object(object_list: List[Any], obj: Any,
+                      group: Optional[ProcessGroup] = None) -> None:
+    """Gather a picklable object from every rank into ``object_list`` on every rank.
+
+    Args:
+        object_list: a list with one slot per rank of the group; slot i is
+            set to group rank i's object.
+        obj: this rank's object.
+
+    Example (2 ranks)::
+
+        >>> out = [None, None]
+        >>> pycoll.all_gather_object(out, {"rank": rank})
+        >>> out                      # both ranks: [{'rank': 0}, {'rank': 1}]
+    """
+    func = "all_gather_object"
+    pg = resolve(group, func)
+    if pg is None:
+        return None
+    n = pg._size
+    _check_slots(func, "object_list", object_list, n)
+    MPI = _mpi.MPI
+    payload, exc = _pack(obj)
+    seq, t0 = _begin(pg)
+    sizes = _sizes(pg, func, payload, exc)
+    total = int(sizes.sum())
+    if total <= _INT_MAX:
+        recv = np.empty(total, np.uint8)
+        displs = _displs(sizes)
+        pg.comm.Allgatherv([payload, MPI.BYTE], [recv, (sizes.tolist(), displs), MPI.BYTE])
+        for i in range(n):
+            object_list[i] = _unpack(recv[displs[i]:], int(sizes[i]))
+    else:
+        for i in range(n):
+            size = int(sizes[i])
+            buf = payload if i == pg._rank else _alloc(size)
+            pg.comm.Bcast(_wire(buf, size), i)
+            object_list[i] = _unpack(buf, size)
+    done(pg, func, seq, total, t0, False)
+
+
+def _check_slots(func: str, name: str, x: Any, n: Optional[int]) -> None:
+    if not isinstance(x, list):
+        raise TypeError(f"{func}: {name} must be a list (it is filled in place), got "
+                        f"{type(x).__name__}")
+    check_list(func, name, x, n)
+
+
+def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None, dst: int = 0,
+                  group: Optional[ProcessGroup] = None) -> None:
+    """Gather a picklable object from every rank into ``object_gather_list`` on ``dst``.
+
+    Args:
+        obj: this rank's object.
+        object_gather_list: on ``dst``, a list with one slot per rank of the
+            group; None on every other rank.
+        dst: global rank that receives.
+    """
+    func = "gather_object"
+    pg = resolve(group, func)
+    if pg is None:
+        return None
+    n = pg._size
+    root = group_rank(pg, dst, "dst", func)
+    is_root = root == pg._rank
+    if is_root:
+        _check_slots(func, "object_gather_list", object_gather_list, n)
+    elif object_gather_list is not None:
+        raise ValueError(f"{func}: object_gather_list must be None on ranks other than dst "
+                         f"({dst}); only dst receives")
+    MPI = _mpi.MPI
+    comm = pg.comm
+    payload, exc = _pack(obj)
+    seq, t0 = _begin(pg)
+    sizes = _sizes(pg, func, payload, exc)
+    total = int(sizes.sum())
+    if total <= _INT_MAX:
+        recv = np.empty(total, np.uint8) if is_root else None
+        displs = _displs(sizes)
+        comm.Gatherv([payload, MPI.BYTE],
+                     [recv, (sizes.tolist(), displs), MPI.BYTE] if is_root else None, root)
+        parts = [(recv[displs[i]:], int(sizes[i])) for i in range(n)] if is_root else []
+    elif not is_root:
+        comm.Send(_wire(payload, payload.size), root, RESERVED_TAG)
+        parts = []
+    else:
+        parts = []
+        for i in range(n):
+            size = int(sizes[i])
+            buf = payload if i == root else _alloc(size)
+            if i != root:
+                comm.Recv(_wire(buf, size), i, RESERVED_TAG)
+            parts.append((buf, size))
+    for i, (buf, size) in enumerate(parts):
+        object_gather_list[i] = _unpack(buf, size)
+    done(pg, func, seq, total, t0, False)
+
+
+def broadcast_object_list(object_list: List[Any], src: int = 0,
+                          group: Optional[ProcessGroup] = None, device: Any = None) -> None:
+    """Replace the entries of ``object_list`` on every rank with those on ``src``.
+
+    Args:
+        object_list: on ``src``, the objects to send; elsewhere, a list of
+            the same length whose entries are overwritten.
+        src: global rank that sends.
+        device: accepted for torch.distributed compatibility; unused.
+    """
+    func = "broadcast_object_list"
+    pg = resolve(group, func)
+    if pg is None:
+        return None
+    root = group_rank(pg, src, "src", func)
+    _check_slots(func, "object_list", object_list, None)
+    MPI = _mpi.MPI
+    comm = pg.comm
+    is_root = root == pg._rank
+    payload, exc = _pack(list(object_list)) if is_root else (None, None)
+    seq, t0 = _begin(pg)
+    size = np.array([-1 if exc is not None else (payload.size if is_root else 0)], np.int64)
+    comm.Bcast([size, MPI.INT64_T], root)
+    nbytes = int(size[0])
+    if nbytes < 0:
+        raise _pickle_error(func, [src], exc)
+    buf = payload if is_root else _alloc(nbytes)
+    comm.Bcast(_wire(buf, nbytes), root)
+    if not is_root:
+        objs = _unpack(buf, nbytes)
+        if len(objs) != len(object_list):
+            raise ValueError(f"{func}: object_list has {len(object_list)} entries on this "
+                             f"rank but {len(objs)} on src ({src}); make them the same length")
+        object_list[:] = objs
+    done(pg, func, seq, nbytes, t0, False)
+
+
+def scatter_object_list(scatter_object_output_list: List[Any],
+                        scatter_object_input_list: Optional[List[Any]] = None, src: int = 0,
+                        group: Optional[ProcessGroup] = None) -> None:
+    """Send ``scatter_object_input_list[i]`` from ``src`` to group rank i.
+
+    Args:
+        scatter_object_output_list: a non-empty list; its first entry is set
+            to the object this rank receives.
+        scatter_object_input_list: on ``src``, one object per rank of the
+            group; ignored elsewhere.
+        src: global rank that sends.
+    """
+    func = "scatter_object_list"
+    pg = resolve(group, func)
+    if pg is None:
+        return None
+    n = pg._size
+    root = group_rank(pg, src, "src", func)
+    out = scatter_object_output_list
+    _check_slots(func, "scatter_object_output_list", out, None)
+    if not out:
+        raise ValueError(f"{func}: scatter_object_output_list must have at least one entry "
+                         f"to receive into")
+    is_root = root == pg._rank
+    MPI = _mpi.MPI
+    comm = pg.comm
+    exc = None
+    if is_root:
+        check_list(func, "scatter_object_input_list", scatter_object_input_list, n)
+        packed = [_pack(o) for o in scatter_object_input_list]
+        exc = next((e for _, e in packed if e is not None), None)
+        payloads = [p for p, _ in packed]
+        sizes = np.array([-1 if exc else p.size for p in payloads], np.int64)
+    else:
+        sizes = np.empty(n, np.int64)
+    seq, t0 = _begin(pg)
+    comm.Bcast([sizes, MPI.INT64_T], root)
+    if (sizes < 0).any():
+        raise _pickle_error(func, [src], exc)
+    total = int(sizes.sum())
+    mine = int(sizes[pg._rank])
+    if total <= _INT_MAX:
+        send = None
+        if is_root:
+            send = [np.concatenate(payloads) if payloads else np.empty(0, np.uint8),
+                    (sizes.tolist(), _displs(sizes)), MPI.BYTE]
+        buf = np.empty(mine, np.uint8)
+        comm.Scatterv(send, [buf, MPI.BYTE], root)
+    elif is_root:
+        for i in range(n):
+            if i != root:
+                comm.Send(_wire(payloads[i], int(sizes[i])), i, RESERVED_TAG)
+        buf = payloads[root]
+    else:
+        buf = _alloc(mine)
+        comm.Recv(_wire(buf, mine), root, RESERVED_TAG)
+    out[0] = _unpack(buf, mine)
+    done(pg, func, seq, total, t0, False)
+
+
+def send_object_list(object_list: List[Any], dst: Optional[int] = None,
+                     group: Optional[ProcessGroup] = None, device: Any = None) -> None:
+    """Send the picklable objects of ``object_list`` to global rank ``dst``.
+
+    Not a collective: only ``dst`` must call :func:`recv_object_list`.
+    """
+    func = "send_object_list"
+    pg = resolve(group, func)
+    if pg is None:
+        return None
+    if dst is None:
+        raise ValueError(f"{func}: dst is required (the global rank to send to)")
+    peer = _peer(pg, dst, "dst", func)
+    _check_slots(func, "object_list", object_list, None)
+    payload, exc = _pack(list(object_list))
+    if exc is not None:
+        raise _pickle_error(func, [], exc)
+    MPI = _mpi.MPI
+    pg.comm.Send([np.array([payload.size], np.int64), MPI.INT64_T], peer, RESERVED_TAG)
+    pg.comm.Send(_wire(payload, payload.size), peer, RESERVED_TAG)
+
+
+def recv_object_list(object_list: List[Any], src: Optional[int] = None,
+                     group: Optional[ProcessGroup] = None, device: Any = None) -> int:
+    """Receive objects sent by :func:`send_object_list` into ``object_list``.
+
+    Args:
+        object_list: a list as long as the sender's; its entries are replaced.
+        src: global rank to receive from (any rank if None).
+
+    Returns:
+        The sender's global rank (-1 on a rank outside ``group``).
+    """
+    func = "recv_object_list"
+    pg = resolve(group, func)
+    if pg is None:
+        return -1
+    source = _source(pg, src, func)
+    _check_slots(func, "object_list", object_list, None)
+    MPI = _mpi.MPI
+    size = np.empty(1, np.int64)
+    status = MPI.Status()
+    pg.comm.Recv([size, MPI.INT64_T], source, RESERVED_TAG, status)
+    sender = status.Get_source()
+    nbytes = int(size[0])
+    buf = _alloc(nbytes)
+    pg.comm.Recv(_wire(buf, nbytes), sender, RESERVED_TAG)
+    objs = _unpack(buf, nbytes)
+    if len(objs) != len(object_list):
+        raise ValueError(f"{func}: object_list has {len(object_list)} entries but rank "
+                         f"{pg._ranks[sender]} sent {len(objs)}; make them the same length")
+    object_list[:] = objs
+    return pg._ranks[sender]

@@ -1,0 +1,164 @@
+"""Point-to-point: send, recv, isend, irecv, P2POp, batch_isend_irecv.
+
+Peers are named by global rank, as in torch.distributed. Point-to-point
+operations are not counted in a group's sequence number.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional
+
+import numpy as np
+
+from .. import _mpi
+from ..arrays import check_input, check_output, mpi_datatype
+from ..groups import ProcessGroup, resolve
+from ..work import Work
+from ._common import backend_error, check_tag, group_rank
+
+__all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]
+
+
+def _peer(pg: ProcessGroup, rank: Any, name: str, func: str) -> int:
+    peer = group_rank(pg, rank, name, func)
+    if peer == pg._rank:
+        raise ValueError(f"{func}: {name}={rank} is this process's own rank; a rank cannot "
+                         f"{'send to' if name == 'dst' else 'receive from'} itself")
+    return peer
+
+
+def _source(pg: ProcessGroup, src: Any, func: str) -> int:
+    return _mpi.MPI.ANY_SOURCE if src is None else _peer(pg, src, "src", func)
+
+
+def send(tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None,
+         tag: int = 0) -> None:
+    """Send ``tensor`` to global rank ``dst``; returns once the buffer may be reused."""
+    pg = resolve(group, "send")
+    if pg is None:
+        return None
+    peer = _peer(pg, dst, "dst", "send")
+    tensor = check_input("send", "tensor", tensor)
+    tag = check_tag(tag, "send")
+    try:
+        pg.comm.Send([tensor, mpi_datatype(tensor.dtype)], peer, tag)
+    except _mpi.MPI.Exception as exc:
+        raise backend_error("send", None, exc) from None
+    return None
+
+
+def recv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
+         tag: int = 0) -> int:
+    """Receive into ``tensor`` from global rank ``src`` (any rank if None).
+
+    Returns:
+        The global rank of the sender (-1 on a rank outside ``group``).
+    """
+    pg = resolve(group, "recv")
+    if pg is None:
+        return -1
+    source = _source(pg, src, "recv")
+    tensor = check_output("recv", "tensor", tensor)
+    tag = check_tag(tag, "recv")
+    status = _mpi.MPI.Status()
+    try:
+        pg.comm.Recv([tensor, mpi_datatype(tensor.dtype)], source, tag, status)
+    except _mpi.MPI.Exception as exc:
+        raise backend_error("recv", None, exc) from None
+    return pg._ranks[status.Get_source()]
+
+
+def isend(tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None,
+          tag: int = 0) -> Optional[Work]:
+    """Start sending ``tensor`` to ``dst``; do not modify it until the Work completes."""
+    pg = resolve(group, "isend")
+    if pg is None:
+        return None
+    peer = _peer(pg, dst, "dst", "isend")
+    tensor = check_input("isend", "tensor", tensor)
+    return _start_send(pg, tensor, peer, check_tag(tag, "isend"))
+
+
+def irecv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
+          tag: int = 0) -> Optional[Work]:
+    """Start receiving into ``tensor`` from ``src`` (any rank if None).
+
+    The Work's ``source_rank()`` gives the sender's global rank once complete.
+    """
+    pg = resolve(group, "irecv")
+    if pg is None:
+        return None
+    source = _source(pg, src, "irecv")
+    tensor = check_output("irecv", "tensor", tensor)
+    return _start_recv(pg, tensor, source, check_tag(tag, "irecv"))
+
+
+def _start_send(pg: ProcessGroup, tensor: np.ndarray, peer: int, tag: int) -> Work:
+    try:
+        req = pg.comm.Isend([tensor, mpi_datatype(tensor.dtype)], peer, tag)
+    except _mpi.MPI.Exception as exc:
+        raise backend_error("isend", None, exc) from None
+    return Work("isend", None, [req], None, [tensor], pg.group_name, tensor.nbytes)
+
+
+def _start_recv(pg: ProcessGroup, tensor: np.ndarray, source: int, tag: int) -> Work:
+    try:
+        req = pg.comm.Irecv([tensor, mpi_datatype(tensor.dtype)], source, tag)
+    except _mpi.MPI.Exception as exc:
+        raise backend_error("irecv", None, exc) from None
+    status = (pg._ranks.__getitem__, [_mpi.MPI.Status()])
+    return Work("irecv", None, [req], None, [tensor], pg.group_name, tensor.nbytes, status)
+
+
+class P2POp:
+    """One send or receive for :func:`batch_isend_irecv`.
+
+    Args:
+        op: ``pycoll.isend`` or ``pycoll.irecv`` (``send``/``recv`` are taken
+            as the same).
+        tensor: the array to send, or to receive into.
+        peer: global rank of the other side.
+        group: the group (default: the world).
+        tag: message tag.
+    """
+
+    __slots__ = ("op", "tensor", "peer", "group", "tag")
+
+    def __init__(self, op: Callable, tensor: np.ndarray, peer: int,
+                 group: Optional[ProcessGroup] = None, tag: int = 0):
+        if op not in (isend, irecv, send, recv):
+            raise ValueError("P2POp: op must be pycoll.isend or pycoll.irecv, got "
+                             f"{getattr(op, '__name__', op)!r}")
+        self.op = isend if op in (isend, send) else irecv
+        self.tensor = tensor
+        self.peer = peer
+        self.group = group
+        self.tag = tag
+
+    def __repr__(self) -> str:
+        return f"P2POp({self.op.__name__}, peer={self.peer}, tag={self.tag})"
+
+
+def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
+    """Start every send and receive in the list; return one Work per op.
+
+    All ops are checked before any is started, so a bad entry sends nothing.
+    """
+    func = "batch_isend_irecv"
+    if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
+        raise ValueError(f"{func}: expects a non-empty list of P2POp")
+    planned = []
+    for i, p in enumerate(p2p_op_list):
+        if not isinstance(p, P2POp):
+            raise TypeError(f"{func}: entry {i} is a {type(p).__name__}, not a P2POp")
+        pg = resolve(p.group, func)
+        if pg is None:
+            continue
+        tag = check_tag(p.tag, func)
+        if p.op is isend:
+            planned.append((_start_send, pg, check_input(func, f"[{i}].tensor", p.tensor),
+                            _peer(pg, p.peer, "dst", func), tag))
+        else:
+            planned.append((_start_recv, pg, check_output(func, f"[{i}].tensor", p.tensor),
+                            _peer(pg, p.peer, "src", func), tag))
+    return [start(pg, tensor, peer, tag) for start, pg, tensor, peer, tag in planned]

@@ -1,0 +1,207 @@
+"""Reductions: all_reduce, all_reduce_coalesced, reduce, reduce_scatter,
+reduce_scatter_tensor.
+
+Each applies a ReduceOp across the group's ranks; how the op is carried out
+for the dtype (MPI op, pre-scaling, averaging) comes from pycoll.ops.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import numpy as np
+
+from .. import _mpi
+from ..arrays import (check_input, check_list, check_output, check_same_dtype,
+                      check_same_shape, check_size, mpi_datatype)
+from ..groups import STATE, ProcessGroup, not_initialized, resolve
+from ..ops import ReduceOp, Plan, _plans, plan
+from ..work import Work
+from ._common import group_rank, run
+
+__all__ = ["all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter",
+           "reduce_scatter_tensor"]
+
+
+def _plan(op: ReduceOp, dtype: np.dtype, func: str) -> Plan:
+    try:
+        return _plans[(op, dtype)]
+    except (KeyError, TypeError):
+        return plan(op, dtype, func)
+
+
+def _scaled(x: np.ndarray, scale: complex) -> np.ndarray:
+    """A scaled copy of an input that must not be modified."""
+    out = np.empty_like(x)
+    np.multiply(x, scale, out=out, casting="unsafe")
+    return out
+
+
+def _averager(out: np.ndarray, n: int):
+    def finish() -> None:
+        np.divide(out, n, out=out, casting="unsafe")
+    return finish
+
+
+def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM,
+               group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+    """Reduce ``tensor`` across the group, in place, so every rank holds the result.
+
+    Args:
+        tensor: input and output; C-contiguous and writeable.
+        op: the reduction (default SUM).
+        group: the group (default: the world).
+        async_op: return a Work instead of waiting.
+
+    Returns:
+        A Work if ``async_op``; None otherwise, and on ranks outside ``group``.
+
+    Example (2 ranks)::
+
+        >>> t = np.array([1.0, 2.0]) * (rank + 1)   # rank 0: [1, 2]; rank 1: [2, 4]
+        >>> pycoll.all_reduce(t)
+        >>> t                                         # both ranks: [3, 6]
+    """
+    pg = STATE.default if group is None else resolve(group, "all_reduce")
+    if pg is None:
+        if group is None:
+            raise not_initialized("all_reduce")
+        return None
+    tensor = check_output("all_reduce", "tensor", tensor)
+    how = _plan(op, tensor.dtype, "all_reduce")
+    if how.prescale is not None:
+        np.multiply(tensor, how.prescale, out=tensor, casting="unsafe")
+    comm = pg.comm
+    finish = _averager(tensor, pg._size) if how.average else None
+    return run(pg, "all_reduce", tensor.nbytes, comm.Allreduce, comm.Iallreduce,
+               (_mpi.MPI.IN_PLACE, [tensor, mpi_datatype(tensor.dtype)], how.mpi_op),
+               async_op, finish, [tensor])
+
+
+def all_reduce_coalesced(tensors: List[np.ndarray], op: ReduceOp = ReduceOp.SUM,
+                         group: Optional[ProcessGroup] = None,
+                         async_op: bool = False) -> Optional[Work]:
+    """All-reduce several arrays of one dtype in a single MPI operation, in place.
+
+    The arrays are packed into one buffer, reduced together and unpacked, so
+    many small arrays cost about as much as one array of their total size.
+    """
+    func = "all_reduce_coalesced"
+    pg = resolve(group, func)
+    if pg is None:
+        return None
+    tensors = [check_output(func, f"tensors[{i}]", t)
+               for i, t in enumerate(check_list(func, "tensors", tensors))]
+    if not tensors:
+        raise ValueError(f"{func}: tensors is empty; pass at least one array")
+    dtype = check_same_dtype(func, tensors)
+    how = _plan(op, dtype, func)
+    flat = np.concatenate([t.reshape(-1) for t in tensors])
+    if how.prescale is not None:
+        np.multiply(flat, how.prescale, out=flat, casting="unsafe")
+    n = pg._size
+
+    def finish() -> None:
+        if how.average:
+            np.divide(flat, n, out=flat, casting="unsafe")
+        offset = 0
+        for t in tensors:
+            t.reshape(-1)[...] = flat[offset:offset + t.size]
+            offset += t.size
+
+    comm = pg.comm
+    return run(pg, func, flat.nbytes, comm.Allreduce, comm.Iallreduce,
+               (_mpi.MPI.IN_PLACE, [flat, mpi_datatype(dtype)], how.mpi_op),
+               async_op, finish, tensors)
+
+
+def reduce(tensor: np.ndarray, dst: int, op: ReduceOp = ReduceOp.SUM,
+           group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+    """Reduce ``tensor`` across the group into ``tensor`` on rank ``dst`` only.
+
+    Args:
+        tensor: input on every rank; on ``dst`` also the output (so it must
+            be writeable there). Other ranks' arrays are left unchanged.
+        dst: global rank that receives the result.
+    """
+    func = "reduce"
+    pg = resolve(group, func)
+    if pg is None:
+        return None
+    root = group_rank(pg, dst, "dst", func)
+    is_root = root == pg._rank
+    tensor = check_output(func, "tensor", tensor) if is_root else check_input(func, "tensor", tensor)
+    how = _plan(op, tensor.dtype, func)
+    mpitype = mpi_datatype(tensor.dtype)
+    comm = pg.comm
+    if is_root:
+        if how.prescale is not None:
+            np.multiply(tensor, how.prescale, out=tensor, casting="unsafe")
+        args = (_mpi.MPI.IN_PLACE, [tensor, mpitype], how.mpi_op, root)
+        finish = _averager(tensor, pg._size) if how.average else None
+    else:
+        send = tensor if how.prescale is None else _scaled(tensor, how.prescale)
+        args = ([send, mpitype], None, how.mpi_op, root)
+        finish = None
+    return run(pg, func, tensor.nbytes, comm.Reduce, comm.Ireduce, args, async_op, finish,
+               [tensor])
+
+
+def reduce_scatter(output: np.ndarray, input_list: List[np.ndarray],
+                   op: ReduceOp = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
+                   async_op: bool = False) -> Optional[Work]:
+    """Reduce ``input_list[i]`` across the group into ``output`` on group rank i.
+
+    Args:
+        output: receives this rank's reduced slice.
+        input_list: one array per rank of the group, each shaped like ``output``.
+    """
+    func = "reduce_scatter"
+    pg = resolve(group, func)
+    if pg is None:
+        return None
+    n = pg._size
+    output = check_output(func, "output", output)
+    inputs = [check_input(func, f"input_list[{i}]", x)
+              for i, x in enumerate(check_list(func, "input_list", input_list, n))]
+    dtype = check_same_dtype(func, [output] + inputs)
+    check_same_shape(func, "input_list", inputs, output.shape, "output")
+    how = _plan(op, dtype, func)
+    send = np.concatenate([x.reshape(-1) for x in inputs])
+    if how.prescale is not None:
+        np.multiply(send, how.prescale, out=send, casting="unsafe")
+    mpitype = mpi_datatype(dtype)
+    comm = pg.comm
+    finish = _averager(output, n) if how.average else None
+    return run(pg, func, send.nbytes, comm.Reduce_scatter_block, comm.Ireduce_scatter_block,
+               ([send, mpitype], [output, mpitype], how.mpi_op), async_op, finish, [output])
+
+
+def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray,
+                          op: ReduceOp = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
+                          async_op: bool = False) -> Optional[Work]:
+    """Reduce ``input`` across the group and scatter the result in equal parts.
+
+    Args:
+        output: receives this rank's part; ``output.size * group size`` must
+            equal ``input.size``.
+        input: the array to reduce; rank i receives elements
+            ``[i * output.size, (i + 1) * output.size)`` of the flattened sum.
+    """
+    func = "reduce_scatter_tensor"
+    pg = resolve(group, func)
+    if pg is None:
+        return None
+    n = pg._size
+    output = check_output(func, "output", output)
+    input = check_input(func, "input", input)
+    dtype = check_same_dtype(func, [output, input])
+    check_size(func, "input", input, output.size * n,
+               f"output.size {output.size} x group size {n}")
+    how = _plan(op, dtype, func)
+    send = input if how.prescale is None else _scaled(input, how.prescale)
+    mpitype = mpi_datatype(dtype)
+    comm = pg.comm
+    finish = _averager(output, n) if how.average else None
+    return run(pg, func, input.nbytes, comm.Reduce_scatter_block, comm.Ireduce_scatter_block,
+               ([send, mpitype], [output, mpitype], how.mpi_op), async_op, finish, [output])

@@ -1,0 +1,71 @@
+"""Debug levels and the INFO log of collectives.
+
+``PYCOLL_DEBUG`` (OFF, INFO or DETAIL, any case) sets the level; it is read
+when pycoll is imported and again by :func:`set_debug_level_from_env` and
+:func:`pycoll.init_process_group`. At INFO every collective is logged through
+the ``pycoll`` logger with its group, sequence number, size and duration.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+
+__all__ = ["DebugLevel", "get_debug_level", "set_debug_level", "set_debug_level_from_env"]
+
+ENV_VAR = "PYCOLL_DEBUG"
+
+logger = logging.getLogger("pycoll")
+
+
+class DebugLevel(enum.IntEnum):
+    """How much pycoll checks and reports about each collective."""
+
+    OFF = 0
+    INFO = 1
+    DETAIL = 2
+
+
+# The collectives read this int on every call, so it is a plain module
+# attribute rather than a property behind a function call.
+LEVEL: int = DebugLevel.OFF
+
+
+def get_debug_level() -> DebugLevel:
+    """Return the debug level in force."""
+    return DebugLevel(LEVEL)
+
+
+def set_debug_level(level: DebugLevel) -> None:
+    """Set the debug level for this process."""
+    global LEVEL
+    if not isinstance(level, DebugLevel):
+        raise TypeError(f"level must be a pycoll.DebugLevel, got {type(level).__name__}")
+    LEVEL = level
+
+
+def set_debug_level_from_env() -> None:
+    """Set the debug level from ``PYCOLL_DEBUG`` (OFF when it is not set).
+
+    Raises:
+        ValueError: the variable holds anything but OFF, INFO or DETAIL.
+    """
+    raw = os.environ.get(ENV_VAR)
+    if raw is None:
+        set_debug_level(DebugLevel.OFF)
+        return
+    try:
+        level = DebugLevel[raw.strip().upper()]
+    except KeyError:
+        raise ValueError(
+            f"The value of {ENV_VAR} must be one of OFF, INFO or DETAIL "
+            f"(any case), got {raw!r}"
+        ) from None
+    set_debug_level(level)
+
+
+def log_collective(op: str, group_desc: str, seq: int, nbytes: int, seconds: float) -> None:
+    """Log one completed collective at INFO."""
+    logger.info("%s group=%s seq=%d bytes=%d duration_us=%.1f",
+                op, group_desc, seq, nbytes, seconds * 1e6)

@@ -1,0 +1,49 @@
+"""pycoll's own exceptions.
+
+Each subclasses the built-in a caller would expect (RuntimeError for a bad
+state of the job), so ``except RuntimeError`` keeps working, and carries the
+facts of the failure as attributes, so code never has to parse a message.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+__all__ = ["DistError", "DistBackendError", "DistTimeoutError"]
+
+
+class DistError(RuntimeError):
+    """Base of pycoll's errors about the distributed job itself."""
+
+
+class DistBackendError(DistError):
+    """MPI reported an error while carrying out an operation.
+
+    Attributes:
+        op: name of the pycoll operation, e.g. ``"all_reduce"``.
+        seq: the group's sequence number of that operation, or None for
+            point-to-point operations, which are not sequenced.
+    """
+
+    def __init__(self, message: str, op: str = "", seq: Optional[int] = None):
+        super().__init__(message)
+        self.op = op
+        self.seq = seq
+
+
+class DistTimeoutError(DistError):
+    """An operation did not complete within its timeout.
+
+    Attributes:
+        op: name of the pycoll operation.
+        seq: the group's sequence number of that operation (None for
+            point-to-point operations).
+        elapsed: seconds waited before giving up.
+    """
+
+    def __init__(self, message: str, op: str = "", seq: Optional[int] = None,
+                 elapsed: float = 0.0):
+        super().__init__(message)
+        self.op = op
+        self.seq = seq
+        self.elapsed = elapsed

@@ -1,0 +1,374 @@
+"""Process groups, the default group, and the registry that holds them.
+
+A ProcessGroup owns an MPI communicator of its own (a duplicate of the one it
+was made from), so pycoll's messages never mix with the caller's MPI traffic,
+and counts the collectives issued on it (its sequence number). All library
+state lives in one object, :data:`STATE`.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from datetime import timedelta
+from typing import Any, Dict, List, Optional
+
+from . import _mpi, debug
+
+__all__ = [
+    "ProcessGroup", "GroupMember", "group", "init_process_group", "destroy_process_group",
+    "is_initialized", "is_mpi_available", "get_rank", "get_world_size", "get_backend",
+    "get_node_local_rank", "get_group_rank", "get_global_rank", "get_process_group_ranks",
+]
+
+BACKEND = "mpi"
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+
+class ProcessGroup:
+    """A set of ranks that run collectives together, over one MPI communicator.
+
+    Ranks are numbered twice: the *global* rank (the rank in the default
+    group) names a process everywhere in pycoll's API, as in torch.distributed;
+    the *group* rank (0..size-1) is its place in this group.
+    """
+
+    __slots__ = ("comm", "_rank", "_size", "_ranks", "_group_rank_of", "_backend",
+                 "group_name", "group_desc", "timeout", "_seq", "_destroyed")
+
+    def __init__(self, comm: Any, ranks: List[int], group_name: str, timeout: timedelta,
+                 group_desc: str = ""):
+        self.comm = comm
+        self._rank = comm.Get_rank()
+        self._size = comm.Get_size()
+        self._ranks = list(ranks)
+        self._group_rank_of = {g: i for i, g in enumerate(self._ranks)}
+        self._backend = BACKEND
+        self.group_name = group_name
+        self.group_desc = group_desc or group_name
+        self.timeout = timeout
+        self._seq = 0
+        self._destroyed = False
+
+    def rank(self) -> int:
+        """This process's rank within the group."""
+        return self._rank
+
+    def size(self) -> int:
+        """Number of ranks in the group."""
+        return self._size
+
+    def name(self) -> str:
+        """The backend's name, ``"mpi"`` (as torch's ``ProcessGroup.name()``)."""
+        return self._backend
+
+    def sequence_number(self) -> int:
+        """How many collectives this rank has issued on the group.
+
+        Every collective counts once (barrier and object collectives too);
+        point-to-point operations do not count. Members that issued the same
+        collectives agree on it, which is what makes a hang diagnosable.
+        """
+        return self._seq
+
+    _get_sequence_number_for_group = sequence_number
+
+    @property
+    def ranks(self) -> List[int]:
+        """Global ranks of the members, in group-rank order."""
+        return list(self._ranks)
+
+    def __repr__(self) -> str:
+        state = ", destroyed" if self._destroyed else ""
+        return (f"ProcessGroup(name={self.group_name!r}, rank={self._rank}, "
+                f"size={self._size}, seq={self._seq}{state})")
+
+
+class _State:
+    """Everything pycoll remembers between calls.
+
+    Attributes:
+        default: the default (world) group, None before init_process_group.
+        groups: every live group by name, the default one included.
+        local_rank: this process's rank among the ranks on its node.
+        local_size: how many ranks share this process's node.
+    """
+
+    def __init__(self) -> None:
+        self.default: Optional[ProcessGroup] = None
+        self.groups: Dict[str, ProcessGroup] = {}
+        self.local_rank: Optional[int] = None
+        self.local_size: Optional[int] = None
+
+
+STATE = _State()
+
+
+class GroupMember:
+    """torch.distributed's markers for groups.
+
+    ``GroupMember.WORLD`` is the default group once initialized (None before);
+    ``GroupMember.NON_GROUP_MEMBER`` is what a rank outside a new group gets.
+    """
+
+    WORLD: Optional[ProcessGroup] = None
+    NON_GROUP_MEMBER = -100
+
+
+class _World:
+    """``pycoll.group.WORLD``: the default group, looked up when read."""
+
+    @property
+    def WORLD(self) -> Optional[ProcessGroup]:
+        return STATE.default
+
+
+group = _World()
+
+
+def not_initialized(func: str) -> RuntimeError:
+    return RuntimeError(
+        f"{func}: the default process group has not been initialized; "
+        f"please make sure to call pycoll.init_process_group() first"
+    )
+
+
+def resolve(group: Any, func: str) -> Optional[ProcessGroup]:
+    """The ProcessGroup a call runs on, or None when this rank is not a member.
+
+    A rank outside the group gets a UserWarning and the call does nothing, as
+    in torch.distributed.
+    """
+    if group is None:
+        pg = STATE.default
+        if pg is None:
+            raise not_initialized(func)
+        return pg
+    if type(group) is ProcessGroup:
+        if group._destroyed:
+            raise RuntimeError(
+                f"{func}: process group {group.group_name!r} has been destroyed; "
+                f"create a new group to keep communicating"
+            )
+        return group
+    if isinstance(group, int) and group == GroupMember.NON_GROUP_MEMBER:
+        if STATE.default is None:
+            raise not_initialized(func)
+        warnings.warn(
+            f"Running {func} on global rank {STATE.default.rank()} which does not "
+            f"belong to the given group.", UserWarning, stacklevel=3)
+        return None
+    raise TypeError(f"{func}: group must be a pycoll.ProcessGroup or None, "
+                    f"got {type(group).__name__}")
+
+
+def _parse_backend(backend: Optional[str]) -> str:
+    if backend is None:
+        return BACKEND
+    if not isinstance(backend, str):
+        raise TypeError(f"init_process_group: backend must be a string, got "
+                        f"{type(backend).__name__}")
+    if backend.strip().lower() != BACKEND:
+        raise ValueError(
+            f"init_process_group: backend {backend!r} is not available; pycoll runs "
+            f"on MPI, so use backend='mpi' (or leave it out)"
+        )
+    return BACKEND
+
+
+def init_process_group(backend: Optional[str] = BACKEND, init_method: Optional[str] = None,
+                       timeout: timedelta = DEFAULT_TIMEOUT, world_size: int = -1,
+                       rank: int = -1, store: Any = None, group_name: str = "",
+                       comm: Any = None) -> None:
+    """Initialize the default process group over MPI.
+
+    Under mpirun/mpiexec/srun no argument is needed: rank and size come from
+    MPI. Every rank of the communicator must call it (it is collective).
+
+    Args:
+        backend: ``"mpi"`` (the only backend; None means the same).
+        init_method: None or ``"env://"``; MPI does the rendezvous, so any
+            other value is refused rather than silently ignored.
+        timeout: the default timeout of operations on the group.
+        world_size: if given, checked against the communicator's size.
+        rank: if given, checked against this process's rank.
+        store: must be None: MPI needs no key-value store.
+        group_name: a name for the default group (default ``"default_pg"``).
+        comm: an mpi4py intracommunicator to run on instead of COMM_WORLD;
+            pycoll duplicates it, so the caller keeps full use of it.
+
+    Raises:
+        RuntimeError: the default group is already initialized.
+        ValueError: world_size or rank disagree with MPI, or an argument
+            asks for something MPI does not do.
+    """
+    if STATE.default is not None:
+        raise RuntimeError("init_process_group: trying to initialize the default process "
+                           "group twice! Call destroy_process_group() first.")
+    backend_name = _parse_backend(backend)
+    if init_method not in (None, "env://"):
+        raise ValueError(
+            f"init_process_group: init_method={init_method!r} is not used: MPI connects "
+            f"the ranks itself; leave init_method out (or use 'env://')"
+        )
+    if store is not None:
+        raise ValueError("init_process_group: store must be None: MPI connects the ranks "
+                         "without a key-value store")
+    if not isinstance(timeout, timedelta):
+        raise TypeError(f"init_process_group: timeout must be a datetime.timedelta, got "
+                        f"{type(timeout).__name__}")
+    if timeout.total_seconds() <= 0:
+        raise ValueError(f"init_process_group: timeout must be positive, got {timeout}")
+    debug.set_debug_level_from_env()
+    MPI = _mpi.load()
+    if comm is None:
+        comm = MPI.COMM_WORLD
+    elif not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise TypeError(f"init_process_group: comm must be an mpi4py intracommunicator, "
+                        f"got {comm!r}")
+    size, me = comm.Get_size(), comm.Get_rank()
+    if world_size not in (-1, None) and world_size != size:
+        raise ValueError(f"init_process_group: world_size={world_size} was given but MPI "
+                         f"runs {size} ranks; leave world_size out or make them agree")
+    if rank not in (-1, None) and rank != me:
+        raise ValueError(f"init_process_group: rank={rank} was given but MPI says this "
+                         f"process is rank {me}; leave rank out or make them agree")
+    own = comm.Dup()
+    own.Set_name("pycoll:default")
+    node = own.Split_type(MPI.COMM_TYPE_SHARED, key=me)
+    STATE.local_rank, STATE.local_size = node.Get_rank(), node.Get_size()
+    node.Free()
+    pg = ProcessGroup(own, list(range(size)), group_name or "default_pg", timeout)
+    pg._backend = backend_name
+    STATE.default = pg
+    STATE.groups = {pg.group_name: pg}
+    GroupMember.WORLD = pg
+
+
+def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
+    """Free a group's communicator; with no argument (or the default group),
+    free every group and return to the uninitialized state.
+
+    Collective over the group's members. MPI itself stays initialized, so
+    init_process_group may be called again.
+    """
+    from .ops import free_user_ops
+
+    if STATE.default is None:
+        raise not_initialized("destroy_process_group")
+    if group is None or group is STATE.default:
+        for pg in STATE.groups.values():
+            _free(pg)
+        free_user_ops()
+        STATE.default = None
+        STATE.groups = {}
+        STATE.local_rank = STATE.local_size = None
+        GroupMember.WORLD = None
+        return
+    pg = resolve(group, "destroy_process_group")
+    if pg is not None:
+        _free(pg)
+        STATE.groups.pop(pg.group_name, None)
+
+
+def _free(pg: ProcessGroup) -> None:
+    if not pg._destroyed:
+        pg.comm.Free()
+        pg._destroyed = True
+
+
+def is_initialized() -> bool:
+    """True once init_process_group has run (and destroy has not)."""
+    return STATE.default is not None
+
+
+def is_mpi_available() -> bool:
+    """True when mpi4py and its MPI extension are installed (MPI is not started)."""
+    return _mpi.available()
+
+
+def get_rank(group: Optional[ProcessGroup] = None) -> int:
+    """This process's rank in ``group`` (default: the world); -1 if not a member."""
+    pg = resolve_quiet(group, "get_rank")
+    return -1 if pg is None else pg.rank()
+
+
+def get_world_size(group: Optional[ProcessGroup] = None) -> int:
+    """The number of ranks in ``group`` (default: the world); -1 if not a member."""
+    pg = resolve_quiet(group, "get_world_size")
+    return -1 if pg is None else pg.size()
+
+
+def get_backend(group: Optional[ProcessGroup] = None) -> str:
+    """The backend of ``group``: always ``"mpi"``."""
+    pg = resolve_quiet(group, "get_backend")
+    if pg is None:
+        raise ValueError("get_backend: this rank is not a member of the group")
+    return pg.name()
+
+
+def resolve_quiet(group: Any, func: str) -> Optional[ProcessGroup]:
+    """Like resolve, without the not-a-member warning (for queries)."""
+    if isinstance(group, int) and group == GroupMember.NON_GROUP_MEMBER:
+        if STATE.default is None:
+            raise not_initialized(func)
+        return None
+    return resolve(group, func)
+
+
+def _registered(group: Any, func: str) -> ProcessGroup:
+    if not isinstance(group, ProcessGroup) or STATE.groups.get(group.group_name) is not group:
+        raise ValueError(f"{func}: group {group!r} is not registered; pass a group made by "
+                         f"init_process_group or new_group")
+    return group
+
+
+def get_group_rank(group: ProcessGroup, global_rank: int) -> int:
+    """The group rank of the process whose global rank is ``global_rank``."""
+    pg = _registered(group, "get_group_rank")
+    try:
+        return pg._group_rank_of[global_rank]
+    except KeyError:
+        raise ValueError(f"get_group_rank: global rank {global_rank} is not part of group "
+                         f"{pg.group_name!r} (its ranks are {pg._ranks})") from None
+
+
+def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
+    """The global rank of the process at ``group_rank`` in ``group``."""
+    pg = _registered(group, "get_global_rank")
+    if not isinstance(group_rank, int) or not 0 <= group_rank < pg.size():
+        raise ValueError(f"get_global_rank: group rank {group_rank} is not part of group "
+                         f"{pg.group_name!r} (valid group ranks are 0..{pg.size() - 1})")
+    return pg._ranks[group_rank]
+
+
+def get_process_group_ranks(group: ProcessGroup) -> List[int]:
+    """The global ranks of ``group``'s members, in group-rank order."""
+    return _registered(group, "get_process_group_ranks").ranks
+
+
+def get_node_local_rank(fallback_rank: Optional[int] = None) -> int:
+    """This process's rank among the processes on its node.
+
+    Taken from ``LOCAL_RANK`` when set (as launchers set it); otherwise, once
+    the default group is initialized, from MPI's shared-memory split of it;
+    otherwise ``fallback_rank``.
+
+    Raises:
+        RuntimeError: none of the three is available.
+    """
+    env = os.environ.get("LOCAL_RANK")
+    if env is not None:
+        try:
+            return int(env)
+        except ValueError:
+            raise RuntimeError(f"LOCAL_RANK must be an integer, got {env!r}") from None
+    if STATE.local_rank is not None:
+        return STATE.local_rank
+    if fallback_rank is not None:
+        return int(fallback_rank)
+    raise RuntimeError(
+        "get_node_local_rank: LOCAL_RANK is not set, the default process group is not "
+        "initialized and no fallback_rank was given; set LOCAL_RANK, call "
+        "init_process_group() first, or pass fallback_rank"
+    )

@@ -1,0 +1,228 @@
+"""Reduction operations: ReduceOp, and how each (op, dtype) pair is carried out.
+
+MPI reduces the types and ops it knows. The rest is built here from MPI
+pieces: AVG is a SUM followed by a division, PREMUL_SUM a scaling followed
+by a SUM, and float16/bfloat16 arithmetic an MPI user-defined op that
+computes with numpy (correct rather than fast; pycoll.kernels is where speed
+comes from). Pairs with no meaning (MIN on complex numbers, XOR on floats)
+raise a ValueError naming both.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union
+
+import numpy as np
+
+from . import _mpi
+from .arrays import dtype_kind
+
+__all__ = ["ReduceOp", "make_premul_sum"]
+
+_NAMES = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
+
+
+class ReduceOp:
+    """A reduction operation for all_reduce, reduce and reduce_scatter.
+
+    The members are ``ReduceOp.SUM``, ``AVG``, ``PRODUCT``, ``MIN``, ``MAX``,
+    ``BAND``, ``BOR`` and ``BXOR``; a pre-multiplied sum comes from
+    :func:`make_premul_sum`. ``ReduceOp(op)`` copies an op. Ops compare equal
+    when they are the same operation (and, for PREMUL_SUM, the same scale),
+    hash, copy and pickle; comparing with anything else is simply False.
+    """
+
+    __slots__ = ("_name", "_scale")
+
+    SUM: "ReduceOp"
+    AVG: "ReduceOp"
+    PRODUCT: "ReduceOp"
+    MIN: "ReduceOp"
+    MAX: "ReduceOp"
+    BAND: "ReduceOp"
+    BOR: "ReduceOp"
+    BXOR: "ReduceOp"
+
+    def __init__(self, op: Union["ReduceOp", str]):
+        if isinstance(op, ReduceOp):
+            name, scale = op._name, op._scale
+        elif isinstance(op, str) and op.upper() in _NAMES and op.upper() != "PREMUL_SUM":
+            name, scale = op.upper(), None
+        else:
+            raise ValueError(
+                f"unknown reduce op {op!r}; use one of ReduceOp.SUM, AVG, PRODUCT, "
+                f"MIN, MAX, BAND, BOR, BXOR or make_premul_sum(scale)"
+            )
+        object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "_scale", scale)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError("ReduceOp is immutable")
+
+    @property
+    def name(self) -> str:
+        """The operation's name, e.g. ``"SUM"``."""
+        return self._name
+
+    @property
+    def scale(self) -> Optional[Union[float, complex]]:
+        """The scale of a PREMUL_SUM, None for every other op."""
+        return self._scale
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ReduceOp):
+            return NotImplemented
+        return self._name == other._name and self._scale == other._scale
+
+    def __hash__(self) -> int:
+        return hash((self._name, self._scale))
+
+    def __repr__(self) -> str:
+        if self._name == "PREMUL_SUM":
+            return f"ReduceOp.PREMUL_SUM({self._scale!r})"
+        return f"ReduceOp.{self._name}"
+
+    def __reduce__(self) -> Tuple[Callable, tuple]:
+        if self._name == "PREMUL_SUM":
+            return (make_premul_sum, (self._scale,))
+        return (ReduceOp, (self._name,))
+
+    def __copy__(self) -> "ReduceOp":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "ReduceOp":
+        return self
+
+
+for _name in _NAMES[:-1]:
+    setattr(ReduceOp, _name, ReduceOp(_name))
+
+
+def make_premul_sum(scale: Any) -> ReduceOp:
+    """A SUM that multiplies each rank's input by ``scale`` first.
+
+    Args:
+        scale: a real or complex number, or an array holding exactly one.
+
+    Returns:
+        A ReduceOp whose ``name`` is ``"PREMUL_SUM"``.
+    """
+    if isinstance(scale, np.ndarray):
+        if scale.size != 1:
+            raise ValueError(
+                f"make_premul_sum: scale must be a number or a one-element array, "
+                f"got an array of shape {scale.shape}"
+            )
+        scale = scale.reshape(()).item()
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Number):
+        raise TypeError(f"make_premul_sum: scale must be a number, got {type(scale).__name__}")
+    scale = complex(scale) if isinstance(scale, numbers.Complex) and not isinstance(
+        scale, numbers.Real) else float(scale)
+    op = object.__new__(ReduceOp)
+    object.__setattr__(op, "_name", "PREMUL_SUM")
+    object.__setattr__(op, "_scale", scale)
+    return op
+
+
+class Plan(NamedTuple):
+    """How one (op, dtype) pair is carried out.
+
+    Attributes:
+        mpi_op: the MPI op that does the reduction.
+        prescale: multiply each input by this before reducing (PREMUL_SUM).
+        average: divide the result by the group size (AVG).
+    """
+
+    mpi_op: Any
+    prescale: Optional[Union[float, complex]]
+    average: bool
+
+
+# MPI's op for each (op, dtype kind); a missing entry means the pair has no
+# meaning. Logical ops serve bool as torch does: SUM and MAX are "any",
+# PRODUCT and MIN are "all".
+_BUILTIN = {
+    "bool": {"SUM": "LOR", "PRODUCT": "LAND", "MIN": "LAND", "MAX": "LOR",
+             "BAND": "LAND", "BOR": "LOR", "BXOR": "LXOR"},
+    "int": {"SUM": "SUM", "PRODUCT": "PROD", "MIN": "MIN", "MAX": "MAX",
+            "BAND": "BAND", "BOR": "BOR", "BXOR": "BXOR"},
+    "float": {"SUM": "SUM", "PRODUCT": "PROD", "MIN": "MIN", "MAX": "MAX",
+              "AVG": "SUM", "PREMUL_SUM": "SUM"},
+    "complex": {"SUM": "SUM", "PRODUCT": "PROD", "AVG": "SUM", "PREMUL_SUM": "SUM"},
+}
+# float16 / bfloat16: numpy ufuncs run inside an MPI user-defined op.
+_HALF_UFUNCS = {"SUM": np.add, "PRODUCT": np.multiply, "MIN": np.minimum,
+                "MAX": np.maximum, "AVG": np.add, "PREMUL_SUM": np.add}
+
+_WHY = {
+    "bool": "AVG and PREMUL_SUM have no boolean result; cast to a floating dtype",
+    "int": "AVG and PREMUL_SUM would have to round to an integer; cast to a floating dtype",
+    "half": "bitwise ops apply to integers and bool only",
+    "float": "bitwise ops apply to integers and bool only",
+    "complex": "complex numbers have no order (MIN/MAX) and no bits to combine (BAND/BOR/BXOR)",
+}
+
+_plans: Dict[Tuple[ReduceOp, np.dtype], Plan] = {}
+_user_ops: Dict[Tuple[str, np.dtype], Any] = {}
+
+
+def _half_op(ufunc: Any, dtype: np.dtype) -> Any:
+    """An MPI user op applying ``ufunc`` elementwise to arrays of ``dtype``."""
+    key = (ufunc.__name__, dtype)
+    op = _user_ops.get(key)
+    if op is None:
+        MPI = _mpi.load()
+
+        def reduce(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+            a = np.frombuffer(inbuf, dtype=dtype)
+            b = np.frombuffer(inoutbuf, dtype=dtype)
+            ufunc(a, b, out=b)
+
+        op = _user_ops[key] = MPI.Op.Create(reduce, commute=True)
+    return op
+
+
+def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
+    """Return how to carry out ``op`` on ``dtype``, or raise if it has no meaning.
+
+    Raises:
+        TypeError: ``op`` is not a ReduceOp.
+        ValueError: the pair (op, dtype) is not defined.
+    """
+    key = (op, dtype)
+    try:
+        return _plans[key]
+    except (KeyError, TypeError):
+        pass
+    if not isinstance(op, ReduceOp):
+        raise TypeError(f"{func}: op must be a pycoll.ReduceOp, got {op!r}")
+    kind = dtype_kind(dtype)
+    name = op.name
+    if kind == "half":
+        if name not in _HALF_UFUNCS:
+            raise ValueError(f"{func}: ReduceOp.{name} is not defined for dtype {dtype}: "
+                             f"{_WHY[kind]}")
+        mpi_op = _half_op(_HALF_UFUNCS[name], dtype)
+    else:
+        mpi_name = _BUILTIN[kind].get(name)
+        if mpi_name is None:
+            raise ValueError(f"{func}: ReduceOp.{name} is not defined for dtype {dtype}: "
+                             f"{_WHY[kind]}")
+        mpi_op = getattr(_mpi.load(), mpi_name)
+    scale = op.scale
+    if scale is not None and isinstance(scale, complex) and kind != "complex":
+        raise ValueError(f"{func}: a complex PREMUL_SUM scale ({scale}) cannot scale "
+                         f"dtype {dtype}; use a real scale or complex arrays")
+    result = Plan(mpi_op, scale, name == "AVG")
+    if scale is None:  # a PREMUL_SUM scale often changes every step: do not cache it
+        _plans[key] = result
+    return result
+
+
+def free_user_ops() -> None:
+    """Free the MPI user ops created so far (called when pycoll shuts down)."""
+    for op in _user_ops.values():
+        op.Free()
+    _user_ops.clear()
+    _plans.clear()

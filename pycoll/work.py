@@ -1,0 +1,262 @@
+"""Work (a handle on an operation in flight) and Future.
+
+An ``async_op=True`` call starts a real nonblocking MPI operation and returns
+a Work at once; the data is only valid after ``wait()`` (or once
+``is_completed()`` is True). Anything pycoll does after MPI finishes (the
+division of an AVG, unpacking a list of outputs) runs when the Work is
+observed complete, in the thread that observed it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, List, Optional
+
+from . import _mpi, debug
+from .errors import DistBackendError, DistTimeoutError
+
+__all__ = ["Work", "Future"]
+
+
+class Future:
+    """The eventual value of an operation, as torch.futures.Future.
+
+    A Future made by :meth:`Work.get_future` completes when its Work does;
+    waiting on it drives the Work. A Future made by the user completes when
+    the user calls :meth:`set_result` or :meth:`set_exception`.
+    """
+
+    def __init__(self, _driver: Optional["Work"] = None) -> None:
+        self._driver = _driver
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._value: Any = None
+        self._exc: Optional[BaseException] = None
+        self._callbacks: List[Callable[["Future"], None]] = []
+
+    def done(self) -> bool:
+        """True when the value (or an exception) is set."""
+        if not self._event.is_set() and self._driver is not None:
+            self._driver.is_completed()
+        return self._event.is_set()
+
+    def wait(self) -> Any:
+        """Block until complete; return the value or raise the exception."""
+        if not self._event.is_set() and self._driver is not None:
+            try:
+                self._driver.wait()
+            except BaseException:
+                pass  # the Work completed this future with its exception
+        self._event.wait()
+        return self.value()
+
+    def value(self) -> Any:
+        """The value of a completed future (raises its exception if it has one)."""
+        if not self._event.is_set():
+            raise RuntimeError("Future.value() called before the future completed; "
+                               "call wait() first")
+        if self._exc is not None:
+            raise self._exc
+        return self._value
+
+    def then(self, callback: Callable[["Future"], Any]) -> "Future":
+        """A new Future holding ``callback(self)``, run once this one completes.
+
+        An exception raised by the callback becomes the new Future's exception.
+        """
+        child = Future(self._driver)
+
+        def run(parent: "Future") -> None:
+            try:
+                child.set_result(callback(parent))
+            except BaseException as exc:  # handed to whoever waits on child
+                child.set_exception(exc)
+
+        self._add_callback(run)
+        return child
+
+    def add_done_callback(self, callback: Callable[["Future"], None]) -> None:
+        """Run ``callback(self)`` once complete (at once if already complete)."""
+        self._add_callback(callback)
+
+    def set_result(self, result: Any) -> None:
+        """Complete the future with ``result``."""
+        self._complete(result, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        """Complete the future with an exception, raised by wait() and value()."""
+        if not isinstance(exc, BaseException):
+            raise TypeError(f"set_exception needs an exception, got {type(exc).__name__}")
+        self._complete(None, exc)
+
+    def _add_callback(self, callback: Callable[["Future"], None]) -> None:
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+    def _complete(self, value: Any, exc: Optional[BaseException]) -> None:
+        with self._lock:
+            if self._event.is_set():
+                raise RuntimeError("Future is already completed; set_result/set_exception "
+                                   "may be called once")
+            self._value, self._exc = value, exc
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            cb(self)
+
+
+class Work:
+    """A collective or point-to-point operation started with ``async_op=True``.
+
+    Attributes:
+        op: the operation's name, e.g. ``"all_reduce"``.
+        seq: its sequence number on the group (None for point-to-point).
+    """
+
+    __slots__ = ("op", "seq", "_requests", "_finish", "_result", "_done", "_exc",
+                 "_future", "_lock", "_group_desc", "_nbytes", "_t0", "_status")
+
+    def __init__(self, op: str, seq: Optional[int], requests: List[Any],
+                 finish: Optional[Callable[[], None]] = None, result: Any = None,
+                 group_desc: str = "", nbytes: int = 0, status: Any = None) -> None:
+        self.op = op
+        self.seq = seq
+        self._requests = requests
+        self._finish = finish
+        self._result = result
+        self._done = False
+        self._exc: Optional[BaseException] = None
+        self._future: Optional[Future] = None
+        self._lock = threading.Lock()
+        self._group_desc = group_desc
+        self._nbytes = nbytes
+        self._t0 = time.perf_counter() if debug.LEVEL else 0.0
+        self._status = status
+
+    def __repr__(self) -> str:
+        state = "completed" if self._done else "pending"
+        return f"Work(op={self.op!r}, seq={self.seq}, {state})"
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until the operation completes; return True.
+
+        Args:
+            timeout: seconds (or a timedelta) to wait at most; None waits until
+                MPI completes the operation.
+
+        Raises:
+            DistTimeoutError: the timeout passed first. The operation is still
+                pending in MPI; the group should not be used for further
+                collectives.
+            DistBackendError: MPI reported an error.
+        """
+        if not self._done:
+            if timeout is None:
+                with self._lock:
+                    if not self._done:
+                        self._drive(block=True)
+            else:
+                self._wait_until(_seconds(timeout))
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def is_completed(self) -> bool:
+        """True once the operation has completed (successfully or not). Never blocks."""
+        if not self._done and self._lock.acquire(blocking=False):
+            try:
+                if not self._done:
+                    self._drive(block=False)
+            finally:
+                self._lock.release()
+        return self._done
+
+    def is_success(self) -> bool:
+        """True once completed without error."""
+        return self.is_completed() and self._exc is None
+
+    def exception(self) -> Optional[BaseException]:
+        """The error the operation failed with, or None."""
+        return self._exc
+
+    def result(self) -> List[Any]:
+        """Wait for completion and return the operation's output arrays."""
+        self.wait()
+        return self._result
+
+    def source_rank(self) -> int:
+        """For a completed receive: the global rank the message came from."""
+        self.wait()
+        if self._status is None:
+            raise RuntimeError(f"source_rank() applies to receives, not to {self.op}")
+        to_global, statuses = self._status
+        return to_global(statuses[0].Get_source())
+
+    def get_future(self) -> Future:
+        """A Future that completes, with ``result()``, when this Work does."""
+        with self._lock:
+            if self._future is None:
+                self._future = Future(self)
+                if self._done:
+                    self._settle_future()
+        return self._future
+
+    def _drive(self, block: bool) -> None:
+        """Wait for (block) or test the requests; finish up once they are done."""
+        MPI = _mpi.MPI
+        statuses = None if self._status is None else self._status[1]
+        try:
+            if block:
+                MPI.Request.Waitall(self._requests, statuses)
+            elif not MPI.Request.Testall(self._requests, statuses):
+                return
+        except MPI.Exception as exc:
+            self._exc = DistBackendError(f"{self.op} (seq {self.seq}) failed in MPI: {exc}",
+                                         self.op, self.seq)
+        self._settle()
+
+    def _wait_until(self, seconds: float) -> None:
+        start = time.monotonic()
+        pause = 1e-6
+        while not self.is_completed():
+            elapsed = time.monotonic() - start
+            if elapsed >= seconds:
+                raise DistTimeoutError(
+                    f"{self.op} (seq {self.seq}) did not complete within {seconds:g} s "
+                    f"on group {self._group_desc!r}; the ranks of the group may not all "
+                    f"have called it, or one of them is stuck",
+                    self.op, self.seq, elapsed)
+            # Back off gradually so a long wait does not burn a core that
+            # another rank on this node may need.
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+
+    def _settle(self) -> None:
+        if self._exc is None and self._finish is not None:
+            try:
+                self._finish()
+            except BaseException as exc:
+                self._exc = exc
+        self._done = True
+        if debug.LEVEL:
+            debug.log_collective(self.op, self._group_desc, -1 if self.seq is None else self.seq,
+                                 self._nbytes, time.perf_counter() - self._t0)
+        if self._future is not None:
+            self._settle_future()
+
+    def _settle_future(self) -> None:
+        if self._exc is not None:
+            self._future.set_exception(self._exc)
+        else:
+            self._future.set_result(self._result)
+
+
+def _seconds(timeout: Any) -> float:
+    seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+    if seconds < 0:
+        raise ValueError(f"timeout must not be negative, got {timeout}")
+    return seconds
