@@ -160,3 +160,22 @@ def spec(x: np.ndarray, count: Optional[int] = None) -> list:
     if count is None:
         return [x, mpi_datatype(x.dtype)]
     return [x, count, mpi_datatype(x.dtype)]
+
+
+def detach(input: np.ndarray, output: np.ndarray) -> np.ndarray:
+    """``input``, or a copy of it when it shares memory with ``output``.
+
+    MPI forbids a send buffer that overlaps the receive buffer; torch-style
+    in-place calls (input a slice of output) get a private copy instead.
+    """
+    if input.size and np.may_share_memory(input, output):
+        return input.copy()
+    return input
+
+
+def is_slot(input: np.ndarray, output: np.ndarray, index: int) -> bool:
+    """True when ``input`` is exactly the ``index``-th of equal parts of ``output``."""
+    if not input.size or input.dtype != output.dtype:
+        return False
+    start = output.__array_interface__["data"][0] + index * input.nbytes
+    return input.__array_interface__["data"][0] == start and input.flags.c_contiguous

@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import _mpi
 from ..arrays import (check_input, check_list, check_output, check_same_dtype, check_size,
-                      mpi_datatype)
+                      detach, mpi_datatype)
 from ..groups import ProcessGroup, resolve
 from ..work import Work
 from ._common import run
@@ -150,6 +150,7 @@ def all_to_all_single(output: np.ndarray, input: np.ndarray,
     output = check_output(func, "output", output)
     input = check_input(func, "input", input)
     dtype = check_same_dtype(func, [output, input])
+    input = detach(input, output)
     mpitype = mpi_datatype(dtype)
     comm = pg.comm
     if output_split_sizes is None and input_split_sizes is None:

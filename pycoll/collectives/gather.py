@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import _mpi
 from ..arrays import (check_input, check_list, check_output, check_same_dtype,
-                      check_same_shape, check_size, mpi_datatype)
+                      check_same_shape, check_size, detach, is_slot, mpi_datatype)
 from ..groups import ProcessGroup, resolve
 from ..work import Work
 from ._common import group_rank, run
@@ -84,10 +84,13 @@ def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
     check_size(func, "output_tensor", output_tensor, input_tensor.size * n,
                f"input_tensor.size {input_tensor.size} x group size {n}")
     mpitype = mpi_datatype(input_tensor.dtype)
+    if is_slot(input_tensor, output_tensor, pg._rank):
+        send = _mpi.MPI.IN_PLACE  # the input already sits where its result goes
+    else:
+        send = [detach(input_tensor, output_tensor), mpitype]
     comm = pg.comm
     return run(pg, func, output_tensor.nbytes, comm.Allgather, comm.Iallgather,
-               ([input_tensor, mpitype], [output_tensor, mpitype]), async_op, None,
-               [output_tensor])
+               (send, [output_tensor, mpitype]), async_op, None, [output_tensor])
 
 
 def all_gather_coalesced(output_tensor_lists: List[List[np.ndarray]],

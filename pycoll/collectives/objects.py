@@ -1,8 +1,9 @@
 """Object collectives: picklable Python objects of any size, 2 GiB and over included.
 
 Each object is pickled, the sizes are exchanged, then the bytes. Payloads
-past MPI's 2**31-1 count limit travel as 1 MiB blocks (a contiguous MPI
-datatype), which works on MPIs without MPI-4 large-count calls. A rank whose
+past MPI's 2**31-1 count limit travel as whole 1 MiB blocks (a contiguous MPI
+datatype) plus the remaining bytes, which works on MPIs without MPI-4
+large-count calls and needs no padded copy. A rank whose
 object cannot be pickled still takes part in the size exchange (with size
 -1), so every rank raises instead of the others waiting for it.
 """
@@ -29,35 +30,36 @@ _INT_MAX = (1 << 31) - 1
 _chunk_type: Any = None
 
 
-def _wire(buf: np.ndarray, nbytes: int) -> list:
-    """A buffer spec for ``nbytes`` bytes of ``buf`` that no count overflows."""
+def _parts(buf: np.ndarray, nbytes: int) -> List[list]:
+    """Buffer specs that together cover ``buf[:nbytes]``, none with a count past
+    MPI's int limit: whole 1 MiB blocks, then the remaining bytes. Sender and
+    receiver derive the same parts from ``nbytes``."""
     global _chunk_type
     MPI = _mpi.MPI
     if nbytes <= _INT_MAX:
-        return [buf, nbytes, MPI.BYTE]
+        return [[buf, nbytes, MPI.BYTE]]
     if _chunk_type is None:
         _chunk_type = MPI.BYTE.Create_contiguous(_CHUNK).Commit()
-    return [buf, -(-nbytes // _CHUNK), _chunk_type]
+    whole = nbytes // _CHUNK
+    parts = [[buf, whole, _chunk_type]]
+    if nbytes > whole * _CHUNK:
+        parts.append([buf[whole * _CHUNK:], nbytes - whole * _CHUNK, MPI.BYTE])
+    return parts
 
 
-def _alloc(nbytes: int) -> np.ndarray:
-    """A receive buffer for ``nbytes``, padded to whole blocks when large."""
-    if nbytes > _INT_MAX:
-        nbytes = -(-nbytes // _CHUNK) * _CHUNK
-    return np.empty(nbytes, np.uint8)
+def _transfer(call: Any, buf: np.ndarray, nbytes: int, *args: Any) -> None:
+    """``call(spec, *args)`` (Bcast, Send or Recv) for each part of the payload."""
+    for spec in _parts(buf, nbytes):
+        call(spec, *args)
 
 
 def _pack(obj: Any) -> Tuple[np.ndarray, Optional[BaseException]]:
-    """Pickle ``obj`` into a send buffer (padded when large), or return the error."""
+    """Pickle ``obj`` into a send buffer, or return the error."""
     try:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # handed back so the caller can tell the other ranks
         return np.empty(0, np.uint8), exc
-    if len(data) <= _INT_MAX:
-        return np.frombuffer(data, np.uint8), None
-    buf = _alloc(len(data))
-    buf[:len(data)] = np.frombuffer(data, np.uint8)
-    return buf[:len(data)], None
+    return np.frombuffer(data, np.uint8), None
 
 
 def _unpack(buf: np.ndarray, nbytes: int) -> Any:
@@ -127,8 +129,8 @@ def all_gather_object(object_list: List[Any], obj: Any,
     else:
         for i in range(n):
             size = int(sizes[i])
-            buf = payload if i == pg._rank else _alloc(size)
-            pg.comm.Bcast(_wire(buf, size), i)
+            buf = payload if i == pg._rank else np.empty(size, np.uint8)
+            _transfer(pg.comm.Bcast, buf, size, i)
             object_list[i] = _unpack(buf, size)
     done(pg, func, seq, total, t0, False)
 
@@ -175,15 +177,15 @@ def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None, dst:
                      [recv, (sizes.tolist(), displs), MPI.BYTE] if is_root else None, root)
         parts = [(recv[displs[i]:], int(sizes[i])) for i in range(n)] if is_root else []
     elif not is_root:
-        comm.Send(_wire(payload, payload.size), root, RESERVED_TAG)
+        _transfer(comm.Send, payload, payload.size, root, RESERVED_TAG)
         parts = []
     else:
         parts = []
         for i in range(n):
             size = int(sizes[i])
-            buf = payload if i == root else _alloc(size)
+            buf = payload if i == root else np.empty(size, np.uint8)
             if i != root:
-                comm.Recv(_wire(buf, size), i, RESERVED_TAG)
+                _transfer(comm.Recv, buf, size, i, RESERVED_TAG)
             parts.append((buf, size))
     for i, (buf, size) in enumerate(parts):
         object_gather_list[i] = _unpack(buf, size)
@@ -216,8 +218,8 @@ def broadcast_object_list(object_list: List[Any], src: int = 0,
     nbytes = int(size[0])
     if nbytes < 0:
         raise _pickle_error(func, [src], exc)
-    buf = payload if is_root else _alloc(nbytes)
-    comm.Bcast(_wire(buf, nbytes), root)
+    buf = payload if is_root else np.empty(nbytes, np.uint8)
+    _transfer(comm.Bcast, buf, nbytes, root)
     if not is_root:
         objs = _unpack(buf, nbytes)
         if len(objs) != len(object_list):
@@ -278,11 +280,11 @@ def scatter_object_list(scatter_object_output_list: List[Any],
     elif is_root:
         for i in range(n):
             if i != root:
-                comm.Send(_wire(payloads[i], int(sizes[i])), i, RESERVED_TAG)
+                _transfer(comm.Send, payloads[i], int(sizes[i]), i, RESERVED_TAG)
         buf = payloads[root]
     else:
-        buf = _alloc(mine)
-        comm.Recv(_wire(buf, mine), root, RESERVED_TAG)
+        buf = np.empty(mine, np.uint8)
+        _transfer(comm.Recv, buf, mine, root, RESERVED_TAG)
     out[0] = _unpack(buf, mine)
     done(pg, func, seq, total, t0, False)
 
@@ -306,7 +308,7 @@ def send_object_list(object_list: List[Any], dst: Optional[int] = None,
         raise _pickle_error(func, [], exc)
     MPI = _mpi.MPI
     pg.comm.Send([np.array([payload.size], np.int64), MPI.INT64_T], peer, RESERVED_TAG)
-    pg.comm.Send(_wire(payload, payload.size), peer, RESERVED_TAG)
+    _transfer(pg.comm.Send, payload, payload.size, peer, RESERVED_TAG)
 
 
 def recv_object_list(object_list: List[Any], src: Optional[int] = None,
@@ -332,8 +334,8 @@ def recv_object_list(object_list: List[Any], src: Optional[int] = None,
     pg.comm.Recv([size, MPI.INT64_T], source, RESERVED_TAG, status)
     sender = status.Get_source()
     nbytes = int(size[0])
-    buf = _alloc(nbytes)
-    pg.comm.Recv(_wire(buf, nbytes), sender, RESERVED_TAG)
+    buf = np.empty(nbytes, np.uint8)
+    _transfer(pg.comm.Recv, buf, nbytes, sender, RESERVED_TAG)
     objs = _unpack(buf, nbytes)
     if len(objs) != len(object_list):
         raise ValueError(f"{func}: object_list has {len(object_list)} entries but rank "

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import _mpi
 from ..arrays import (check_input, check_list, check_output, check_same_dtype,
-                      check_same_shape, check_size, mpi_datatype)
+                      check_same_shape, check_size, detach, mpi_datatype)
 from ..groups import STATE, ProcessGroup, not_initialized, resolve
 from ..ops import ReduceOp, Plan, _plans, plan
 from ..work import Work
@@ -199,7 +199,7 @@ def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray,
     check_size(func, "input", input, output.size * n,
                f"output.size {output.size} x group size {n}")
     how = _plan(op, dtype, func)
-    send = input if how.prescale is None else _scaled(input, how.prescale)
+    send = detach(input, output) if how.prescale is None else _scaled(input, how.prescale)
     mpitype = mpi_datatype(dtype)
     comm = pg.comm
     finish = _averager(output, n) if how.average else None

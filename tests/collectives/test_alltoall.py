@@ -1,0 +1,101 @@
+"""all_to_all and all_to_all_single, even and uneven."""
+
+import numpy as np
+import pytest
+
+import pycoll
+from support import ALL_DTYPES, assert_equal, data
+
+ASYNC = pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+
+
+def block(src, dst, dtype, rows, width=2):
+    """What rank ``src`` sends to rank ``dst``: ``rows`` rows tagged with both."""
+    return data(src, dtype, (rows, width), salt=10 * dst)
+
+
+def rows(src, dst):
+    """An uneven pattern: rank src sends (src + 2 * dst) % 3 rows to dst (zero too)."""
+    return (src + 2 * dst) % 3
+
+
+@ASYNC
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_all_to_all_single_even(dtype, async_op, rank, world_size):
+    x = np.concatenate([block(rank, d, dtype, 2) for d in range(world_size)])
+    out = np.zeros_like(x)
+    work = pycoll.all_to_all_single(out, x, async_op=async_op)
+    if async_op:
+        work.wait()
+    assert_equal(out, np.concatenate([block(s, rank, dtype, 2) for s in range(world_size)]))
+
+
+@ASYNC
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_all_to_all_single_uneven(dtype, async_op, rank, world_size):
+    send = [rows(rank, d) for d in range(world_size)]
+    recv = [rows(s, rank) for s in range(world_size)]
+    x = np.concatenate([block(rank, d, dtype, send[d]) for d in range(world_size)])
+    out = np.zeros((sum(recv), 2), dtype)
+    work = pycoll.all_to_all_single(out, x, output_split_sizes=recv, input_split_sizes=send,
+                                    async_op=async_op)
+    if async_op:
+        work.wait()
+    assert_equal(out, np.concatenate([block(s, rank, dtype, recv[s])
+                                      for s in range(world_size)]))
+
+
+def test_all_to_all_single_one_split_given(rank, world_size):
+    """Only input splits given: the output is split evenly."""
+    send = [1] * world_size
+    x = np.arange(world_size, dtype=np.int32) + 100 * rank
+    out = np.zeros(world_size, np.int32)
+    pycoll.all_to_all_single(out, x, input_split_sizes=send)
+    assert_equal(out, np.array([100 * s + rank for s in range(world_size)], np.int32))
+
+
+def test_all_to_all_single_in_place(rank, world_size):
+    x = np.array([100 * rank + d for d in range(world_size)], np.int64)
+    pycoll.all_to_all_single(x, x)
+    assert_equal(x, np.array([100 * s + rank for s in range(world_size)], np.int64))
+
+
+def test_split_sizes_that_disagree_raise_on_every_rank(rank, world_size):
+    if world_size == 1:
+        pytest.skip("needs two ranks to disagree")
+    # Rank 0 claims to receive 2 rows from the last rank, which sends 1.
+    recv = [1] * world_size
+    if rank == 0:
+        recv[-1] = 2
+    x = np.zeros((world_size, 1))
+    out = np.zeros((sum(recv), 1))
+    before = pycoll.group.WORLD.sequence_number()
+    with pytest.raises(ValueError, match="split sizes disagree") as info:
+        pycoll.all_to_all_single(out, x, output_split_sizes=recv,
+                                 input_split_sizes=[1] * world_size)
+    if rank == 0:
+        assert f"expects 2 elements from rank {world_size - 1}, which sends 1" in str(info.value)
+    elif rank == world_size - 1:
+        assert "sends 1 elements to rank 0, which expects 2" in str(info.value)
+    else:
+        assert f"ranks [0, {world_size - 1}]" in str(info.value)
+    assert pycoll.group.WORLD.sequence_number() == before
+
+
+@ASYNC
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_all_to_all_lists(dtype, async_op, rank, world_size):
+    ins = [block(rank, d, dtype, rows(rank, d)) for d in range(world_size)]
+    outs = [np.zeros((rows(s, rank), 2), dtype) for s in range(world_size)]
+    work = pycoll.all_to_all(outs, ins, async_op=async_op)
+    if async_op:
+        work.wait()
+    for s in range(world_size):
+        assert_equal(outs[s], block(s, rank, dtype, rows(s, rank)))
+
+
+def test_zero_size(rank, world_size):
+    out = np.zeros((0, 4))
+    pycoll.all_to_all_single(out, np.zeros((0, 4)))
+    pycoll.all_to_all_single(out, np.zeros((0, 4)), [0] * world_size, [0] * world_size)
+    assert out.shape == (0, 4)

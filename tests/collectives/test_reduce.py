@@ -1,0 +1,141 @@
+"""all_reduce, all_reduce_coalesced, reduce, reduce_scatter, reduce_scatter_tensor:
+every valid (op, dtype) pair, sync and async, against numpy's own reduction."""
+
+import numpy as np
+import pytest
+
+import pycoll
+from pycoll import ReduceOp, make_premul_sum
+from support import (ALL_DTYPES, PREMUL_SCALE, assert_equal, data, reduce_all, valid_pairs)
+
+PAIRS = valid_pairs()
+
+
+def rop(name):
+    return make_premul_sum(PREMUL_SCALE) if name == "PREMUL_SUM" else getattr(ReduceOp, name)
+
+
+def finish(work, async_op):
+    if async_op:
+        assert isinstance(work, pycoll.Work)
+        assert work.wait() is True
+        assert work.is_completed() and work.is_success()
+    else:
+        assert work is None
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("op,dtype", PAIRS, ids=str)
+def test_all_reduce(op, dtype, async_op, rank, world_size):
+    x = data(rank, dtype, (2, 3))
+    finish(pycoll.all_reduce(x, op=rop(op), async_op=async_op), async_op)
+    assert_equal(x, reduce_all(op, [data(r, dtype, (2, 3)) for r in range(world_size)],
+                               world_size))
+
+
+@pytest.mark.parametrize("op,dtype", PAIRS, ids=str)
+def test_reduce_to_every_root(op, dtype, rank, world_size):
+    for dst in range(world_size):
+        x = data(rank, dtype)
+        original = x.copy()
+        pycoll.reduce(x, dst=dst, op=rop(op))
+        if rank == dst:
+            assert_equal(x, reduce_all(op, [data(r, dtype) for r in range(world_size)],
+                                       world_size))
+        else:
+            assert_equal(x, original)  # non-root inputs are left as they were
+
+
+@pytest.mark.parametrize("op,dtype", PAIRS, ids=str)
+def test_reduce_async(op, dtype, rank, world_size):
+    x = data(rank, dtype)
+    finish(pycoll.reduce(x, dst=0, op=rop(op), async_op=True), True)
+    if rank == 0:
+        assert_equal(x, reduce_all(op, [data(r, dtype) for r in range(world_size)],
+                                   world_size))
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("op,dtype", PAIRS, ids=str)
+def test_reduce_scatter(op, dtype, async_op, rank, world_size):
+    inputs = [data(rank, dtype, (3,), salt=7 * i) for i in range(world_size)]
+    out = np.zeros(3, dtype)
+    finish(pycoll.reduce_scatter(out, inputs, op=rop(op), async_op=async_op), async_op)
+    mine = [data(r, dtype, (3,), salt=7 * rank) for r in range(world_size)]
+    assert_equal(out, reduce_all(op, mine, world_size))
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("op,dtype", PAIRS, ids=str)
+def test_reduce_scatter_tensor(op, dtype, async_op, rank, world_size):
+    x = data(rank, dtype, (world_size * 2, 2))
+    original = x.copy()
+    out = np.zeros((2, 2), dtype)
+    finish(pycoll.reduce_scatter_tensor(out, x, op=rop(op), async_op=async_op), async_op)
+    total = reduce_all(op, [data(r, dtype, (world_size * 2, 2)) for r in range(world_size)],
+                       world_size)
+    assert_equal(out, total[2 * rank:2 * rank + 2])
+    assert_equal(x, original)  # the input is not modified, even for PREMUL_SUM
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("op,dtype", PAIRS, ids=str)
+def test_all_reduce_coalesced(op, dtype, async_op, rank, world_size):
+    shapes = [(3,), (2, 2), (), (0,)]
+    xs = [data(rank, dtype, s, salt=i) for i, s in enumerate(shapes)]
+    finish(pycoll.all_reduce_coalesced(xs, op=rop(op), async_op=async_op), async_op)
+    for i, (x, s) in enumerate(zip(xs, shapes)):
+        assert_equal(x, reduce_all(op, [data(r, dtype, s, salt=i) for r in range(world_size)],
+                                   world_size))
+
+
+def test_reduce_scatter_tensor_in_place(rank, world_size):
+    """torch's in-place idiom: the output is this rank's slice of the input."""
+    x = data(rank, np.dtype(np.float32), (world_size * 4,))
+    pycoll.reduce_scatter_tensor(x[rank * 4:(rank + 1) * 4], x)
+    total = reduce_all("SUM", [data(r, np.dtype(np.float32), (world_size * 4,))
+                               for r in range(world_size)], world_size)
+    assert_equal(x[rank * 4:(rank + 1) * 4], total[rank * 4:(rank + 1) * 4])
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_zero_size(dtype, pg):
+    x = np.zeros((0, 3), dtype)
+    pycoll.all_reduce(x)
+    pycoll.reduce(x, dst=0)
+    out = np.zeros((0,), dtype)
+    pycoll.reduce_scatter_tensor(out, np.zeros(0, dtype))
+    assert x.shape == (0, 3) and out.shape == (0,)
+
+
+def test_all_reduce_64_mib(rank, world_size):
+    n = 16 * 1024 * 1024  # 64 MiB of float32
+    x = np.full(n, rank + 1, np.float32)
+    x[-1] = 2 * (rank + 1)
+    pycoll.all_reduce(x)
+    total = world_size * (world_size + 1) / 2
+    assert x[0] == total and x[n // 2] == total and x[-1] == 2 * total
+    assert np.count_nonzero(x != total) == 1
+
+
+def test_reduce_scatter_tensor_64_mib(rank, world_size):
+    n = 16 * 1024 * 1024
+    x = np.arange(n, dtype=np.float32) % 1024
+    part = n // world_size
+    out = np.empty(part, np.float32)
+    pycoll.reduce_scatter_tensor(out, x[:part * world_size])
+    np.testing.assert_array_equal(out, world_size * (np.arange(rank * part, (rank + 1) * part,
+                                                               dtype=np.float32) % 1024))
+
+
+def test_avg_float16_rounds_like_numpy(rank, world_size):
+    """AVG is computed in the array's dtype: sum, then one correctly rounded division."""
+    top = 60000.0 / (world_size * (world_size + 1) / 2)  # the sum stays finite
+    base = np.array([1.0, 1e-4, 3.0, top], np.float16)
+    x = base * np.float16(rank + 1)
+    inputs = [base * np.float16(r + 1) for r in range(world_size)]
+    pycoll.all_reduce(x, op=ReduceOp.AVG)
+    expected = np.zeros(4, np.float16)
+    for a in inputs:
+        expected = expected + a
+    np.testing.assert_array_equal(x, expected / np.float16(world_size))

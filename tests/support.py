@@ -1,0 +1,92 @@
+"""Inputs and independently computed expectations for the collective tests.
+
+Every rank can compute every other rank's input (it depends only on the rank),
+so each rank checks its result against numpy's own reduction of all inputs.
+Values are small integers, so sums and products are exact in every dtype
+(bfloat16 included) and the order MPI reduces in cannot change the result.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import List
+
+import ml_dtypes
+import numpy as np
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+INTS = [np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64,
+                              np.uint8, np.uint16, np.uint32, np.uint64)]
+FLOATS = [np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64)]
+COMPLEX = [np.dtype(np.complex64), np.dtype(np.complex128)]
+BOOL = [np.dtype(np.bool_)]
+ALL_DTYPES = BOOL + INTS + FLOATS + COMPLEX
+
+# Which ops each dtype class supports, written out here rather than taken
+# from pycoll, so a wrong table in pycoll fails the tests.
+VALID_OPS = {
+    "bool": ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"],
+    "int": ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"],
+    "float": ["SUM", "PRODUCT", "MIN", "MAX", "AVG", "PREMUL_SUM"],
+    "complex": ["SUM", "PRODUCT", "AVG", "PREMUL_SUM"],
+}
+ALL_OPS = ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG", "PREMUL_SUM"]
+PREMUL_SCALE = 0.5
+
+
+def dtype_class(dtype: np.dtype) -> str:
+    if dtype in BOOL:
+        return "bool"
+    if dtype in INTS:
+        return "int"
+    if dtype in COMPLEX:
+        return "complex"
+    return "float"
+
+
+def valid_pairs():
+    return [(op, dt) for dt in ALL_DTYPES for op in VALID_OPS[dtype_class(dt)]]
+
+
+def invalid_pairs():
+    return [(op, dt) for dt in ALL_DTYPES for op in ALL_OPS
+            if op not in VALID_OPS[dtype_class(dt)]]
+
+
+def data(rank: int, dtype: np.dtype, shape=(6,), salt: int = 0) -> np.ndarray:
+    """Rank ``rank``'s input: small integers (or their complex/bool analogue)."""
+    k = np.arange(int(np.prod(shape, dtype=np.int64))) + salt
+    if dtype == np.bool_:
+        return ((k + rank) % 3 == 0).reshape(shape)
+    v = (rank + 1) * (k % 3 + 1)
+    if dtype in COMPLEX:
+        return (v + 1j * ((k + rank) % 2)).astype(dtype).reshape(shape)
+    return v.astype(np.float64).astype(dtype).reshape(shape)
+
+
+def reduce_all(op: str, arrays: List[np.ndarray], n: int) -> np.ndarray:
+    """numpy's reduction of ``arrays`` under ``op``."""
+    dtype = arrays[0].dtype
+    if op == "PREMUL_SUM":
+        arrays = [(a * PREMUL_SCALE).astype(dtype) for a in arrays]
+    if dtype == np.bool_:
+        fn = {"SUM": np.logical_or, "MAX": np.logical_or, "BOR": np.logical_or,
+              "PRODUCT": np.logical_and, "MIN": np.logical_and, "BAND": np.logical_and,
+              "BXOR": np.logical_xor}[op]
+    else:
+        fn = {"SUM": np.add, "AVG": np.add, "PREMUL_SUM": np.add, "PRODUCT": np.multiply,
+              "MIN": np.minimum, "MAX": np.maximum, "BAND": np.bitwise_and,
+              "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}[op]
+    out = functools.reduce(lambda a, b: fn(a, b).astype(dtype), arrays)
+    if op == "AVG":
+        out = (out / np.array(n, dtype=dtype)).astype(dtype)
+    return out
+
+
+def assert_equal(actual: np.ndarray, expected: np.ndarray) -> None:
+    """Exact equality, dtype included (bfloat16 compared through float32)."""
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    if actual.dtype == BF16:
+        actual, expected = actual.astype(np.float32), expected.astype(np.float32)
+    np.testing.assert_array_equal(actual, expected)

@@ -1,0 +1,107 @@
+"""ReduceOp semantics (as torch's ReduceOpTest) and the (op, dtype) validity table."""
+
+import copy
+import pickle
+
+import numpy as np
+import pytest
+
+import pycoll
+from pycoll import ReduceOp, make_premul_sum
+from support import invalid_pairs
+
+MEMBERS = [ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX,
+           ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR]
+SCALES = [np.array(1.0), 2.0, np.array([3.0])]
+
+
+@pytest.mark.parametrize("op", MEMBERS, ids=repr)
+def test_members_are_reduceops(op):
+    assert isinstance(op, ReduceOp)
+    assert op.name in repr(op)
+
+
+@pytest.mark.parametrize("scale", SCALES, ids=repr)
+def test_premul_sum_is_a_reduceop(scale):
+    op = make_premul_sum(scale)
+    assert isinstance(op, ReduceOp)
+    assert op.name == "PREMUL_SUM"
+    assert op.scale == float(np.asarray(scale).reshape(()))
+
+
+@pytest.mark.parametrize("op", MEMBERS, ids=repr)
+def test_copy_deepcopy_and_copy_construct(op):
+    assert copy.copy(op) == op
+    assert copy.deepcopy(op) == op
+    assert copy.copy(ReduceOp(op)) == op
+    assert copy.deepcopy(ReduceOp(op)) == op
+
+
+@pytest.mark.parametrize("op", MEMBERS, ids=repr)
+def test_pickle_round_trip(op):
+    assert pickle.loads(pickle.dumps(op)) == op
+    orig = ReduceOp(op)
+    assert pickle.loads(pickle.dumps(orig)) == orig
+
+
+@pytest.mark.parametrize("scale", SCALES, ids=repr)
+def test_premul_sum_copies_and_pickles(scale):
+    op = make_premul_sum(scale)
+    assert copy.copy(op) == op
+    assert copy.deepcopy(op) == op
+    assert pickle.loads(pickle.dumps(op)) == op
+    assert make_premul_sum(2.0) != make_premul_sum(3.0)
+    assert make_premul_sum(2.0) != ReduceOp.SUM
+
+
+@pytest.mark.parametrize("op", MEMBERS, ids=repr)
+def test_equality(op):
+    obj = ReduceOp(op)
+    assert obj == obj
+    assert obj == op
+    assert op == obj  # symmetric, unlike torch's RedOpType quirk
+    assert (obj == "abc") is False
+    assert (op == "abc") is False
+    assert obj != "abc"
+    assert None not in (op, obj)
+    assert "abc" not in (op, obj)
+    assert hash(obj) == hash(op)
+    others = [m for m in MEMBERS if m is not op]
+    assert all(op != m for m in others)
+
+
+def test_constructing_from_an_unknown_name_fails():
+    with pytest.raises(ValueError, match="unknown reduce op"):
+        ReduceOp("MEDIAN")
+    assert ReduceOp("sum") == ReduceOp.SUM
+
+
+def test_reduceops_are_immutable():
+    with pytest.raises(AttributeError):
+        ReduceOp.SUM._name = "MAX"
+
+
+@pytest.mark.parametrize("bad", ["2", None, True, np.zeros(2)])
+def test_premul_sum_rejects_bad_scales(bad):
+    with pytest.raises((TypeError, ValueError), match="scale"):
+        make_premul_sum(bad)
+
+
+@pytest.mark.parametrize("op,dtype", invalid_pairs(), ids=str)
+def test_undefined_pairs_name_op_and_dtype(op, dtype, pg):
+    rop = make_premul_sum(2.0) if op == "PREMUL_SUM" else getattr(ReduceOp, op)
+    x = np.zeros(3, dtype)
+    before = pg.sequence_number()
+    with pytest.raises(ValueError, match=f"ReduceOp.{op} is not defined for dtype {dtype}"):
+        pycoll.all_reduce(x, op=rop)
+    assert pg.sequence_number() == before  # refused before anything was sent
+
+
+def test_op_of_wrong_type(pg):
+    with pytest.raises(TypeError, match="op must be a pycoll.ReduceOp"):
+        pycoll.all_reduce(np.zeros(2), op="sum")
+
+
+def test_complex_scale_on_real_dtype(pg):
+    with pytest.raises(ValueError, match="complex PREMUL_SUM scale"):
+        pycoll.all_reduce(np.zeros(2), op=make_premul_sum(1j))
