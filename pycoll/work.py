@@ -5,6 +5,11 @@ a Work at once; the data is only valid after ``wait()`` (or once
 ``is_completed()`` is True). Anything pycoll does after MPI finishes (the
 division of an AVG, unpacking a list of outputs) runs when the Work is
 observed complete, in the thread that observed it.
+
+All ranks must issue a given collective in the same form, all with
+``async_op=True`` or all without: the synchronous form is MPI's blocking
+collective (the fastest path), the asynchronous one MPI's nonblocking
+collective, and MPI never matches one with the other.
 """
 
 from __future__ import annotations

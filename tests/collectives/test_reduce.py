@@ -129,13 +129,10 @@ def test_reduce_scatter_tensor_64_mib(rank, world_size):
 
 
 def test_avg_float16_rounds_like_numpy(rank, world_size):
-    """AVG is computed in the array's dtype: sum, then one correctly rounded division."""
-    top = 60000.0 / (world_size * (world_size + 1) / 2)  # the sum stays finite
-    base = np.array([1.0, 1e-4, 3.0, top], np.float16)
+    """AVG in float16: an exact sum, then one correctly rounded division (so
+    the result is numpy's float16 division of the exact sum)."""
+    base = np.array([1.0, 2.0 ** -10, 3.0, 2048.0], np.float16)  # sums stay exact
     x = base * np.float16(rank + 1)
-    inputs = [base * np.float16(r + 1) for r in range(world_size)]
     pycoll.all_reduce(x, op=ReduceOp.AVG)
-    expected = np.zeros(4, np.float16)
-    for a in inputs:
-        expected = expected + a
-    np.testing.assert_array_equal(x, expected / np.float16(world_size))
+    exact_sum = base * np.float16(world_size * (world_size + 1) // 2)
+    np.testing.assert_array_equal(x, exact_sum / np.float16(world_size))

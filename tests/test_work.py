@@ -1,0 +1,128 @@
+"""Work and Future."""
+
+import threading
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import pycoll
+from pycoll import DistTimeoutError, Future
+
+
+def test_future_set_result_and_then():
+    fut = Future()
+    assert not fut.done()
+    chained = fut.then(lambda f: f.value() * 2)
+    fut.set_result(21)
+    assert fut.done() and fut.wait() == 21 and fut.value() == 21
+    assert chained.wait() == 42
+    with pytest.raises(RuntimeError, match="already completed"):
+        fut.set_result(1)
+
+
+def test_future_exception_propagates_through_then():
+    fut = Future()
+    chained = fut.then(lambda f: f.value() + 1)
+    fut.set_exception(KeyError("boom"))
+    with pytest.raises(KeyError, match="boom"):
+        fut.wait()
+    with pytest.raises(KeyError, match="boom"):
+        chained.wait()
+
+
+def test_future_callback_error_goes_to_the_chained_future():
+    fut = Future()
+    chained = fut.then(lambda f: 1 / 0)
+    fut.set_result(1)
+    with pytest.raises(ZeroDivisionError):
+        chained.value()
+
+
+def test_future_value_before_completion():
+    with pytest.raises(RuntimeError, match="before the future completed"):
+        Future().value()
+    with pytest.raises(TypeError, match="needs an exception"):
+        Future().set_exception("not an exception")
+
+
+def test_future_completed_by_another_thread():
+    fut = Future()
+    done = threading.Event()
+
+    def setter():
+        done.wait()
+        fut.set_result("from thread")
+
+    t = threading.Thread(target=setter)
+    t.start()
+    done.set()
+    assert fut.wait() == "from thread"
+    t.join()
+
+
+def test_then_on_a_completed_future_runs_at_once():
+    fut = Future()
+    fut.set_result(3)
+    assert fut.then(lambda f: f.value() + 1).value() == 4
+
+
+def test_work_of_an_async_all_reduce(rank, world_size):
+    x = np.full(3, rank + 1.0)
+    work = pycoll.all_reduce(x, async_op=True)
+    assert work.op == "all_reduce"
+    fut = work.get_future()
+    doubled = fut.then(lambda f: f.value()[0] * 2)
+    assert work.wait() is True
+    assert work.is_completed() and work.is_success() and work.exception() is None
+    total = world_size * (world_size + 1) / 2
+    assert fut.done() and fut.value()[0] is x
+    np.testing.assert_array_equal(x, total)
+    np.testing.assert_array_equal(doubled.wait(), 2 * total)
+    np.testing.assert_array_equal(work.result()[0], total)
+
+
+def test_future_wait_drives_the_work(rank, world_size):
+    x = np.ones(2)
+    fut = pycoll.all_reduce(x, async_op=True).get_future()
+    assert fut.wait()[0] is x
+    np.testing.assert_array_equal(x, world_size)
+
+
+def test_wait_with_timeout_and_is_completed_before_everyone_arrives(rank, world_size):
+    """Rank 0 starts a barrier alone: it cannot complete, and wait(timeout)
+    says so. Then rank 0 tells the others (by message, no sleeping) to join,
+    and the same Work completes. Every rank uses the async form: MPI never
+    matches a blocking collective with a nonblocking one."""
+    if world_size == 1:
+        pytest.skip("needs a second rank to be late")
+    signal = MPI.COMM_WORLD
+    if rank == 0:
+        work = pycoll.barrier(async_op=True)
+        assert not work.is_completed()
+        with pytest.raises(DistTimeoutError, match=r"barrier \(seq \d+\) did not complete "
+                                                   r"within 0.2 s") as info:
+            work.wait(timeout=0.2)
+        assert info.value.op == "barrier" and info.value.elapsed >= 0.2
+        assert isinstance(info.value, RuntimeError)
+        for r in range(1, world_size):
+            signal.send("go", dest=r, tag=77)
+        assert work.wait(timeout=60) is True
+    else:
+        assert signal.recv(source=0, tag=77) == "go"
+        pycoll.barrier(async_op=True).wait()
+
+
+def test_sync_calls_return_none(pg):
+    assert pycoll.all_reduce(np.zeros(1)) is None
+    assert pycoll.barrier() is None
+    work = pycoll.barrier(async_op=True)
+    assert isinstance(work, pycoll.Work) and "barrier" in repr(work)
+    work.wait()
+
+
+def test_negative_timeout(pg):
+    work = pycoll.barrier(async_op=True)
+    with pytest.raises(ValueError, match="must not be negative"):
+        work.wait(timeout=-1)
+    work.wait()
