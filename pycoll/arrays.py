@@ -70,14 +70,6 @@ def _type_error(func: str, name: str, x: Any) -> TypeError:
     )
 
 
-def _check_dtype(func: str, name: str, x: np.ndarray) -> None:
-    if x.dtype not in _TABLE:
-        raise ValueError(
-            f"{func}: {name} has dtype {x.dtype}, which pycoll cannot send; "
-            f"supported dtypes are {_SUPPORTED_NAMES}"
-        )
-
-
 def check_input(func: str, name: str, x: Any) -> np.ndarray:
     """Check an array that is only read; return it C-contiguous.
 
@@ -86,7 +78,7 @@ def check_input(func: str, name: str, x: Any) -> np.ndarray:
     """
     if not isinstance(x, np.ndarray):
         raise _type_error(func, name, x)
-    _check_dtype(func, name, x)
+    check_dtype(func, name, x.dtype)
     if not x.flags.c_contiguous:
         x = np.ascontiguousarray(x)
     return x
@@ -96,7 +88,7 @@ def check_output(func: str, name: str, x: Any) -> np.ndarray:
     """Check an array that MPI writes into: C-contiguous and writeable."""
     if not isinstance(x, np.ndarray):
         raise _type_error(func, name, x)
-    _check_dtype(func, name, x)
+    check_dtype(func, name, x.dtype)
     flags = x.flags
     if not flags.c_contiguous:
         raise ValueError(
@@ -162,20 +154,34 @@ def spec(x: np.ndarray, count: Optional[int] = None) -> list:
     return [x, count, mpi_datatype(x.dtype)]
 
 
+def may_alias(input: np.ndarray, output: np.ndarray) -> bool:
+    """Whether ``input`` and ``output`` may share memory (cheap when they own it)."""
+    if input.base is None and output.base is None and input is not output:
+        return False  # two arrays that each own their data never overlap
+    return bool(input.size) and np.may_share_memory(input, output)
+
+
 def detach(input: np.ndarray, output: np.ndarray) -> np.ndarray:
     """``input``, or a copy of it when it shares memory with ``output``.
 
     MPI forbids a send buffer that overlaps the receive buffer; torch-style
     in-place calls (input a slice of output) get a private copy instead.
     """
-    if input.size and np.may_share_memory(input, output):
-        return input.copy()
-    return input
+    return input.copy() if may_alias(input, output) else input
 
 
 def is_slot(input: np.ndarray, output: np.ndarray, index: int) -> bool:
     """True when ``input`` is exactly the ``index``-th of equal parts of ``output``."""
-    if not input.size or input.dtype != output.dtype:
+    if not may_alias(input, output) or input.dtype != output.dtype:
         return False
     start = output.__array_interface__["data"][0] + index * input.nbytes
     return input.__array_interface__["data"][0] == start and input.flags.c_contiguous
+
+
+def check_dtype(func: str, name: str, dtype: np.dtype) -> None:
+    """Raise the adapter's ValueError for a dtype pycoll cannot send."""
+    if dtype not in _TABLE:
+        raise ValueError(
+            f"{func}: {name} has dtype {dtype}, which pycoll cannot send; "
+            f"supported dtypes are {_SUPPORTED_NAMES}"
+        )

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union
 import numpy as np
 
 from . import _mpi
-from .arrays import dtype_kind
+from .arrays import check_dtype, dtype_kind, mpi_datatype
 
 __all__ = ["ReduceOp", "make_premul_sum"]
 
@@ -33,7 +33,7 @@ class ReduceOp:
     hash, copy and pickle; comparing with anything else is simply False.
     """
 
-    __slots__ = ("_name", "_scale")
+    __slots__ = ("_name", "_scale", "_plans")
 
     SUM: "ReduceOp"
     AVG: "ReduceOp"
@@ -44,18 +44,24 @@ class ReduceOp:
     BOR: "ReduceOp"
     BXOR: "ReduceOp"
 
-    def __init__(self, op: Union["ReduceOp", str]):
+    def __new__(cls, op: Union["ReduceOp", str]) -> "ReduceOp":
+        # Named ops are singletons, so each caches how it runs on each dtype.
         if isinstance(op, ReduceOp):
-            name, scale = op._name, op._scale
-        elif isinstance(op, str) and op.upper() in _NAMES and op.upper() != "PREMUL_SUM":
-            name, scale = op.upper(), None
-        else:
-            raise ValueError(
-                f"unknown reduce op {op!r}; use one of ReduceOp.SUM, AVG, PRODUCT, "
-                f"MIN, MAX, BAND, BOR, BXOR or make_premul_sum(scale)"
-            )
-        object.__setattr__(self, "_name", name)
-        object.__setattr__(self, "_scale", scale)
+            return op
+        if isinstance(op, str) and op.upper() in _MEMBERS:
+            return _MEMBERS[op.upper()]
+        raise ValueError(
+            f"unknown reduce op {op!r}; use one of ReduceOp.SUM, AVG, PRODUCT, "
+            f"MIN, MAX, BAND, BOR, BXOR or make_premul_sum(scale)"
+        )
+
+    @classmethod
+    def _make(cls, name: str, scale: Any) -> "ReduceOp":
+        op = object.__new__(cls)
+        object.__setattr__(op, "_name", name)
+        object.__setattr__(op, "_scale", scale)
+        object.__setattr__(op, "_plans", {})
+        return op
 
     def __setattr__(self, key: str, value: Any) -> None:
         raise AttributeError("ReduceOp is immutable")
@@ -69,6 +75,9 @@ class ReduceOp:
     def scale(self) -> Optional[Union[float, complex]]:
         """The scale of a PREMUL_SUM, None for every other op."""
         return self._scale
+
+    def __init__(self, op: Union["ReduceOp", str]) -> None:
+        pass  # all the work is in __new__
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ReduceOp):
@@ -95,8 +104,10 @@ class ReduceOp:
         return self
 
 
+_MEMBERS: Dict[str, ReduceOp] = {}
 for _name in _NAMES[:-1]:
-    setattr(ReduceOp, _name, ReduceOp(_name))
+    _MEMBERS[_name] = ReduceOp._make(_name, None)
+    setattr(ReduceOp, _name, _MEMBERS[_name])
 
 
 def make_premul_sum(scale: Any) -> ReduceOp:
@@ -119,10 +130,7 @@ def make_premul_sum(scale: Any) -> ReduceOp:
         raise TypeError(f"make_premul_sum: scale must be a number, got {type(scale).__name__}")
     scale = complex(scale) if isinstance(scale, numbers.Complex) and not isinstance(
         scale, numbers.Real) else float(scale)
-    op = object.__new__(ReduceOp)
-    object.__setattr__(op, "_name", "PREMUL_SUM")
-    object.__setattr__(op, "_scale", scale)
-    return op
+    return ReduceOp._make("PREMUL_SUM", scale)
 
 
 class Plan(NamedTuple):
@@ -132,11 +140,13 @@ class Plan(NamedTuple):
         mpi_op: the MPI op that does the reduction.
         prescale: multiply each input by this before reducing (PREMUL_SUM).
         average: divide the result by the group size (AVG).
+        datatype: the MPI datatype of one element.
     """
 
     mpi_op: Any
     prescale: Optional[Union[float, complex]]
     average: bool
+    datatype: Any
 
 
 # MPI's op for each (op, dtype kind); a missing entry means the pair has no
@@ -163,7 +173,6 @@ _WHY = {
     "complex": "complex numbers have no order (MIN/MAX) and no bits to combine (BAND/BOR/BXOR)",
 }
 
-_plans: Dict[Tuple[ReduceOp, np.dtype], Plan] = {}
 _user_ops: Dict[Tuple[str, np.dtype], Any] = {}
 
 
@@ -186,17 +195,15 @@ def _half_op(ufunc: Any, dtype: np.dtype) -> Any:
 def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
     """Return how to carry out ``op`` on ``dtype``, or raise if it has no meaning.
 
+    Callers on a hot path look in ``op._plans`` first; this fills it.
+
     Raises:
         TypeError: ``op`` is not a ReduceOp.
         ValueError: the pair (op, dtype) is not defined.
     """
-    key = (op, dtype)
-    try:
-        return _plans[key]
-    except (KeyError, TypeError):
-        pass
     if not isinstance(op, ReduceOp):
         raise TypeError(f"{func}: op must be a pycoll.ReduceOp, got {op!r}")
+    check_dtype(func, "tensor", dtype)
     kind = dtype_kind(dtype)
     name = op.name
     if kind == "half":
@@ -214,9 +221,9 @@ def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
     if scale is not None and isinstance(scale, complex) and kind != "complex":
         raise ValueError(f"{func}: a complex PREMUL_SUM scale ({scale}) cannot scale "
                          f"dtype {dtype}; use a real scale or complex arrays")
-    result = Plan(mpi_op, scale, name == "AVG")
+    result = Plan(mpi_op, scale, name == "AVG", mpi_datatype(dtype))
     if scale is None:  # a PREMUL_SUM scale often changes every step: do not cache it
-        _plans[key] = result
+        op._plans[dtype] = result
     return result
 
 
@@ -225,4 +232,5 @@ def free_user_ops() -> None:
     for op in _user_ops.values():
         op.Free()
     _user_ops.clear()
-    _plans.clear()
+    for member in _MEMBERS.values():
+        member._plans.clear()

@@ -82,7 +82,7 @@ def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
     input_tensor = check_input(func, "input_tensor", input_tensor)
     check_same_dtype(func, [output_tensor, input_tensor])
     check_size(func, "output_tensor", output_tensor, input_tensor.size * n,
-               f"input_tensor.size {input_tensor.size} x group size {n}")
+               "input_tensor.size x group size")
     mpitype = mpi_datatype(input_tensor.dtype)
     if is_slot(input_tensor, output_tensor, pg._rank):
         send = _mpi.MPI.IN_PLACE  # the input already sits where its result goes

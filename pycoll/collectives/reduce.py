@@ -7,17 +7,17 @@ for the dtype (MPI op, pre-scaling, averaging) comes from pycoll.ops.
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 
-from .. import _mpi
+from .. import _mpi, debug
 from ..arrays import (check_input, check_list, check_output, check_same_dtype,
-                      check_same_shape, check_size, detach, mpi_datatype)
+                      check_same_shape, check_size, detach)
 from ..groups import STATE, ProcessGroup, not_initialized, resolve
-from ..ops import ReduceOp, Plan, _plans, plan
+from ..ops import Plan, ReduceOp, plan
 from ..work import Work
-from ._common import group_rank, run
+from ._common import backend_error, group_rank, run
 
 __all__ = ["all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter",
            "reduce_scatter_tensor"]
@@ -25,8 +25,8 @@ __all__ = ["all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter",
 
 def _plan(op: ReduceOp, dtype: np.dtype, func: str) -> Plan:
     try:
-        return _plans[(op, dtype)]
-    except (KeyError, TypeError):
+        return op._plans[dtype]
+    except (AttributeError, KeyError):
         return plan(op, dtype, func)
 
 
@@ -67,15 +67,33 @@ def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM,
         if group is None:
             raise not_initialized("all_reduce")
         return None
-    tensor = check_output("all_reduce", "tensor", tensor)
-    how = _plan(op, tensor.dtype, "all_reduce")
+    # The common case (a plain writeable contiguous array, a cached plan, a
+    # synchronous call, debug off) is checked inline and goes straight to
+    # MPI: this is the call training loops make thousands of times a step.
+    if type(tensor) is not np.ndarray or not _writeable_contiguous(tensor.flags):
+        tensor = check_output("all_reduce", "tensor", tensor)
+    try:
+        how = op._plans[tensor.dtype]
+    except (AttributeError, KeyError):
+        how = plan(op, tensor.dtype, "all_reduce")
+    comm = pg.comm
+    args = (_mpi.MPI.IN_PLACE, [tensor, how.datatype], how.mpi_op)
+    if how.prescale is None and not how.average and not async_op and not debug.LEVEL:
+        pg._seq += 1
+        try:
+            comm.Allreduce(*args)
+        except _mpi.MPI.Exception as exc:
+            raise backend_error("all_reduce", pg._seq, exc) from None
+        return None
     if how.prescale is not None:
         np.multiply(tensor, how.prescale, out=tensor, casting="unsafe")
-    comm = pg.comm
     finish = _averager(tensor, pg._size) if how.average else None
-    return run(pg, "all_reduce", tensor.nbytes, comm.Allreduce, comm.Iallreduce,
-               (_mpi.MPI.IN_PLACE, [tensor, mpi_datatype(tensor.dtype)], how.mpi_op),
+    return run(pg, "all_reduce", tensor.nbytes, comm.Allreduce, comm.Iallreduce, args,
                async_op, finish, [tensor])
+
+
+def _writeable_contiguous(flags: Any) -> bool:
+    return flags.c_contiguous and flags.writeable
 
 
 def all_reduce_coalesced(tensors: List[np.ndarray], op: ReduceOp = ReduceOp.SUM,
@@ -111,7 +129,7 @@ def all_reduce_coalesced(tensors: List[np.ndarray], op: ReduceOp = ReduceOp.SUM,
 
     comm = pg.comm
     return run(pg, func, flat.nbytes, comm.Allreduce, comm.Iallreduce,
-               (_mpi.MPI.IN_PLACE, [flat, mpi_datatype(dtype)], how.mpi_op),
+               (_mpi.MPI.IN_PLACE, [flat, how.datatype], how.mpi_op),
                async_op, finish, tensors)
 
 
@@ -132,7 +150,7 @@ def reduce(tensor: np.ndarray, dst: int, op: ReduceOp = ReduceOp.SUM,
     is_root = root == pg._rank
     tensor = check_output(func, "tensor", tensor) if is_root else check_input(func, "tensor", tensor)
     how = _plan(op, tensor.dtype, func)
-    mpitype = mpi_datatype(tensor.dtype)
+    mpitype = how.datatype
     comm = pg.comm
     if is_root:
         if how.prescale is not None:
@@ -170,7 +188,7 @@ def reduce_scatter(output: np.ndarray, input_list: List[np.ndarray],
     send = np.concatenate([x.reshape(-1) for x in inputs])
     if how.prescale is not None:
         np.multiply(send, how.prescale, out=send, casting="unsafe")
-    mpitype = mpi_datatype(dtype)
+    mpitype = how.datatype
     comm = pg.comm
     finish = _averager(output, n) if how.average else None
     return run(pg, func, send.nbytes, comm.Reduce_scatter_block, comm.Ireduce_scatter_block,
@@ -196,11 +214,10 @@ def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray,
     output = check_output(func, "output", output)
     input = check_input(func, "input", input)
     dtype = check_same_dtype(func, [output, input])
-    check_size(func, "input", input, output.size * n,
-               f"output.size {output.size} x group size {n}")
+    check_size(func, "input", input, output.size * n, "output.size x group size")
     how = _plan(op, dtype, func)
     send = detach(input, output) if how.prescale is None else _scaled(input, how.prescale)
-    mpitype = mpi_datatype(dtype)
+    mpitype = how.datatype
     comm = pg.comm
     finish = _averager(output, n) if how.average else None
     return run(pg, func, input.nbytes, comm.Reduce_scatter_block, comm.Ireduce_scatter_block,
