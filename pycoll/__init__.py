@@ -13,18 +13,41 @@ bfloat16 included). Importing pycoll does not start MPI;
 from .collectives.alltoall import all_to_all, all_to_all_single
 from .collectives.barrier import barrier
 from .collectives.gather import all_gather, all_gather_coalesced, all_gather_into_tensor, gather
-from .collectives.objects import (all_gather_object, broadcast_object_list, gather_object,
-                                  recv_object_list, scatter_object_list, send_object_list)
+from .collectives.objects import (
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    recv_object_list,
+    scatter_object_list,
+    send_object_list,
+)
 from .collectives.p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
-from .collectives.reduce import (all_reduce, all_reduce_coalesced, reduce, reduce_scatter,
-                                 reduce_scatter_tensor)
+from .collectives.reduce import (
+    all_reduce,
+    all_reduce_coalesced,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_tensor,
+)
 from .collectives.scatter import broadcast, scatter
 from .debug import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
 from .errors import DistBackendError, DistError, DistTimeoutError
-from .groups import (GroupMember, ProcessGroup, destroy_process_group, get_backend,
-                     get_global_rank, get_group_rank, get_node_local_rank,
-                     get_process_group_ranks, get_rank, get_world_size, group,
-                     init_process_group, is_initialized, is_mpi_available)
+from .groups import (
+    GroupMember,
+    ProcessGroup,
+    destroy_process_group,
+    get_backend,
+    get_global_rank,
+    get_group_rank,
+    get_node_local_rank,
+    get_process_group_ranks,
+    get_rank,
+    get_world_size,
+    group,
+    init_process_group,
+    is_initialized,
+    is_mpi_available,
+)
 from .ops import ReduceOp, make_premul_sum
 from .work import Future, Work
 
@@ -32,20 +55,59 @@ __version__ = "0.1.0"
 
 __all__ = [
     # set-up and groups
-    "init_process_group", "destroy_process_group", "is_initialized", "is_mpi_available",
-    "get_rank", "get_world_size", "get_backend", "get_node_local_rank", "get_group_rank",
-    "get_global_rank", "get_process_group_ranks", "ProcessGroup", "GroupMember", "group",
+    "init_process_group",
+    "destroy_process_group",
+    "is_initialized",
+    "is_mpi_available",
+    "get_rank",
+    "get_world_size",
+    "get_backend",
+    "get_node_local_rank",
+    "get_group_rank",
+    "get_global_rank",
+    "get_process_group_ranks",
+    "ProcessGroup",
+    "GroupMember",
+    "group",
     # collectives
-    "all_reduce", "all_reduce_coalesced", "reduce", "broadcast", "all_gather",
-    "all_gather_into_tensor", "all_gather_coalesced", "gather", "scatter", "reduce_scatter",
-    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_coalesced",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
     # point to point
-    "send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "P2POp",
+    "batch_isend_irecv",
     # objects
-    "all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",
-    "send_object_list", "recv_object_list",
+    "all_gather_object",
+    "gather_object",
+    "broadcast_object_list",
+    "scatter_object_list",
+    "send_object_list",
+    "recv_object_list",
     # ops, work, debug, errors
-    "ReduceOp", "make_premul_sum", "Work", "Future", "DebugLevel", "get_debug_level",
-    "set_debug_level", "set_debug_level_from_env", "DistError", "DistBackendError",
+    "ReduceOp",
+    "make_premul_sum",
+    "Work",
+    "Future",
+    "DebugLevel",
+    "get_debug_level",
+    "set_debug_level",
+    "set_debug_level_from_env",
+    "DistError",
+    "DistBackendError",
     "DistTimeoutError",
 ]

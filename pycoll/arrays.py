@@ -65,9 +65,7 @@ def mpi_datatype(dtype: np.dtype) -> Any:
 
 
 def _type_error(func: str, name: str, x: Any) -> TypeError:
-    return TypeError(
-        f"{func}: {name} must be a numpy.ndarray, got {type(x).__name__}"
-    )
+    return TypeError(f"{func}: {name} must be a numpy.ndarray, got {type(x).__name__}")
 
 
 def check_input(func: str, name: str, x: Any) -> np.ndarray:
@@ -128,8 +126,9 @@ def check_same_dtype(func: str, arrays: Sequence[np.ndarray]) -> np.dtype:
     return dtype
 
 
-def check_same_shape(func: str, name: str, arrays: Sequence[np.ndarray],
-                     shape: tuple, what: str) -> None:
+def check_same_shape(
+    func: str, name: str, arrays: Sequence[np.ndarray], shape: tuple, what: str
+) -> None:
     """Check that each array has ``shape`` (the shape of ``what``)."""
     for i, a in enumerate(arrays):
         if a.shape != shape:
@@ -142,9 +141,7 @@ def check_same_shape(func: str, name: str, arrays: Sequence[np.ndarray],
 def check_size(func: str, name: str, x: np.ndarray, size: int, why: str) -> None:
     """Check that ``x`` holds exactly ``size`` elements."""
     if x.size != size:
-        raise ValueError(
-            f"{func}: {name} holds {x.size} elements but must hold {size} ({why})"
-        )
+        raise ValueError(f"{func}: {name} holds {x.size} elements but must hold {size} ({why})")
 
 
 def spec(x: np.ndarray, count: Optional[int] = None) -> list:

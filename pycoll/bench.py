@@ -63,14 +63,18 @@ def _setup(op: str, count: int, comm: Any, MPI: Any) -> Dict[str, Any]:
             pycoll=lambda: pycoll.all_reduce(buf),
             mpi=lambda: comm.Allreduce(MPI.IN_PLACE, [buf, MPI.FLOAT], MPI.SUM),
             check=lambda: _check_all_reduce(buf, rank, n, pycoll),
-            nbytes=buf.nbytes, factor=2 * (n - 1) / n)
+            nbytes=buf.nbytes,
+            factor=2 * (n - 1) / n,
+        )
     if op == "broadcast":
         buf = np.zeros(count, np.float32)
         return dict(
             pycoll=lambda: pycoll.broadcast(buf, src=0),
             mpi=lambda: comm.Bcast([buf, MPI.FLOAT], 0),
             check=lambda: _check_broadcast(buf, rank, pycoll),
-            nbytes=buf.nbytes, factor=1.0)
+            nbytes=buf.nbytes,
+            factor=1.0,
+        )
     if op == "all_gather":
         mine = np.full(count, rank, np.float32)
         out = np.zeros(count * n, np.float32)
@@ -78,7 +82,9 @@ def _setup(op: str, count: int, comm: Any, MPI: Any) -> Dict[str, Any]:
             pycoll=lambda: pycoll.all_gather_into_tensor(out, mine),
             mpi=lambda: comm.Allgather([mine, MPI.FLOAT], [out, MPI.FLOAT]),
             check=lambda: _check_all_gather(out, mine, count, n, pycoll),
-            nbytes=out.nbytes, factor=(n - 1) / n)
+            nbytes=out.nbytes,
+            factor=(n - 1) / n,
+        )
     raise ValueError(f"unknown op {op!r}; choose from {', '.join(OPS)}")
 
 
@@ -96,8 +102,7 @@ def _check_broadcast(buf: np.ndarray, rank: int, pycoll: Any) -> bool:
     return bool(np.all(buf == 7))
 
 
-def _check_all_gather(out: np.ndarray, mine: np.ndarray, count: int, n: int,
-                      pycoll: Any) -> bool:
+def _check_all_gather(out: np.ndarray, mine: np.ndarray, count: int, n: int, pycoll: Any) -> bool:
     out[:] = -1
     pycoll.all_gather_into_tensor(out, mine)
     return bool(np.array_equal(out, np.repeat(np.arange(n, dtype=np.float32), count)))
@@ -113,8 +118,9 @@ def _block(call: Callable[[], Any], iters: int, comm: Any, MPI: Any) -> float:
     return comm.allreduce(elapsed, op=MPI.MAX)
 
 
-def measure(op: str, nbytes: int, comm: Any, iters: Optional[int] = None, blocks: int = 7,
-            warmup: int = 10) -> Dict[str, Any]:
+def measure(
+    op: str, nbytes: int, comm: Any, iters: Optional[int] = None, blocks: int = 7, warmup: int = 10
+) -> Dict[str, Any]:
     """Time one op at one size (bytes of float32 per rank); collective over ``comm``."""
     from mpi4py import MPI
 
@@ -131,36 +137,57 @@ def measure(op: str, nbytes: int, comm: Any, iters: Optional[int] = None, blocks
         theirs.append(_block(bufs["mpi"], iters, comm, MPI))
     t_ours, t_mpi = statistics.median(ours), statistics.median(theirs)
     algbw = bufs["nbytes"] / t_ours / 1e9
-    return dict(op=op, bytes=count * 4, ranks=comm.Get_size(), iters=iters, blocks=blocks,
-                pycoll_us=t_ours * 1e6, mpi4py_us=t_mpi * 1e6,
-                algbw_GBps=algbw, busbw_GBps=algbw * bufs["factor"],
-                mpi4py_busbw_GBps=bufs["nbytes"] / t_mpi / 1e9 * bufs["factor"],
-                time_ratio=t_ours / t_mpi, bw_ratio=t_mpi / t_ours, correct=bool(ok))
+    return dict(
+        op=op,
+        bytes=count * 4,
+        ranks=comm.Get_size(),
+        iters=iters,
+        blocks=blocks,
+        pycoll_us=t_ours * 1e6,
+        mpi4py_us=t_mpi * 1e6,
+        algbw_GBps=algbw,
+        busbw_GBps=algbw * bufs["factor"],
+        mpi4py_busbw_GBps=bufs["nbytes"] / t_mpi / 1e9 * bufs["factor"],
+        time_ratio=t_ours / t_mpi,
+        bw_ratio=t_mpi / t_ours,
+        correct=bool(ok),
+    )
 
 
 def _row(r: Dict[str, Any]) -> str:
-    return (f"{r['op']:<11} {r['bytes']:>10} {r['pycoll_us']:>11.2f} {r['mpi4py_us']:>11.2f} "
-            f"{r['algbw_GBps']:>8.3f} {r['busbw_GBps']:>8.3f} {r['mpi4py_busbw_GBps']:>8.3f} "
-            f"{r['time_ratio']:>6.3f} {'ok' if r['correct'] else 'WRONG':>5}")
+    return (
+        f"{r['op']:<11} {r['bytes']:>10} {r['pycoll_us']:>11.2f} {r['mpi4py_us']:>11.2f} "
+        f"{r['algbw_GBps']:>8.3f} {r['busbw_GBps']:>8.3f} {r['mpi4py_busbw_GBps']:>8.3f} "
+        f"{r['time_ratio']:>6.3f} {'ok' if r['correct'] else 'WRONG':>5}"
+    )
 
 
-HEADER = (f"{'op':<11} {'bytes':>10} {'pycoll_us':>11} {'mpi4py_us':>11} {'algbw':>8} "
-          f"{'busbw':>8} {'mpi_bus':>8} {'ratio':>6} {'check':>5}")
+HEADER = (
+    f"{'op':<11} {'bytes':>10} {'pycoll_us':>11} {'mpi4py_us':>11} {'algbw':>8} "
+    f"{'busbw':>8} {'mpi_bus':>8} {'ratio':>6} {'check':>5}"
+)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="pycoll-bench",
         description="pycoll collectives against raw mpi4py on float32, in one run "
-                    "(run under mpiexec).")
-    parser.add_argument("--ops", default=",".join(OPS),
-                        help=f"comma-separated, from {', '.join(OPS)} (default: all)")
+        "(run under mpiexec).",
+    )
+    parser.add_argument(
+        "--ops",
+        default=",".join(OPS),
+        help=f"comma-separated, from {', '.join(OPS)} (default: all)",
+    )
     parser.add_argument("-b", "--min-bytes", default="8", help="smallest size (default 8)")
     parser.add_argument("-e", "--max-bytes", default="64M", help="largest size (default 64M)")
     parser.add_argument("-f", "--factor", type=int, default=2, help="size step (default 2)")
-    parser.add_argument("--iters", type=int, default=None,
-                        help="calls per timed block (default: 1000 up to 8 KiB, 100 up to "
-                             "1 MiB, 20 above)")
+    parser.add_argument(
+        "--iters",
+        type=int,
+        default=None,
+        help="calls per timed block (default: 1000 up to 8 KiB, 100 up to 1 MiB, 20 above)",
+    )
     parser.add_argument("--blocks", type=int, default=7, help="timed blocks per size")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
@@ -174,27 +201,40 @@ def main(argv: Optional[List[str]] = None) -> int:
     import pycoll
 
     pycoll.init_process_group()
-    comm = pycoll.group.WORLD.comm.Dup()  # the raw side gets a communicator of its own
+    world = pycoll.group.WORLD
+    if world is None:  # init_process_group returned without a default group
+        raise RuntimeError("pycoll-bench: the default process group did not initialize")
+    comm = world.comm.Dup()  # the raw side gets a communicator of its own
     rank = comm.Get_rank()
     from mpi4py import MPI
 
     results = []
     if rank == 0 and not args.json:
-        print(f"# pycoll-bench: {comm.Get_size()} ranks, float32, "
-              f"{MPI.Get_library_version().splitlines()[0].strip()}")
-        print("# times are per call (median of blocks, slowest rank); bandwidths in GB/s; "
-              "ratio = pycoll time / mpi4py time")
+        print(
+            f"# pycoll-bench: {comm.Get_size()} ranks, float32, "
+            f"{MPI.Get_library_version().splitlines()[0].strip()}"
+        )
+        print(
+            "# times are per call (median of blocks, slowest rank); bandwidths in GB/s; "
+            "ratio = pycoll time / mpi4py time"
+        )
         print(HEADER)
     for op in ops:
-        for size in _sizes(_parse_size(args.min_bytes), _parse_size(args.max_bytes),
-                           args.factor):
+        for size in _sizes(_parse_size(args.min_bytes), _parse_size(args.max_bytes), args.factor):
             r = measure(op, size, comm, args.iters, args.blocks)
             results.append(r)
             if rank == 0 and not args.json:
                 print(_row(r), flush=True)
     if rank == 0 and args.json:
-        json.dump({"ranks": comm.Get_size(), "mpi": MPI.Get_library_version().splitlines()[0],
-                   "results": results}, sys.stdout, indent=1)
+        json.dump(
+            {
+                "ranks": comm.Get_size(),
+                "mpi": MPI.Get_library_version().splitlines()[0],
+                "results": results,
+            },
+            sys.stdout,
+            indent=1,
+        )
         print()
     comm.Free()
     pycoll.destroy_process_group()

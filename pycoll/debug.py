@@ -59,13 +59,13 @@ def set_debug_level_from_env() -> None:
         level = DebugLevel[raw.strip().upper()]
     except KeyError:
         raise ValueError(
-            f"The value of {ENV_VAR} must be one of OFF, INFO or DETAIL "
-            f"(any case), got {raw!r}"
+            f"The value of {ENV_VAR} must be one of OFF, INFO or DETAIL (any case), got {raw!r}"
         ) from None
     set_debug_level(level)
 
 
 def log_collective(op: str, group_desc: str, seq: int, nbytes: int, seconds: float) -> None:
     """Log one completed collective at INFO."""
-    logger.info("%s group=%s seq=%d bytes=%d duration_us=%.1f",
-                op, group_desc, seq, nbytes, seconds * 1e6)
+    logger.info(
+        "%s group=%s seq=%d bytes=%d duration_us=%.1f", op, group_desc, seq, nbytes, seconds * 1e6
+    )

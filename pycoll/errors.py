@@ -41,8 +41,7 @@ class DistTimeoutError(DistError):
         elapsed: seconds waited before giving up.
     """
 
-    def __init__(self, message: str, op: str = "", seq: Optional[int] = None,
-                 elapsed: float = 0.0):
+    def __init__(self, message: str, op: str = "", seq: Optional[int] = None, elapsed: float = 0.0):
         super().__init__(message)
         self.op = op
         self.seq = seq

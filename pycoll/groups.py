@@ -16,9 +16,20 @@ from typing import Any, Dict, List, Optional
 from . import _mpi, debug
 
 __all__ = [
-    "ProcessGroup", "GroupMember", "group", "init_process_group", "destroy_process_group",
-    "is_initialized", "is_mpi_available", "get_rank", "get_world_size", "get_backend",
-    "get_node_local_rank", "get_group_rank", "get_global_rank", "get_process_group_ranks",
+    "ProcessGroup",
+    "GroupMember",
+    "group",
+    "init_process_group",
+    "destroy_process_group",
+    "is_initialized",
+    "is_mpi_available",
+    "get_rank",
+    "get_world_size",
+    "get_backend",
+    "get_node_local_rank",
+    "get_group_rank",
+    "get_global_rank",
+    "get_process_group_ranks",
 ]
 
 BACKEND = "mpi"
@@ -33,11 +44,23 @@ class ProcessGroup:
     the *group* rank (0..size-1) is its place in this group.
     """
 
-    __slots__ = ("comm", "_rank", "_size", "_ranks", "_group_rank_of", "_backend",
-                 "group_name", "group_desc", "timeout", "_seq", "_destroyed")
+    __slots__ = (
+        "comm",
+        "_rank",
+        "_size",
+        "_ranks",
+        "_group_rank_of",
+        "_backend",
+        "group_name",
+        "group_desc",
+        "timeout",
+        "_seq",
+        "_destroyed",
+    )
 
-    def __init__(self, comm: Any, ranks: List[int], group_name: str, timeout: timedelta,
-                 group_desc: str = ""):
+    def __init__(
+        self, comm: Any, ranks: List[int], group_name: str, timeout: timedelta, group_desc: str = ""
+    ):
         self.comm = comm
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
@@ -80,8 +103,10 @@ class ProcessGroup:
 
     def __repr__(self) -> str:
         state = ", destroyed" if self._destroyed else ""
-        return (f"ProcessGroup(name={self.group_name!r}, rank={self._rank}, "
-                f"size={self._size}, seq={self._seq}{state})")
+        return (
+            f"ProcessGroup(name={self.group_name!r}, rank={self._rank}, "
+            f"size={self._size}, seq={self._seq}{state})"
+        )
 
 
 class _State:
@@ -156,18 +181,23 @@ def resolve(group: Any, func: str) -> Optional[ProcessGroup]:
             raise not_initialized(func)
         warnings.warn(
             f"Running {func} on global rank {STATE.default.rank()} which does not "
-            f"belong to the given group.", UserWarning, stacklevel=3)
+            f"belong to the given group.",
+            UserWarning,
+            stacklevel=3,
+        )
         return None
-    raise TypeError(f"{func}: group must be a pycoll.ProcessGroup or None, "
-                    f"got {type(group).__name__}")
+    raise TypeError(
+        f"{func}: group must be a pycoll.ProcessGroup or None, got {type(group).__name__}"
+    )
 
 
 def _parse_backend(backend: Optional[str]) -> str:
     if backend is None:
         return BACKEND
     if not isinstance(backend, str):
-        raise TypeError(f"init_process_group: backend must be a string, got "
-                        f"{type(backend).__name__}")
+        raise TypeError(
+            f"init_process_group: backend must be a string, got {type(backend).__name__}"
+        )
     if backend.strip().lower() != BACKEND:
         raise ValueError(
             f"init_process_group: backend {backend!r} is not available; pycoll runs "
@@ -176,10 +206,16 @@ def _parse_backend(backend: Optional[str]) -> str:
     return BACKEND
 
 
-def init_process_group(backend: Optional[str] = BACKEND, init_method: Optional[str] = None,
-                       timeout: timedelta = DEFAULT_TIMEOUT, world_size: int = -1,
-                       rank: int = -1, store: Any = None, group_name: str = "",
-                       comm: Any = None) -> None:
+def init_process_group(
+    backend: Optional[str] = BACKEND,
+    init_method: Optional[str] = None,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+    world_size: int = -1,
+    rank: int = -1,
+    store: Any = None,
+    group_name: str = "",
+    comm: Any = None,
+) -> None:
     """Initialize the default process group over MPI.
 
     Under mpirun/mpiexec/srun no argument is needed: rank and size come from
@@ -203,8 +239,10 @@ def init_process_group(backend: Optional[str] = BACKEND, init_method: Optional[s
             asks for something MPI does not do.
     """
     if STATE.default is not None:
-        raise RuntimeError("init_process_group: trying to initialize the default process "
-                           "group twice! Call destroy_process_group() first.")
+        raise RuntimeError(
+            "init_process_group: trying to initialize the default process "
+            "group twice! Call destroy_process_group() first."
+        )
     backend_name = _parse_backend(backend)
     if init_method not in (None, "env://"):
         raise ValueError(
@@ -212,11 +250,15 @@ def init_process_group(backend: Optional[str] = BACKEND, init_method: Optional[s
             f"the ranks itself; leave init_method out (or use 'env://')"
         )
     if store is not None:
-        raise ValueError("init_process_group: store must be None: MPI connects the ranks "
-                         "without a key-value store")
+        raise ValueError(
+            "init_process_group: store must be None: MPI connects the ranks "
+            "without a key-value store"
+        )
     if not isinstance(timeout, timedelta):
-        raise TypeError(f"init_process_group: timeout must be a datetime.timedelta, got "
-                        f"{type(timeout).__name__}")
+        raise TypeError(
+            f"init_process_group: timeout must be a datetime.timedelta, got "
+            f"{type(timeout).__name__}"
+        )
     if timeout.total_seconds() <= 0:
         raise ValueError(f"init_process_group: timeout must be positive, got {timeout}")
     debug.set_debug_level_from_env()
@@ -224,15 +266,20 @@ def init_process_group(backend: Optional[str] = BACKEND, init_method: Optional[s
     if comm is None:
         comm = MPI.COMM_WORLD
     elif not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
-        raise TypeError(f"init_process_group: comm must be an mpi4py intracommunicator, "
-                        f"got {comm!r}")
+        raise TypeError(
+            f"init_process_group: comm must be an mpi4py intracommunicator, got {comm!r}"
+        )
     size, me = comm.Get_size(), comm.Get_rank()
     if world_size not in (-1, None) and world_size != size:
-        raise ValueError(f"init_process_group: world_size={world_size} was given but MPI "
-                         f"runs {size} ranks; leave world_size out or make them agree")
+        raise ValueError(
+            f"init_process_group: world_size={world_size} was given but MPI "
+            f"runs {size} ranks; leave world_size out or make them agree"
+        )
     if rank not in (-1, None) and rank != me:
-        raise ValueError(f"init_process_group: rank={rank} was given but MPI says this "
-                         f"process is rank {me}; leave rank out or make them agree")
+        raise ValueError(
+            f"init_process_group: rank={rank} was given but MPI says this "
+            f"process is rank {me}; leave rank out or make them agree"
+        )
     own = comm.Dup()
     own.Set_name("pycoll:default")
     node = own.Split_type(MPI.COMM_TYPE_SHARED, key=me)
@@ -265,10 +312,10 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         STATE.local_rank = STATE.local_size = None
         GroupMember.WORLD = None
         return
-    pg = resolve(group, "destroy_process_group")
-    if pg is not None:
-        _free(pg)
-        STATE.groups.pop(pg.group_name, None)
+    member = resolve(group, "destroy_process_group")
+    if member is not None:
+        _free(member)
+        STATE.groups.pop(member.group_name, None)
 
 
 def _free(pg: ProcessGroup) -> None:
@@ -318,8 +365,10 @@ def resolve_quiet(group: Any, func: str) -> Optional[ProcessGroup]:
 
 def _registered(group: Any, func: str) -> ProcessGroup:
     if not isinstance(group, ProcessGroup) or STATE.groups.get(group.group_name) is not group:
-        raise ValueError(f"{func}: group {group!r} is not registered; pass a group made by "
-                         f"init_process_group or new_group")
+        raise ValueError(
+            f"{func}: group {group!r} is not registered; pass a group made by "
+            f"init_process_group or new_group"
+        )
     return group
 
 
@@ -329,16 +378,20 @@ def get_group_rank(group: ProcessGroup, global_rank: int) -> int:
     try:
         return pg._group_rank_of[global_rank]
     except KeyError:
-        raise ValueError(f"get_group_rank: global rank {global_rank} is not part of group "
-                         f"{pg.group_name!r} (its ranks are {pg._ranks})") from None
+        raise ValueError(
+            f"get_group_rank: global rank {global_rank} is not part of group "
+            f"{pg.group_name!r} (its ranks are {pg._ranks})"
+        ) from None
 
 
 def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
     """The global rank of the process at ``group_rank`` in ``group``."""
     pg = _registered(group, "get_global_rank")
     if not isinstance(group_rank, int) or not 0 <= group_rank < pg.size():
-        raise ValueError(f"get_global_rank: group rank {group_rank} is not part of group "
-                         f"{pg.group_name!r} (valid group ranks are 0..{pg.size() - 1})")
+        raise ValueError(
+            f"get_global_rank: group rank {group_rank} is not part of group "
+            f"{pg.group_name!r} (valid group ranks are 0..{pg.size() - 1})"
+        )
     return pg._ranks[group_rank]
 
 

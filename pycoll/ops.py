@@ -11,7 +11,7 @@ raise a ValueError naming both.
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union, cast
 
 import numpy as np
 
@@ -34,17 +34,20 @@ class ReduceOp:
     """
 
     __slots__ = ("_name", "_scale", "_plans")
+    _name: str
+    _scale: Optional[Union[float, complex]]
+    _plans: Dict[np.dtype, Plan]
 
-    SUM: "ReduceOp"
-    AVG: "ReduceOp"
-    PRODUCT: "ReduceOp"
-    MIN: "ReduceOp"
-    MAX: "ReduceOp"
-    BAND: "ReduceOp"
-    BOR: "ReduceOp"
-    BXOR: "ReduceOp"
+    SUM: ReduceOp
+    AVG: ReduceOp
+    PRODUCT: ReduceOp
+    MIN: ReduceOp
+    MAX: ReduceOp
+    BAND: ReduceOp
+    BOR: ReduceOp
+    BXOR: ReduceOp
 
-    def __new__(cls, op: Union["ReduceOp", str]) -> "ReduceOp":
+    def __new__(cls, op: Union[ReduceOp, str]) -> ReduceOp:
         # Named ops are singletons, so each caches how it runs on each dtype.
         if isinstance(op, ReduceOp):
             return op
@@ -56,7 +59,7 @@ class ReduceOp:
         )
 
     @classmethod
-    def _make(cls, name: str, scale: Any) -> "ReduceOp":
+    def _make(cls, name: str, scale: Any) -> ReduceOp:
         op = object.__new__(cls)
         object.__setattr__(op, "_name", name)
         object.__setattr__(op, "_scale", scale)
@@ -76,7 +79,7 @@ class ReduceOp:
         """The scale of a PREMUL_SUM, None for every other op."""
         return self._scale
 
-    def __init__(self, op: Union["ReduceOp", str]) -> None:
+    def __init__(self, op: Union[ReduceOp, str]) -> None:
         pass  # all the work is in __new__
 
     def __eq__(self, other: object) -> bool:
@@ -97,10 +100,10 @@ class ReduceOp:
             return (make_premul_sum, (self._scale,))
         return (ReduceOp, (self._name,))
 
-    def __copy__(self) -> "ReduceOp":
+    def __copy__(self) -> ReduceOp:
         return self
 
-    def __deepcopy__(self, memo: dict) -> "ReduceOp":
+    def __deepcopy__(self, memo: dict) -> ReduceOp:
         return self
 
 
@@ -128,9 +131,12 @@ def make_premul_sum(scale: Any) -> ReduceOp:
         scale = scale.reshape(()).item()
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Number):
         raise TypeError(f"make_premul_sum: scale must be a number, got {type(scale).__name__}")
-    scale = complex(scale) if isinstance(scale, numbers.Complex) and not isinstance(
-        scale, numbers.Real) else float(scale)
-    return ReduceOp._make("PREMUL_SUM", scale)
+    value: Union[float, complex]
+    if isinstance(scale, numbers.Real):
+        value = float(scale)
+    else:
+        value = complex(cast(complex, scale))  # a numbers.Complex has __complex__
+    return ReduceOp._make("PREMUL_SUM", value)
 
 
 class Plan(NamedTuple):
@@ -153,17 +159,43 @@ class Plan(NamedTuple):
 # meaning. Logical ops serve bool as torch does: SUM and MAX are "any",
 # PRODUCT and MIN are "all".
 _BUILTIN = {
-    "bool": {"SUM": "LOR", "PRODUCT": "LAND", "MIN": "LAND", "MAX": "LOR",
-             "BAND": "LAND", "BOR": "LOR", "BXOR": "LXOR"},
-    "int": {"SUM": "SUM", "PRODUCT": "PROD", "MIN": "MIN", "MAX": "MAX",
-            "BAND": "BAND", "BOR": "BOR", "BXOR": "BXOR"},
-    "float": {"SUM": "SUM", "PRODUCT": "PROD", "MIN": "MIN", "MAX": "MAX",
-              "AVG": "SUM", "PREMUL_SUM": "SUM"},
+    "bool": {
+        "SUM": "LOR",
+        "PRODUCT": "LAND",
+        "MIN": "LAND",
+        "MAX": "LOR",
+        "BAND": "LAND",
+        "BOR": "LOR",
+        "BXOR": "LXOR",
+    },
+    "int": {
+        "SUM": "SUM",
+        "PRODUCT": "PROD",
+        "MIN": "MIN",
+        "MAX": "MAX",
+        "BAND": "BAND",
+        "BOR": "BOR",
+        "BXOR": "BXOR",
+    },
+    "float": {
+        "SUM": "SUM",
+        "PRODUCT": "PROD",
+        "MIN": "MIN",
+        "MAX": "MAX",
+        "AVG": "SUM",
+        "PREMUL_SUM": "SUM",
+    },
     "complex": {"SUM": "SUM", "PRODUCT": "PROD", "AVG": "SUM", "PREMUL_SUM": "SUM"},
 }
 # float16 / bfloat16: numpy ufuncs run inside an MPI user-defined op.
-_HALF_UFUNCS = {"SUM": np.add, "PRODUCT": np.multiply, "MIN": np.minimum,
-                "MAX": np.maximum, "AVG": np.add, "PREMUL_SUM": np.add}
+_HALF_UFUNCS = {
+    "SUM": np.add,
+    "PRODUCT": np.multiply,
+    "MIN": np.minimum,
+    "MAX": np.maximum,
+    "AVG": np.add,
+    "PREMUL_SUM": np.add,
+}
 
 _WHY = {
     "bool": "AVG and PREMUL_SUM have no boolean result; cast to a floating dtype",
@@ -208,19 +240,23 @@ def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
     name = op.name
     if kind == "half":
         if name not in _HALF_UFUNCS:
-            raise ValueError(f"{func}: ReduceOp.{name} is not defined for dtype {dtype}: "
-                             f"{_WHY[kind]}")
+            raise ValueError(
+                f"{func}: ReduceOp.{name} is not defined for dtype {dtype}: {_WHY[kind]}"
+            )
         mpi_op = _half_op(_HALF_UFUNCS[name], dtype)
     else:
         mpi_name = _BUILTIN[kind].get(name)
         if mpi_name is None:
-            raise ValueError(f"{func}: ReduceOp.{name} is not defined for dtype {dtype}: "
-                             f"{_WHY[kind]}")
+            raise ValueError(
+                f"{func}: ReduceOp.{name} is not defined for dtype {dtype}: {_WHY[kind]}"
+            )
         mpi_op = getattr(_mpi.load(), mpi_name)
     scale = op.scale
     if scale is not None and isinstance(scale, complex) and kind != "complex":
-        raise ValueError(f"{func}: a complex PREMUL_SUM scale ({scale}) cannot scale "
-                         f"dtype {dtype}; use a real scale or complex arrays")
+        raise ValueError(
+            f"{func}: a complex PREMUL_SUM scale ({scale}) cannot scale "
+            f"dtype {dtype}; use a real scale or complex arrays"
+        )
     result = Plan(mpi_op, scale, name == "AVG", mpi_datatype(dtype))
     if scale is None:  # a PREMUL_SUM scale often changes every step: do not cache it
         op._plans[dtype] = result

@@ -32,13 +32,13 @@ class Future:
     the user calls :meth:`set_result` or :meth:`set_exception`.
     """
 
-    def __init__(self, _driver: Optional["Work"] = None) -> None:
+    def __init__(self, _driver: Optional[Work] = None) -> None:
         self._driver = _driver
         self._event = threading.Event()
         self._lock = threading.Lock()
         self._value: Any = None
         self._exc: Optional[BaseException] = None
-        self._callbacks: List[Callable[["Future"], None]] = []
+        self._callbacks: List[Callable[[Future], None]] = []
 
     def done(self) -> bool:
         """True when the value (or an exception) is set."""
@@ -59,20 +59,21 @@ class Future:
     def value(self) -> Any:
         """The value of a completed future (raises its exception if it has one)."""
         if not self._event.is_set():
-            raise RuntimeError("Future.value() called before the future completed; "
-                               "call wait() first")
+            raise RuntimeError(
+                "Future.value() called before the future completed; call wait() first"
+            )
         if self._exc is not None:
             raise self._exc
         return self._value
 
-    def then(self, callback: Callable[["Future"], Any]) -> "Future":
+    def then(self, callback: Callable[[Future], Any]) -> Future:
         """A new Future holding ``callback(self)``, run once this one completes.
 
         An exception raised by the callback becomes the new Future's exception.
         """
         child = Future(self._driver)
 
-        def run(parent: "Future") -> None:
+        def run(parent: Future) -> None:
             try:
                 child.set_result(callback(parent))
             except BaseException as exc:  # handed to whoever waits on child
@@ -81,7 +82,7 @@ class Future:
         self._add_callback(run)
         return child
 
-    def add_done_callback(self, callback: Callable[["Future"], None]) -> None:
+    def add_done_callback(self, callback: Callable[[Future], None]) -> None:
         """Run ``callback(self)`` once complete (at once if already complete)."""
         self._add_callback(callback)
 
@@ -95,7 +96,7 @@ class Future:
             raise TypeError(f"set_exception needs an exception, got {type(exc).__name__}")
         self._complete(None, exc)
 
-    def _add_callback(self, callback: Callable[["Future"], None]) -> None:
+    def _add_callback(self, callback: Callable[[Future], None]) -> None:
         with self._lock:
             if not self._event.is_set():
                 self._callbacks.append(callback)
@@ -105,8 +106,9 @@ class Future:
     def _complete(self, value: Any, exc: Optional[BaseException]) -> None:
         with self._lock:
             if self._event.is_set():
-                raise RuntimeError("Future is already completed; set_result/set_exception "
-                                   "may be called once")
+                raise RuntimeError(
+                    "Future is already completed; set_result/set_exception may be called once"
+                )
             self._value, self._exc = value, exc
             self._event.set()
             callbacks, self._callbacks = self._callbacks, []
@@ -122,12 +124,33 @@ class Work:
         seq: its sequence number on the group (None for point-to-point).
     """
 
-    __slots__ = ("op", "seq", "_requests", "_finish", "_result", "_done", "_exc",
-                 "_future", "_lock", "_group_desc", "_nbytes", "_t0", "_status")
+    __slots__ = (
+        "op",
+        "seq",
+        "_requests",
+        "_finish",
+        "_result",
+        "_done",
+        "_exc",
+        "_future",
+        "_lock",
+        "_group_desc",
+        "_nbytes",
+        "_t0",
+        "_status",
+    )
 
-    def __init__(self, op: str, seq: Optional[int], requests: List[Any],
-                 finish: Optional[Callable[[], None]] = None, result: Any = None,
-                 group_desc: str = "", nbytes: int = 0, status: Any = None) -> None:
+    def __init__(
+        self,
+        op: str,
+        seq: Optional[int],
+        requests: List[Any],
+        finish: Optional[Callable[[], None]] = None,
+        result: Any = None,
+        group_desc: str = "",
+        nbytes: int = 0,
+        status: Any = None,
+    ) -> None:
         self.op = op
         self.seq = seq
         self._requests = requests
@@ -220,8 +243,9 @@ class Work:
             elif not MPI.Request.Testall(self._requests, statuses):
                 return
         except MPI.Exception as exc:
-            self._exc = DistBackendError(f"{self.op} (seq {self.seq}) failed in MPI: {exc}",
-                                         self.op, self.seq)
+            self._exc = DistBackendError(
+                f"{self.op} (seq {self.seq}) failed in MPI: {exc}", self.op, self.seq
+            )
         self._settle()
 
     def _wait_until(self, seconds: float) -> None:
@@ -234,7 +258,10 @@ class Work:
                     f"{self.op} (seq {self.seq}) did not complete within {seconds:g} s "
                     f"on group {self._group_desc!r}; the ranks of the group may not all "
                     f"have called it, or one of them is stuck",
-                    self.op, self.seq, elapsed)
+                    self.op,
+                    self.seq,
+                    elapsed,
+                )
             # Back off gradually so a long wait does not burn a core that
             # another rank on this node may need.
             time.sleep(pause)
@@ -248,16 +275,24 @@ class Work:
                 self._exc = exc
         self._done = True
         if debug.LEVEL:
-            debug.log_collective(self.op, self._group_desc, -1 if self.seq is None else self.seq,
-                                 self._nbytes, time.perf_counter() - self._t0)
+            debug.log_collective(
+                self.op,
+                self._group_desc,
+                -1 if self.seq is None else self.seq,
+                self._nbytes,
+                time.perf_counter() - self._t0,
+            )
         if self._future is not None:
             self._settle_future()
 
     def _settle_future(self) -> None:
+        future = self._future
+        if future is None:
+            return
         if self._exc is not None:
-            self._future.set_exception(self._exc)
+            future.set_exception(self._exc)
         else:
-            self._future.set_result(self._result)
+            future.set_result(self._result)
 
 
 def _seconds(timeout: Any) -> float:

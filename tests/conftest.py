@@ -49,19 +49,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     failed = [(r, text) for r, (o, text) in enumerate(everyone) if o == "failed"]
     if failed:
         report.outcome = "failed"
-        report.longrepr = "\n".join(f"---------- rank {r} ----------\n{text}"
-                                    for r, text in failed)
+        report.longrepr = "\n".join(f"---------- rank {r} ----------\n{text}" for r, text in failed)
     elif len({o for o, _ in everyone}) > 1:
         report.outcome = "failed"
         report.longrepr = "ranks disagree on the outcome: " + ", ".join(
-            f"rank {r} {o}" for r, (o, _) in enumerate(everyone))
+            f"rank {r} {o}" for r, (o, _) in enumerate(everyone)
+        )
 
 
 def pytest_report_header(config: pytest.Config) -> str:
     from mpi4py import MPI
 
-    return (f"MPI: {MPI.Get_library_version().splitlines()[0].strip()}, "
-            f"{MPI.COMM_WORLD.Get_size()} rank(s)")
+    return (
+        f"MPI: {MPI.Get_library_version().splitlines()[0].strip()}, "
+        f"{MPI.COMM_WORLD.Get_size()} rank(s)"
+    )
 
 
 @pytest.fixture(scope="session")

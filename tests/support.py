@@ -15,8 +15,10 @@ import ml_dtypes
 import numpy as np
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-INTS = [np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64,
-                              np.uint8, np.uint16, np.uint32, np.uint64)]
+INTS = [
+    np.dtype(t)
+    for t in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)
+]
 FLOATS = [np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64)]
 COMPLEX = [np.dtype(np.complex64), np.dtype(np.complex128)]
 BOOL = [np.dtype(np.bool_)]
@@ -49,8 +51,7 @@ def valid_pairs():
 
 
 def invalid_pairs():
-    return [(op, dt) for dt in ALL_DTYPES for op in ALL_OPS
-            if op not in VALID_OPS[dtype_class(dt)]]
+    return [(op, dt) for dt in ALL_DTYPES for op in ALL_OPS if op not in VALID_OPS[dtype_class(dt)]]
 
 
 def data(rank: int, dtype: np.dtype, shape=(6,), salt: int = 0) -> np.ndarray:
@@ -70,13 +71,27 @@ def reduce_all(op: str, arrays: List[np.ndarray], n: int) -> np.ndarray:
     if op == "PREMUL_SUM":
         arrays = [(a * PREMUL_SCALE).astype(dtype) for a in arrays]
     if dtype == np.bool_:
-        fn = {"SUM": np.logical_or, "MAX": np.logical_or, "BOR": np.logical_or,
-              "PRODUCT": np.logical_and, "MIN": np.logical_and, "BAND": np.logical_and,
-              "BXOR": np.logical_xor}[op]
+        fn = {
+            "SUM": np.logical_or,
+            "MAX": np.logical_or,
+            "BOR": np.logical_or,
+            "PRODUCT": np.logical_and,
+            "MIN": np.logical_and,
+            "BAND": np.logical_and,
+            "BXOR": np.logical_xor,
+        }[op]
     else:
-        fn = {"SUM": np.add, "AVG": np.add, "PREMUL_SUM": np.add, "PRODUCT": np.multiply,
-              "MIN": np.minimum, "MAX": np.maximum, "BAND": np.bitwise_and,
-              "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}[op]
+        fn = {
+            "SUM": np.add,
+            "AVG": np.add,
+            "PREMUL_SUM": np.add,
+            "PRODUCT": np.multiply,
+            "MIN": np.minimum,
+            "MAX": np.maximum,
+            "BAND": np.bitwise_and,
+            "BOR": np.bitwise_or,
+            "BXOR": np.bitwise_xor,
+        }[op]
     out = functools.reduce(lambda a, b: fn(a, b).astype(dtype), arrays)
     if op == "AVG":
         out = (out / np.array(n, dtype=dtype)).astype(dtype)

@@ -21,11 +21,20 @@ def test_default_is_off(restore_level):
     assert pycoll.get_debug_level() == DebugLevel.OFF
 
 
-@pytest.mark.parametrize("value,level", [
-    ("OFF", DebugLevel.OFF), ("off", DebugLevel.OFF), ("oFf", DebugLevel.OFF),
-    ("INFO", DebugLevel.INFO), ("info", DebugLevel.INFO), ("INfO", DebugLevel.INFO),
-    ("DETAIL", DebugLevel.DETAIL), ("detail", DebugLevel.DETAIL),
-    ("DeTaIl", DebugLevel.DETAIL)])
+@pytest.mark.parametrize(
+    "value,level",
+    [
+        ("OFF", DebugLevel.OFF),
+        ("off", DebugLevel.OFF),
+        ("oFf", DebugLevel.OFF),
+        ("INFO", DebugLevel.INFO),
+        ("info", DebugLevel.INFO),
+        ("INfO", DebugLevel.INFO),
+        ("DETAIL", DebugLevel.DETAIL),
+        ("detail", DebugLevel.DETAIL),
+        ("DeTaIl", DebugLevel.DETAIL),
+    ],
+)
 def test_levels_from_env_any_case(restore_level, value, level):
     restore_level.setenv("PYCOLL_DEBUG", value)
     pycoll.set_debug_level_from_env()

@@ -53,23 +53,27 @@ def test_world_size_and_rank_that_disagree_name_both_values(uninitialized):
     n, me = world.Get_size(), world.Get_rank()
     with pytest.raises(ValueError, match=f"world_size={n + 1} was given but MPI runs {n} ranks"):
         pycoll.init_process_group(world_size=n + 1)
-    with pytest.raises(ValueError, match=f"rank={me + 1} was given but MPI says this process "
-                                         f"is rank {me}"):
+    with pytest.raises(
+        ValueError, match=f"rank={me + 1} was given but MPI says this process is rank {me}"
+    ):
         pycoll.init_process_group(rank=me + 1)
     assert not pycoll.is_initialized()
     pycoll.init_process_group(world_size=n, rank=me)
     assert pycoll.get_world_size() == n
 
 
-@pytest.mark.parametrize("kwargs,error,match", [
-    (dict(backend="nccl"), ValueError, "backend 'nccl' is not available"),
-    (dict(backend=3), TypeError, "backend must be a string"),
-    (dict(init_method="tcp://10.0.0.1:23456"), ValueError, "init_method"),
-    (dict(store=object()), ValueError, "store must be None"),
-    (dict(timeout=30), TypeError, "timeout must be a datetime.timedelta"),
-    (dict(timeout=timedelta(0)), ValueError, "timeout must be positive"),
-    (dict(comm="world"), TypeError, "comm must be an mpi4py intracommunicator"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(backend="nccl"), ValueError, "backend 'nccl' is not available"),
+        (dict(backend=3), TypeError, "backend must be a string"),
+        (dict(init_method="tcp://10.0.0.1:23456"), ValueError, "init_method"),
+        (dict(store=object()), ValueError, "store must be None"),
+        (dict(timeout=30), TypeError, "timeout must be a datetime.timedelta"),
+        (dict(timeout=timedelta(0)), ValueError, "timeout must be positive"),
+        (dict(comm="world"), TypeError, "comm must be an mpi4py intracommunicator"),
+    ],
+)
 def test_init_rejects_what_mpi_does_not_do(uninitialized, kwargs, error, match):
     with pytest.raises(error, match=match):
         pycoll.init_process_group(**kwargs)
@@ -135,38 +139,47 @@ CALLS = {
 
 @pytest.mark.parametrize("name", sorted(CALLS))
 def test_calls_before_init_name_init_process_group(uninitialized, name):
-    with pytest.raises(RuntimeError, match=f"{name}: the default process group has not been "
-                                           f"initialized.*init_process_group"):
+    with pytest.raises(
+        RuntimeError,
+        match=f"{name}: the default process group has not been initialized.*init_process_group",
+    ):
         CALLS[name]()
 
 
 # name -> call(n, rank, async_op); object collectives have no async form.
 SEQUENCED = {
     "all_reduce": lambda n, r, a: pycoll.all_reduce(np.zeros(1), async_op=a),
-    "all_reduce_coalesced": lambda n, r, a: pycoll.all_reduce_coalesced([np.zeros(1)],
-                                                                        async_op=a),
+    "all_reduce_coalesced": lambda n, r, a: pycoll.all_reduce_coalesced([np.zeros(1)], async_op=a),
     "reduce": lambda n, r, a: pycoll.reduce(np.zeros(1), dst=0, async_op=a),
     "broadcast": lambda n, r, a: pycoll.broadcast(np.zeros(1), src=0, async_op=a),
-    "all_gather": lambda n, r, a: pycoll.all_gather([np.zeros(1)] * n, np.zeros(1),
-                                                    async_op=a),
+    "all_gather": lambda n, r, a: pycoll.all_gather([np.zeros(1)] * n, np.zeros(1), async_op=a),
     "all_gather_into_tensor": lambda n, r, a: pycoll.all_gather_into_tensor(
-        np.zeros(n), np.zeros(1), async_op=a),
+        np.zeros(n), np.zeros(1), async_op=a
+    ),
     "all_gather_coalesced": lambda n, r, a: pycoll.all_gather_coalesced(
-        [[np.zeros(1)] for _ in range(n)], [np.zeros(1)], async_op=a),
-    "gather": lambda n, r, a: pycoll.gather(np.zeros(1), [np.zeros(1)] * n if r == 0 else None,
-                                            async_op=a),
-    "scatter": lambda n, r, a: pycoll.scatter(np.zeros(1),
-                                              [np.zeros(1)] * n if r == 0 else None, async_op=a),
-    "reduce_scatter": lambda n, r, a: pycoll.reduce_scatter(np.zeros(1), [np.zeros(1)] * n,
-                                                            async_op=a),
+        [[np.zeros(1)] for _ in range(n)], [np.zeros(1)], async_op=a
+    ),
+    "gather": lambda n, r, a: pycoll.gather(
+        np.zeros(1), [np.zeros(1)] * n if r == 0 else None, async_op=a
+    ),
+    "scatter": lambda n, r, a: pycoll.scatter(
+        np.zeros(1), [np.zeros(1)] * n if r == 0 else None, async_op=a
+    ),
+    "reduce_scatter": lambda n, r, a: pycoll.reduce_scatter(
+        np.zeros(1), [np.zeros(1)] * n, async_op=a
+    ),
     "reduce_scatter_tensor": lambda n, r, a: pycoll.reduce_scatter_tensor(
-        np.zeros(1), np.zeros(n), async_op=a),
-    "all_to_all": lambda n, r, a: pycoll.all_to_all([np.zeros(1)] * n, [np.zeros(1)] * n,
-                                                    async_op=a),
-    "all_to_all_single": lambda n, r, a: pycoll.all_to_all_single(np.zeros(n), np.zeros(n),
-                                                                  async_op=a),
+        np.zeros(1), np.zeros(n), async_op=a
+    ),
+    "all_to_all": lambda n, r, a: pycoll.all_to_all(
+        [np.zeros(1)] * n, [np.zeros(1)] * n, async_op=a
+    ),
+    "all_to_all_single": lambda n, r, a: pycoll.all_to_all_single(
+        np.zeros(n), np.zeros(n), async_op=a
+    ),
     "all_to_all_single_uneven": lambda n, r, a: pycoll.all_to_all_single(
-        np.zeros(n), np.zeros(n), [1] * n, [1] * n, async_op=a),
+        np.zeros(n), np.zeros(n), [1] * n, [1] * n, async_op=a
+    ),
     "barrier": lambda n, r, a: pycoll.barrier(async_op=a),
 }
 OBJECTS = {
@@ -174,7 +187,8 @@ OBJECTS = {
     "gather_object": lambda n, r: pycoll.gather_object(r, [None] * n if r == 0 else None),
     "broadcast_object_list": lambda n, r: pycoll.broadcast_object_list([r]),
     "scatter_object_list": lambda n, r: pycoll.scatter_object_list(
-        [None], list(range(n)) if r == 0 else None),
+        [None], list(range(n)) if r == 0 else None
+    ),
 }
 
 
@@ -272,8 +286,10 @@ def test_rank_translation_errors(pg, world_size):
 
 def test_import_does_not_start_mpi():
     """A launcher or a pytest parent imports pycoll without becoming an MPI process."""
-    code = ("import sys, pycoll; assert 'mpi4py.MPI' not in sys.modules, 'MPI imported'; "
-            "assert pycoll.is_mpi_available() and not pycoll.is_initialized()")
+    code = (
+        "import sys, pycoll; assert 'mpi4py.MPI' not in sys.modules, 'MPI imported'; "
+        "assert pycoll.is_mpi_available() and not pycoll.is_initialized()"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
 

@@ -10,8 +10,16 @@ import pycoll
 from pycoll import ReduceOp, make_premul_sum
 from support import invalid_pairs
 
-MEMBERS = [ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX,
-           ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR]
+MEMBERS = [
+    ReduceOp.SUM,
+    ReduceOp.AVG,
+    ReduceOp.PRODUCT,
+    ReduceOp.MIN,
+    ReduceOp.MAX,
+    ReduceOp.BAND,
+    ReduceOp.BOR,
+    ReduceOp.BXOR,
+]
 SCALES = [np.array(1.0), 2.0, np.array([3.0])]
 
 

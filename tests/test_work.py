@@ -100,8 +100,11 @@ def test_wait_with_timeout_and_is_completed_before_everyone_arrives(rank, world_
     if rank == 0:
         work = pycoll.barrier(async_op=True)
         assert not work.is_completed()
-        with pytest.raises(DistTimeoutError, match=r"barrier \(seq \d+\) did not complete "
-                                                   r"within 0.2 s") as info:
+        with pytest.raises(
+            DistTimeoutError,
+            match=r"barrier \(seq \d+\) did not complete "
+            r"within 0.2 s",
+        ) as info:
             work.wait(timeout=0.2)
         assert info.value.op == "barrier" and info.value.elapsed >= 0.2
         assert isinstance(info.value, RuntimeError)

@@ -27,9 +27,17 @@ def backend_error(op: str, seq: Optional[int], exc: BaseException) -> DistBacken
     return DistBackendError(f"{where} failed in MPI: {exc}", op, seq)
 
 
-def run(pg: ProcessGroup, op: str, nbytes: int, blocking: Callable, nonblocking: Callable,
-        args: tuple, async_op: bool, finish: Optional[Callable[[], None]] = None,
-        result: Any = None) -> Optional[Work]:
+def run(
+    pg: ProcessGroup,
+    op: str,
+    nbytes: int,
+    blocking: Callable,
+    nonblocking: Callable,
+    args: tuple,
+    async_op: bool,
+    finish: Optional[Callable[[], None]] = None,
+    result: Any = None,
+) -> Optional[Work]:
     """Sequence and issue one MPI collective; return a Work if ``async_op``."""
     pg._seq += 1
     seq = pg._seq
@@ -51,8 +59,9 @@ def run(pg: ProcessGroup, op: str, nbytes: int, blocking: Callable, nonblocking:
     return None
 
 
-def done(pg: ProcessGroup, op: str, seq: int, nbytes: int, t0: float, async_op: bool,
-         result: Any = None) -> Optional[Work]:
+def done(
+    pg: ProcessGroup, op: str, seq: int, nbytes: int, t0: float, async_op: bool, result: Any = None
+) -> Optional[Work]:
     """Close an operation made of several blocking MPI calls (object collectives)."""
     if debug.LEVEL:
         debug.log_collective(op, pg.group_name, seq, nbytes, time.perf_counter() - t0)
@@ -75,8 +84,9 @@ def group_rank(pg: ProcessGroup, rank: Any, name: str, func: str) -> int:
             valid = f"0..{pg.size() - 1}"
         else:
             valid = f"one of {pg._ranks}"
-        raise ValueError(f"{func}: {name}={index} is not a rank of the group; valid ranks "
-                         f"are {valid}")
+        raise ValueError(
+            f"{func}: {name}={index} is not a rank of the group; valid ranks are {valid}"
+        )
     return local
 
 

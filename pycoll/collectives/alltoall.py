@@ -15,8 +15,15 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from .. import _mpi
-from ..arrays import (check_input, check_list, check_output, check_same_dtype, check_size,
-                      detach, mpi_datatype)
+from ..arrays import (
+    check_input,
+    check_list,
+    check_output,
+    check_same_dtype,
+    check_size,
+    detach,
+    mpi_datatype,
+)
 from ..groups import ProcessGroup, resolve
 from ..work import Work
 from ._common import run
@@ -43,24 +50,33 @@ def _agree(pg: ProcessGroup, func: str, send_counts: List[int], recv_counts: Lis
     for i in range(n):
         peer = pg._ranks[i]
         if theirs[i, 0] != recv_counts[i]:
-            problems.append(f"this rank expects {recv_counts[i]} elements from rank {peer}, "
-                            f"which sends {theirs[i, 0]}")
+            problems.append(
+                f"this rank expects {recv_counts[i]} elements from rank {peer}, "
+                f"which sends {theirs[i, 0]}"
+            )
         if theirs[i, 1] != send_counts[i]:
-            problems.append(f"this rank sends {send_counts[i]} elements to rank {peer}, "
-                            f"which expects {theirs[i, 1]}")
+            problems.append(
+                f"this rank sends {send_counts[i]} elements to rank {peer}, "
+                f"which expects {theirs[i, 1]}"
+            )
     flags = np.empty(n, np.int64)
     pg.comm.Allgather([np.array([len(problems)], np.int64), MPI.INT64_T], [flags, MPI.INT64_T])
     if flags.any():
         if problems:
-            raise ValueError(f"{func}: split sizes disagree between ranks: "
-                             + "; ".join(problems))
+            raise ValueError(f"{func}: split sizes disagree between ranks: " + "; ".join(problems))
         bad = [pg._ranks[i] for i in np.flatnonzero(flags)]
-        raise ValueError(f"{func}: split sizes disagree between ranks {bad} (see the error "
-                         f"on those ranks); nothing was exchanged")
+        raise ValueError(
+            f"{func}: split sizes disagree between ranks {bad} (see the error "
+            f"on those ranks); nothing was exchanged"
+        )
 
 
-def all_to_all(output_tensor_list: List[np.ndarray], input_tensor_list: List[np.ndarray],
-               group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+def all_to_all(
+    output_tensor_list: List[np.ndarray],
+    input_tensor_list: List[np.ndarray],
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
     """Send ``input_tensor_list[i]`` to group rank i; receive into ``output_tensor_list``.
 
     Args:
@@ -73,10 +89,14 @@ def all_to_all(output_tensor_list: List[np.ndarray], input_tensor_list: List[np.
     if pg is None:
         return None
     n = pg._size
-    outs = [check_output(func, f"output_tensor_list[{i}]", x)
-            for i, x in enumerate(check_list(func, "output_tensor_list", output_tensor_list, n))]
-    ins = [check_input(func, f"input_tensor_list[{i}]", x)
-           for i, x in enumerate(check_list(func, "input_tensor_list", input_tensor_list, n))]
+    outs = [
+        check_output(func, f"output_tensor_list[{i}]", x)
+        for i, x in enumerate(check_list(func, "output_tensor_list", output_tensor_list, n))
+    ]
+    ins = [
+        check_input(func, f"input_tensor_list[{i}]", x)
+        for i, x in enumerate(check_list(func, "input_tensor_list", input_tensor_list, n))
+    ]
     dtype = check_same_dtype(func, outs + ins)
     scounts = [x.size for x in ins]
     rcounts = [x.size for x in outs]
@@ -87,46 +107,63 @@ def all_to_all(output_tensor_list: List[np.ndarray], input_tensor_list: List[np.
 
     def finish() -> None:
         for out, start, count in zip(outs, rdispls, rcounts):
-            out.reshape(-1)[...] = recv[start:start + count]
+            out.reshape(-1)[...] = recv[start : start + count]
 
     mpitype = mpi_datatype(dtype)
     comm = pg.comm
-    return run(pg, func, send.nbytes, comm.Alltoallv, comm.Ialltoallv,
-               ([send, (scounts, _displacements(scounts)), mpitype],
-                [recv, (rcounts, rdispls), mpitype]), async_op, finish, outs)
+    return run(
+        pg,
+        func,
+        send.nbytes,
+        comm.Alltoallv,
+        comm.Ialltoallv,
+        ([send, (scounts, _displacements(scounts)), mpitype], [recv, (rcounts, rdispls), mpitype]),
+        async_op,
+        finish,
+        outs,
+    )
 
 
 def _row_size(func: str, name: str, x: np.ndarray) -> int:
     if x.ndim == 0:
-        raise ValueError(f"{func}: {name} is 0-dimensional; split sizes split dimension 0, "
-                         f"so pass an array with at least one dimension")
+        raise ValueError(
+            f"{func}: {name} is 0-dimensional; split sizes split dimension 0, "
+            f"so pass an array with at least one dimension"
+        )
     return int(np.prod(x.shape[1:], dtype=np.int64))
 
 
-def _splits(func: str, name: str, splits: Optional[Sequence[int]], x: np.ndarray,
-            n: int) -> List[int]:
+def _splits(
+    func: str, name: str, splits: Optional[Sequence[int]], x: np.ndarray, n: int
+) -> List[int]:
     """Rows per rank along dim 0: given, or an even split of ``x``."""
     rows = x.shape[0]
     if splits is None:
         if rows % n:
-            raise ValueError(f"{func}: dimension 0 of {name.split('_split')[0]} ({rows}) "
-                             f"does not divide evenly among {n} ranks; pass {name}")
+            raise ValueError(
+                f"{func}: dimension 0 of {name.split('_split')[0]} ({rows}) "
+                f"does not divide evenly among {n} ranks; pass {name}"
+            )
         return [rows // n] * n
     splits = check_list(func, name, splits, n)
     for s in splits:
         if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
             raise ValueError(f"{func}: {name} must hold non-negative ints, got {splits}")
     if sum(splits) != rows:
-        raise ValueError(f"{func}: {name} sums to {sum(splits)} but dimension 0 of the "
-                         f"array is {rows}")
+        raise ValueError(
+            f"{func}: {name} sums to {sum(splits)} but dimension 0 of the array is {rows}"
+        )
     return [int(s) for s in splits]
 
 
-def all_to_all_single(output: np.ndarray, input: np.ndarray,
-                      output_split_sizes: Optional[List[int]] = None,
-                      input_split_sizes: Optional[List[int]] = None,
-                      group: Optional[ProcessGroup] = None,
-                      async_op: bool = False) -> Optional[Work]:
+def all_to_all_single(
+    output: np.ndarray,
+    input: np.ndarray,
+    output_split_sizes: Optional[List[int]] = None,
+    input_split_sizes: Optional[List[int]] = None,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
     """Split ``input`` on dimension 0, send part i to group rank i, and
     concatenate what arrives, in rank order, into ``output``.
 
@@ -155,23 +192,46 @@ def all_to_all_single(output: np.ndarray, input: np.ndarray,
     comm = pg.comm
     if output_split_sizes is None and input_split_sizes is None:
         if input.size % n:
-            raise ValueError(f"{func}: input holds {input.size} elements, which do not "
-                             f"divide evenly among {n} ranks; pass input_split_sizes and "
-                             f"output_split_sizes")
+            raise ValueError(
+                f"{func}: input holds {input.size} elements, which do not "
+                f"divide evenly among {n} ranks; pass input_split_sizes and "
+                f"output_split_sizes"
+            )
         check_size(func, "output", output, input.size, "the size of input")
-        return run(pg, func, input.nbytes, comm.Alltoall, comm.Ialltoall,
-                   ([input, mpitype], [output, mpitype]), async_op, None, [output])
+        return run(
+            pg,
+            func,
+            input.nbytes,
+            comm.Alltoall,
+            comm.Ialltoall,
+            ([input, mpitype], [output, mpitype]),
+            async_op,
+            None,
+            [output],
+        )
     in_row = _row_size(func, "input", input)
     out_row = _row_size(func, "output", output)
     if in_row != out_row:
-        raise ValueError(f"{func}: rows of input hold {in_row} elements but rows of output "
-                         f"hold {out_row}; dimensions after the first must match")
-    scounts = [s * in_row for s in _splits(func, "input_split_sizes", input_split_sizes,
-                                           input, n)]
-    rcounts = [s * out_row for s in _splits(func, "output_split_sizes", output_split_sizes,
-                                            output, n)]
+        raise ValueError(
+            f"{func}: rows of input hold {in_row} elements but rows of output "
+            f"hold {out_row}; dimensions after the first must match"
+        )
+    scounts = [s * in_row for s in _splits(func, "input_split_sizes", input_split_sizes, input, n)]
+    rcounts = [
+        s * out_row for s in _splits(func, "output_split_sizes", output_split_sizes, output, n)
+    ]
     _agree(pg, func, scounts, rcounts)
-    return run(pg, func, input.nbytes, comm.Alltoallv, comm.Ialltoallv,
-               ([input, (scounts, _displacements(scounts)), mpitype],
-                [output, (rcounts, _displacements(rcounts)), mpitype]),
-               async_op, None, [output])
+    return run(
+        pg,
+        func,
+        input.nbytes,
+        comm.Alltoallv,
+        comm.Ialltoallv,
+        (
+            [input, (scounts, _displacements(scounts)), mpitype],
+            [output, (rcounts, _displacements(rcounts)), mpitype],
+        ),
+        async_op,
+        None,
+        [output],
+    )

@@ -11,8 +11,9 @@ from ._common import run
 __all__ = ["barrier"]
 
 
-def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
-            device_ids: Any = None) -> Optional[Work]:
+def barrier(
+    group: Optional[ProcessGroup] = None, async_op: bool = False, device_ids: Any = None
+) -> Optional[Work]:
     """Block until every rank of the group has called barrier.
 
     Args:

@@ -7,8 +7,17 @@ from typing import List, Optional
 import numpy as np
 
 from .. import _mpi
-from ..arrays import (check_input, check_list, check_output, check_same_dtype,
-                      check_same_shape, check_size, detach, is_slot, mpi_datatype)
+from ..arrays import (
+    check_input,
+    check_list,
+    check_output,
+    check_same_dtype,
+    check_same_shape,
+    check_size,
+    detach,
+    is_slot,
+    mpi_datatype,
+)
 from ..groups import ProcessGroup, resolve
 from ..work import Work
 from ._common import group_rank, run
@@ -20,20 +29,28 @@ def _unpacker(stacked: np.ndarray, outputs: List[np.ndarray]):
     def finish() -> None:
         for i, out in enumerate(outputs):
             out[...] = stacked[i]
+
     return finish
 
 
-def _check_outputs(func: str, name: str, outputs: list, like: np.ndarray,
-                   n: int) -> List[np.ndarray]:
-    outs = [check_output(func, f"{name}[{i}]", x)
-            for i, x in enumerate(check_list(func, name, outputs, n))]
+def _check_outputs(
+    func: str, name: str, outputs: list, like: np.ndarray, n: int
+) -> List[np.ndarray]:
+    outs = [
+        check_output(func, f"{name}[{i}]", x)
+        for i, x in enumerate(check_list(func, name, outputs, n))
+    ]
     check_same_dtype(func, [like] + outs)
     check_same_shape(func, name, outs, like.shape, "tensor")
     return outs
 
 
-def all_gather(tensor_list: List[np.ndarray], tensor: np.ndarray,
-               group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+def all_gather(
+    tensor_list: List[np.ndarray],
+    tensor: np.ndarray,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
     """Gather ``tensor`` from every rank into ``tensor_list`` on every rank.
 
     Args:
@@ -57,14 +74,25 @@ def all_gather(tensor_list: List[np.ndarray], tensor: np.ndarray,
     stacked = np.empty((n,) + tensor.shape, tensor.dtype)
     mpitype = mpi_datatype(tensor.dtype)
     comm = pg.comm
-    return run(pg, func, stacked.nbytes, comm.Allgather, comm.Iallgather,
-               ([tensor, mpitype], [stacked, mpitype]), async_op,
-               _unpacker(stacked, outs), outs)
+    return run(
+        pg,
+        func,
+        stacked.nbytes,
+        comm.Allgather,
+        comm.Iallgather,
+        ([tensor, mpitype], [stacked, mpitype]),
+        async_op,
+        _unpacker(stacked, outs),
+        outs,
+    )
 
 
-def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
-                           group: Optional[ProcessGroup] = None,
-                           async_op: bool = False) -> Optional[Work]:
+def all_gather_into_tensor(
+    output_tensor: np.ndarray,
+    input_tensor: np.ndarray,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
     """Gather every rank's ``input_tensor`` into one array, in group-rank order.
 
     Args:
@@ -81,22 +109,38 @@ def all_gather_into_tensor(output_tensor: np.ndarray, input_tensor: np.ndarray,
     output_tensor = check_output(func, "output_tensor", output_tensor)
     input_tensor = check_input(func, "input_tensor", input_tensor)
     check_same_dtype(func, [output_tensor, input_tensor])
-    check_size(func, "output_tensor", output_tensor, input_tensor.size * n,
-               "input_tensor.size x group size")
+    check_size(
+        func,
+        "output_tensor",
+        output_tensor,
+        input_tensor.size * n,
+        "input_tensor.size x group size",
+    )
     mpitype = mpi_datatype(input_tensor.dtype)
     if is_slot(input_tensor, output_tensor, pg._rank):
         send = _mpi.MPI.IN_PLACE  # the input already sits where its result goes
     else:
         send = [detach(input_tensor, output_tensor), mpitype]
     comm = pg.comm
-    return run(pg, func, output_tensor.nbytes, comm.Allgather, comm.Iallgather,
-               (send, [output_tensor, mpitype]), async_op, None, [output_tensor])
+    return run(
+        pg,
+        func,
+        output_tensor.nbytes,
+        comm.Allgather,
+        comm.Iallgather,
+        (send, [output_tensor, mpitype]),
+        async_op,
+        None,
+        [output_tensor],
+    )
 
 
-def all_gather_coalesced(output_tensor_lists: List[List[np.ndarray]],
-                         input_tensor_list: List[np.ndarray],
-                         group: Optional[ProcessGroup] = None,
-                         async_op: bool = False) -> Optional[Work]:
+def all_gather_coalesced(
+    output_tensor_lists: List[List[np.ndarray]],
+    input_tensor_list: List[np.ndarray],
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
     """All-gather several arrays (of any dtypes) in a single MPI operation.
 
     Args:
@@ -110,40 +154,58 @@ def all_gather_coalesced(output_tensor_lists: List[List[np.ndarray]],
     if pg is None:
         return None
     n = pg._size
-    inputs = [check_input(func, f"input_tensor_list[{i}]", x)
-              for i, x in enumerate(check_list(func, "input_tensor_list", input_tensor_list))]
+    inputs = [
+        check_input(func, f"input_tensor_list[{i}]", x)
+        for i, x in enumerate(check_list(func, "input_tensor_list", input_tensor_list))
+    ]
     per_rank = check_list(func, "output_tensor_lists", output_tensor_lists, n)
     outputs = []
     for r, outs in enumerate(per_rank):
-        outs = [check_output(func, f"output_tensor_lists[{r}][{i}]", x)
-                for i, x in enumerate(check_list(func, f"output_tensor_lists[{r}]", outs,
-                                                 len(inputs)))]
+        outs = [
+            check_output(func, f"output_tensor_lists[{r}][{i}]", x)
+            for i, x in enumerate(check_list(func, f"output_tensor_lists[{r}]", outs, len(inputs)))
+        ]
         for i, (out, x) in enumerate(zip(outs, inputs)):
             check_same_dtype(func, [x, out])
             if out.shape != x.shape:
-                raise ValueError(f"{func}: output_tensor_lists[{r}][{i}] has shape "
-                                 f"{out.shape} but input_tensor_list[{i}] has {x.shape}")
+                raise ValueError(
+                    f"{func}: output_tensor_lists[{r}][{i}] has shape "
+                    f"{out.shape} but input_tensor_list[{i}] has {x.shape}"
+                )
         outputs.append(outs)
     # Pack as bytes so arrays of different dtypes travel in one message.
-    send = np.concatenate([x.reshape(-1).view(np.uint8) for x in inputs] or
-                          [np.empty(0, np.uint8)])
+    send = np.concatenate([x.reshape(-1).view(np.uint8) for x in inputs] or [np.empty(0, np.uint8)])
     recv = np.empty((n, send.size), np.uint8)
 
     def finish() -> None:
         for r, outs in enumerate(outputs):
             offset = 0
             for out in outs:
-                out.reshape(-1).view(np.uint8)[...] = recv[r, offset:offset + out.nbytes]
+                out.reshape(-1).view(np.uint8)[...] = recv[r, offset : offset + out.nbytes]
                 offset += out.nbytes
 
     byte = _mpi.MPI.BYTE
     comm = pg.comm
-    return run(pg, func, recv.nbytes, comm.Allgather, comm.Iallgather,
-               ([send, byte], [recv, byte]), async_op, finish, outputs)
+    return run(
+        pg,
+        func,
+        recv.nbytes,
+        comm.Allgather,
+        comm.Iallgather,
+        ([send, byte], [recv, byte]),
+        async_op,
+        finish,
+        outputs,
+    )
 
 
-def gather(tensor: np.ndarray, gather_list: Optional[List[np.ndarray]] = None, dst: int = 0,
-           group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+def gather(
+    tensor: np.ndarray,
+    gather_list: Optional[List[np.ndarray]] = None,
+    dst: int = 0,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
     """Gather ``tensor`` from every rank into ``gather_list`` on rank ``dst``.
 
     Args:
@@ -163,15 +225,36 @@ def gather(tensor: np.ndarray, gather_list: Optional[List[np.ndarray]] = None, d
     comm = pg.comm
     if root != pg._rank:
         if gather_list is not None:
-            raise ValueError(f"{func}: gather_list must be None on ranks other than dst "
-                             f"({dst}); only dst receives")
-        return run(pg, func, tensor.nbytes, comm.Gather, comm.Igather,
-                   ([tensor, mpitype], None, root), async_op, None, [])
+            raise ValueError(
+                f"{func}: gather_list must be None on ranks other than dst "
+                f"({dst}); only dst receives"
+            )
+        return run(
+            pg,
+            func,
+            tensor.nbytes,
+            comm.Gather,
+            comm.Igather,
+            ([tensor, mpitype], None, root),
+            async_op,
+            None,
+            [],
+        )
     if gather_list is None:
-        raise ValueError(f"{func}: gather_list is required on dst ({dst}): pass one array "
-                         f"per rank, shaped like tensor")
+        raise ValueError(
+            f"{func}: gather_list is required on dst ({dst}): pass one array "
+            f"per rank, shaped like tensor"
+        )
     outs = _check_outputs(func, "gather_list", gather_list, tensor, n)
     stacked = np.empty((n,) + tensor.shape, tensor.dtype)
-    return run(pg, func, stacked.nbytes, comm.Gather, comm.Igather,
-               ([tensor, mpitype], [stacked, mpitype], root), async_op,
-               _unpacker(stacked, outs), outs)
+    return run(
+        pg,
+        func,
+        stacked.nbytes,
+        comm.Gather,
+        comm.Igather,
+        ([tensor, mpitype], [stacked, mpitype], root),
+        async_op,
+        _unpacker(stacked, outs),
+        outs,
+    )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pickle
 import time
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple, cast
 
 import numpy as np
 
@@ -22,8 +22,14 @@ from ..groups import ProcessGroup, resolve
 from ._common import RESERVED_TAG, done, group_rank
 from .p2p import _peer, _source
 
-__all__ = ["all_gather_object", "gather_object", "broadcast_object_list",
-           "scatter_object_list", "send_object_list", "recv_object_list"]
+__all__ = [
+    "all_gather_object",
+    "gather_object",
+    "broadcast_object_list",
+    "scatter_object_list",
+    "send_object_list",
+    "recv_object_list",
+]
 
 _CHUNK = 1 << 20
 _INT_MAX = (1 << 31) - 1
@@ -43,7 +49,7 @@ def _parts(buf: np.ndarray, nbytes: int) -> List[list]:
     whole = nbytes // _CHUNK
     parts = [[buf, whole, _chunk_type]]
     if nbytes > whole * _CHUNK:
-        parts.append([buf[whole * _CHUNK:], nbytes - whole * _CHUNK, MPI.BYTE])
+        parts.append([buf[whole * _CHUNK :], nbytes - whole * _CHUNK, MPI.BYTE])
     return parts
 
 
@@ -63,14 +69,16 @@ def _pack(obj: Any) -> Tuple[np.ndarray, Optional[BaseException]]:
 
 
 def _unpack(buf: np.ndarray, nbytes: int) -> Any:
-    return pickle.loads(memoryview(buf)[:nbytes])
+    return pickle.loads(buf.data[:nbytes])
 
 
 def _pickle_error(func: str, who: List[int], exc: Optional[BaseException]) -> TypeError:
     if exc is not None:
         return TypeError(f"{func}: the object could not be pickled: {exc}")
-    return TypeError(f"{func}: the object on rank(s) {who} could not be pickled (see the "
-                     f"error there); nothing was exchanged")
+    return TypeError(
+        f"{func}: the object on rank(s) {who} could not be pickled (see the "
+        f"error there); nothing was exchanged"
+    )
 
 
 def _begin(pg: ProcessGroup) -> Tuple[int, float]:
@@ -78,8 +86,9 @@ def _begin(pg: ProcessGroup) -> Tuple[int, float]:
     return pg._seq, (time.perf_counter() if debug.LEVEL else 0.0)
 
 
-def _sizes(pg: ProcessGroup, func: str, payload: np.ndarray,
-           exc: Optional[BaseException]) -> np.ndarray:
+def _sizes(
+    pg: ProcessGroup, func: str, payload: np.ndarray, exc: Optional[BaseException]
+) -> np.ndarray:
     """Every rank's payload size, on every rank; raise everywhere if one failed."""
     MPI = _mpi.MPI
     sizes = np.empty(pg._size, np.int64)
@@ -94,8 +103,9 @@ def _displs(sizes: np.ndarray) -> List[int]:
     return np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64).tolist()
 
 
-def all_gather_object(object_list: List[Any], obj: Any,
-                      group: Optional[ProcessGroup] = None) -> None:
+def all_gather_object(
+    object_list: List[Any], obj: Any, group: Optional[ProcessGroup] = None
+) -> None:
     """Gather a picklable object from every rank into ``object_list`` on every rank.
 
     Args:
@@ -125,7 +135,7 @@ def all_gather_object(object_list: List[Any], obj: Any,
         displs = _displs(sizes)
         pg.comm.Allgatherv([payload, MPI.BYTE], [recv, (sizes.tolist(), displs), MPI.BYTE])
         for i in range(n):
-            object_list[i] = _unpack(recv[displs[i]:], int(sizes[i]))
+            object_list[i] = _unpack(recv[displs[i] :], int(sizes[i]))
     else:
         for i in range(n):
             size = int(sizes[i])
@@ -137,13 +147,18 @@ def all_gather_object(object_list: List[Any], obj: Any,
 
 def _check_slots(func: str, name: str, x: Any, n: Optional[int]) -> None:
     if not isinstance(x, list):
-        raise TypeError(f"{func}: {name} must be a list (it is filled in place), got "
-                        f"{type(x).__name__}")
+        raise TypeError(
+            f"{func}: {name} must be a list (it is filled in place), got {type(x).__name__}"
+        )
     check_list(func, name, x, n)
 
 
-def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None, dst: int = 0,
-                  group: Optional[ProcessGroup] = None) -> None:
+def gather_object(
+    obj: Any,
+    object_gather_list: Optional[List[Any]] = None,
+    dst: int = 0,
+    group: Optional[ProcessGroup] = None,
+) -> None:
     """Gather a picklable object from every rank into ``object_gather_list`` on ``dst``.
 
     Args:
@@ -162,38 +177,43 @@ def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None, dst:
     if is_root:
         _check_slots(func, "object_gather_list", object_gather_list, n)
     elif object_gather_list is not None:
-        raise ValueError(f"{func}: object_gather_list must be None on ranks other than dst "
-                         f"({dst}); only dst receives")
+        raise ValueError(
+            f"{func}: object_gather_list must be None on ranks other than dst "
+            f"({dst}); only dst receives"
+        )
     MPI = _mpi.MPI
     comm = pg.comm
     payload, exc = _pack(obj)
     seq, t0 = _begin(pg)
     sizes = _sizes(pg, func, payload, exc)
     total = int(sizes.sum())
+    if not is_root:
+        if total <= _INT_MAX:
+            comm.Gatherv([payload, MPI.BYTE], None, root)
+        else:
+            _transfer(comm.Send, payload, payload.size, root, RESERVED_TAG)
+        done(pg, func, seq, total, t0, False)
+        return None
+    slots = cast(List[Any], object_gather_list)  # checked above, on dst
     if total <= _INT_MAX:
-        recv = np.empty(total, np.uint8) if is_root else None
+        recv = np.empty(total, np.uint8)
         displs = _displs(sizes)
-        comm.Gatherv([payload, MPI.BYTE],
-                     [recv, (sizes.tolist(), displs), MPI.BYTE] if is_root else None, root)
-        parts = [(recv[displs[i]:], int(sizes[i])) for i in range(n)] if is_root else []
-    elif not is_root:
-        _transfer(comm.Send, payload, payload.size, root, RESERVED_TAG)
-        parts = []
+        comm.Gatherv([payload, MPI.BYTE], [recv, (sizes.tolist(), displs), MPI.BYTE], root)
+        for i in range(n):
+            slots[i] = _unpack(recv[displs[i] :], int(sizes[i]))
     else:
-        parts = []
         for i in range(n):
             size = int(sizes[i])
             buf = payload if i == root else np.empty(size, np.uint8)
             if i != root:
                 _transfer(comm.Recv, buf, size, i, RESERVED_TAG)
-            parts.append((buf, size))
-    for i, (buf, size) in enumerate(parts):
-        object_gather_list[i] = _unpack(buf, size)
+            slots[i] = _unpack(buf, size)
     done(pg, func, seq, total, t0, False)
 
 
-def broadcast_object_list(object_list: List[Any], src: int = 0,
-                          group: Optional[ProcessGroup] = None, device: Any = None) -> None:
+def broadcast_object_list(
+    object_list: List[Any], src: int = 0, group: Optional[ProcessGroup] = None, device: Any = None
+) -> None:
     """Replace the entries of ``object_list`` on every rank with those on ``src``.
 
     Args:
@@ -211,9 +231,9 @@ def broadcast_object_list(object_list: List[Any], src: int = 0,
     MPI = _mpi.MPI
     comm = pg.comm
     is_root = root == pg._rank
-    payload, exc = _pack(list(object_list)) if is_root else (None, None)
+    payload, exc = _pack(list(object_list)) if is_root else (np.empty(0, np.uint8), None)
     seq, t0 = _begin(pg)
-    size = np.array([-1 if exc is not None else (payload.size if is_root else 0)], np.int64)
+    size = np.array([-1 if exc is not None else payload.size], np.int64)
     comm.Bcast([size, MPI.INT64_T], root)
     nbytes = int(size[0])
     if nbytes < 0:
@@ -223,15 +243,20 @@ def broadcast_object_list(object_list: List[Any], src: int = 0,
     if not is_root:
         objs = _unpack(buf, nbytes)
         if len(objs) != len(object_list):
-            raise ValueError(f"{func}: object_list has {len(object_list)} entries on this "
-                             f"rank but {len(objs)} on src ({src}); make them the same length")
+            raise ValueError(
+                f"{func}: object_list has {len(object_list)} entries on this "
+                f"rank but {len(objs)} on src ({src}); make them the same length"
+            )
         object_list[:] = objs
     done(pg, func, seq, nbytes, t0, False)
 
 
-def scatter_object_list(scatter_object_output_list: List[Any],
-                        scatter_object_input_list: Optional[List[Any]] = None, src: int = 0,
-                        group: Optional[ProcessGroup] = None) -> None:
+def scatter_object_list(
+    scatter_object_output_list: List[Any],
+    scatter_object_input_list: Optional[List[Any]] = None,
+    src: int = 0,
+    group: Optional[ProcessGroup] = None,
+) -> None:
     """Send ``scatter_object_input_list[i]`` from ``src`` to group rank i.
 
     Args:
@@ -250,15 +275,16 @@ def scatter_object_list(scatter_object_output_list: List[Any],
     out = scatter_object_output_list
     _check_slots(func, "scatter_object_output_list", out, None)
     if not out:
-        raise ValueError(f"{func}: scatter_object_output_list must have at least one entry "
-                         f"to receive into")
+        raise ValueError(
+            f"{func}: scatter_object_output_list must have at least one entry to receive into"
+        )
     is_root = root == pg._rank
     MPI = _mpi.MPI
     comm = pg.comm
     exc = None
     if is_root:
-        check_list(func, "scatter_object_input_list", scatter_object_input_list, n)
-        packed = [_pack(o) for o in scatter_object_input_list]
+        inputs = check_list(func, "scatter_object_input_list", scatter_object_input_list, n)
+        packed = [_pack(o) for o in inputs]
         exc = next((e for _, e in packed if e is not None), None)
         payloads = [p for p, _ in packed]
         sizes = np.array([-1 if exc else p.size for p in payloads], np.int64)
@@ -273,8 +299,11 @@ def scatter_object_list(scatter_object_output_list: List[Any],
     if total <= _INT_MAX:
         send = None
         if is_root:
-            send = [np.concatenate(payloads) if payloads else np.empty(0, np.uint8),
-                    (sizes.tolist(), _displs(sizes)), MPI.BYTE]
+            send = [
+                np.concatenate(payloads) if payloads else np.empty(0, np.uint8),
+                (sizes.tolist(), _displs(sizes)),
+                MPI.BYTE,
+            ]
         buf = np.empty(mine, np.uint8)
         comm.Scatterv(send, [buf, MPI.BYTE], root)
     elif is_root:
@@ -289,8 +318,12 @@ def scatter_object_list(scatter_object_output_list: List[Any],
     done(pg, func, seq, total, t0, False)
 
 
-def send_object_list(object_list: List[Any], dst: Optional[int] = None,
-                     group: Optional[ProcessGroup] = None, device: Any = None) -> None:
+def send_object_list(
+    object_list: List[Any],
+    dst: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    device: Any = None,
+) -> None:
     """Send the picklable objects of ``object_list`` to global rank ``dst``.
 
     Not a collective: only ``dst`` must call :func:`recv_object_list`.
@@ -311,8 +344,12 @@ def send_object_list(object_list: List[Any], dst: Optional[int] = None,
     _transfer(pg.comm.Send, payload, payload.size, peer, RESERVED_TAG)
 
 
-def recv_object_list(object_list: List[Any], src: Optional[int] = None,
-                     group: Optional[ProcessGroup] = None, device: Any = None) -> int:
+def recv_object_list(
+    object_list: List[Any],
+    src: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    device: Any = None,
+) -> int:
     """Receive objects sent by :func:`send_object_list` into ``object_list``.
 
     Args:
@@ -338,7 +375,9 @@ def recv_object_list(object_list: List[Any], src: Optional[int] = None,
     _transfer(pg.comm.Recv, buf, nbytes, sender, RESERVED_TAG)
     objs = _unpack(buf, nbytes)
     if len(objs) != len(object_list):
-        raise ValueError(f"{func}: object_list has {len(object_list)} entries but rank "
-                         f"{pg._ranks[sender]} sent {len(objs)}; make them the same length")
+        raise ValueError(
+            f"{func}: object_list has {len(object_list)} entries but rank "
+            f"{pg._ranks[sender]} sent {len(objs)}; make them the same length"
+        )
     object_list[:] = objs
     return pg._ranks[sender]

@@ -22,8 +22,10 @@ __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]
 def _peer(pg: ProcessGroup, rank: Any, name: str, func: str) -> int:
     peer = group_rank(pg, rank, name, func)
     if peer == pg._rank:
-        raise ValueError(f"{func}: {name}={rank} is this process's own rank; a rank cannot "
-                         f"{'send to' if name == 'dst' else 'receive from'} itself")
+        raise ValueError(
+            f"{func}: {name}={rank} is this process's own rank; a rank cannot "
+            f"{'send to' if name == 'dst' else 'receive from'} itself"
+        )
     return peer
 
 
@@ -31,8 +33,7 @@ def _source(pg: ProcessGroup, src: Any, func: str) -> int:
     return _mpi.MPI.ANY_SOURCE if src is None else _peer(pg, src, "src", func)
 
 
-def send(tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None,
-         tag: int = 0) -> None:
+def send(tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> None:
     """Send ``tensor`` to global rank ``dst``; returns once the buffer may be reused."""
     pg = resolve(group, "send")
     if pg is None:
@@ -47,8 +48,12 @@ def send(tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None,
     return None
 
 
-def recv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
-         tag: int = 0) -> int:
+def recv(
+    tensor: np.ndarray,
+    src: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    tag: int = 0,
+) -> int:
     """Receive into ``tensor`` from global rank ``src`` (any rank if None).
 
     Returns:
@@ -68,8 +73,9 @@ def recv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessG
     return pg._ranks[status.Get_source()]
 
 
-def isend(tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None,
-          tag: int = 0) -> Optional[Work]:
+def isend(
+    tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0
+) -> Optional[Work]:
     """Start sending ``tensor`` to ``dst``; do not modify it until the Work completes."""
     pg = resolve(group, "isend")
     if pg is None:
@@ -79,8 +85,12 @@ def isend(tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None,
     return _start_send(pg, tensor, peer, check_tag(tag, "isend"))
 
 
-def irecv(tensor: np.ndarray, src: Optional[int] = None, group: Optional[ProcessGroup] = None,
-          tag: int = 0) -> Optional[Work]:
+def irecv(
+    tensor: np.ndarray,
+    src: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    tag: int = 0,
+) -> Optional[Work]:
     """Start receiving into ``tensor`` from ``src`` (any rank if None).
 
     The Work's ``source_rank()`` gives the sender's global rank once complete.
@@ -124,11 +134,19 @@ class P2POp:
 
     __slots__ = ("op", "tensor", "peer", "group", "tag")
 
-    def __init__(self, op: Callable, tensor: np.ndarray, peer: int,
-                 group: Optional[ProcessGroup] = None, tag: int = 0):
+    def __init__(
+        self,
+        op: Callable,
+        tensor: np.ndarray,
+        peer: int,
+        group: Optional[ProcessGroup] = None,
+        tag: int = 0,
+    ):
         if op not in (isend, irecv, send, recv):
-            raise ValueError("P2POp: op must be pycoll.isend or pycoll.irecv, got "
-                             f"{getattr(op, '__name__', op)!r}")
+            raise ValueError(
+                "P2POp: op must be pycoll.isend or pycoll.irecv, got "
+                f"{getattr(op, '__name__', op)!r}"
+            )
         self.op = isend if op in (isend, send) else irecv
         self.tensor = tensor
         self.peer = peer
@@ -147,7 +165,7 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
     func = "batch_isend_irecv"
     if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list:
         raise ValueError(f"{func}: expects a non-empty list of P2POp")
-    planned = []
+    planned: List[tuple] = []
     for i, p in enumerate(p2p_op_list):
         if not isinstance(p, P2POp):
             raise TypeError(f"{func}: entry {i} is a {type(p).__name__}, not a P2POp")
@@ -156,9 +174,23 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
             continue
         tag = check_tag(p.tag, func)
         if p.op is isend:
-            planned.append((_start_send, pg, check_input(func, f"[{i}].tensor", p.tensor),
-                            _peer(pg, p.peer, "dst", func), tag))
+            planned.append(
+                (
+                    _start_send,
+                    pg,
+                    check_input(func, f"[{i}].tensor", p.tensor),
+                    _peer(pg, p.peer, "dst", func),
+                    tag,
+                )
+            )
         else:
-            planned.append((_start_recv, pg, check_output(func, f"[{i}].tensor", p.tensor),
-                            _peer(pg, p.peer, "src", func), tag))
+            planned.append(
+                (
+                    _start_recv,
+                    pg,
+                    check_output(func, f"[{i}].tensor", p.tensor),
+                    _peer(pg, p.peer, "src", func),
+                    tag,
+                )
+            )
     return [start(pg, tensor, peer, tag) for start, pg, tensor, peer, tag in planned]

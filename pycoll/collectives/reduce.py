@@ -12,15 +12,27 @@ from typing import Any, List, Optional
 import numpy as np
 
 from .. import _mpi, debug
-from ..arrays import (check_input, check_list, check_output, check_same_dtype,
-                      check_same_shape, check_size, detach)
+from ..arrays import (
+    check_input,
+    check_list,
+    check_output,
+    check_same_dtype,
+    check_same_shape,
+    check_size,
+    detach,
+)
 from ..groups import STATE, ProcessGroup, not_initialized, resolve
 from ..ops import Plan, ReduceOp, plan
 from ..work import Work
 from ._common import backend_error, group_rank, run
 
-__all__ = ["all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter",
-           "reduce_scatter_tensor"]
+__all__ = [
+    "all_reduce",
+    "all_reduce_coalesced",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+]
 
 
 def _plan(op: ReduceOp, dtype: np.dtype, func: str) -> Plan:
@@ -40,11 +52,16 @@ def _scaled(x: np.ndarray, scale: complex) -> np.ndarray:
 def _averager(out: np.ndarray, n: int):
     def finish() -> None:
         np.divide(out, n, out=out, casting="unsafe")
+
     return finish
 
 
-def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM,
-               group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+def all_reduce(
+    tensor: np.ndarray,
+    op: ReduceOp = ReduceOp.SUM,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
     """Reduce ``tensor`` across the group, in place, so every rank holds the result.
 
     Args:
@@ -88,17 +105,29 @@ def all_reduce(tensor: np.ndarray, op: ReduceOp = ReduceOp.SUM,
     if how.prescale is not None:
         np.multiply(tensor, how.prescale, out=tensor, casting="unsafe")
     finish = _averager(tensor, pg._size) if how.average else None
-    return run(pg, "all_reduce", tensor.nbytes, comm.Allreduce, comm.Iallreduce, args,
-               async_op, finish, [tensor])
+    return run(
+        pg,
+        "all_reduce",
+        tensor.nbytes,
+        comm.Allreduce,
+        comm.Iallreduce,
+        args,
+        async_op,
+        finish,
+        [tensor],
+    )
 
 
 def _writeable_contiguous(flags: Any) -> bool:
     return flags.c_contiguous and flags.writeable
 
 
-def all_reduce_coalesced(tensors: List[np.ndarray], op: ReduceOp = ReduceOp.SUM,
-                         group: Optional[ProcessGroup] = None,
-                         async_op: bool = False) -> Optional[Work]:
+def all_reduce_coalesced(
+    tensors: List[np.ndarray],
+    op: ReduceOp = ReduceOp.SUM,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
     """All-reduce several arrays of one dtype in a single MPI operation, in place.
 
     The arrays are packed into one buffer, reduced together and unpacked, so
@@ -108,8 +137,10 @@ def all_reduce_coalesced(tensors: List[np.ndarray], op: ReduceOp = ReduceOp.SUM,
     pg = resolve(group, func)
     if pg is None:
         return None
-    tensors = [check_output(func, f"tensors[{i}]", t)
-               for i, t in enumerate(check_list(func, "tensors", tensors))]
+    tensors = [
+        check_output(func, f"tensors[{i}]", t)
+        for i, t in enumerate(check_list(func, "tensors", tensors))
+    ]
     if not tensors:
         raise ValueError(f"{func}: tensors is empty; pass at least one array")
     dtype = check_same_dtype(func, tensors)
@@ -124,17 +155,30 @@ def all_reduce_coalesced(tensors: List[np.ndarray], op: ReduceOp = ReduceOp.SUM,
             np.divide(flat, n, out=flat, casting="unsafe")
         offset = 0
         for t in tensors:
-            t.reshape(-1)[...] = flat[offset:offset + t.size]
+            t.reshape(-1)[...] = flat[offset : offset + t.size]
             offset += t.size
 
     comm = pg.comm
-    return run(pg, func, flat.nbytes, comm.Allreduce, comm.Iallreduce,
-               (_mpi.MPI.IN_PLACE, [flat, how.datatype], how.mpi_op),
-               async_op, finish, tensors)
+    return run(
+        pg,
+        func,
+        flat.nbytes,
+        comm.Allreduce,
+        comm.Iallreduce,
+        (_mpi.MPI.IN_PLACE, [flat, how.datatype], how.mpi_op),
+        async_op,
+        finish,
+        tensors,
+    )
 
 
-def reduce(tensor: np.ndarray, dst: int, op: ReduceOp = ReduceOp.SUM,
-           group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+def reduce(
+    tensor: np.ndarray,
+    dst: int,
+    op: ReduceOp = ReduceOp.SUM,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
     """Reduce ``tensor`` across the group into ``tensor`` on rank ``dst`` only.
 
     Args:
@@ -148,10 +192,12 @@ def reduce(tensor: np.ndarray, dst: int, op: ReduceOp = ReduceOp.SUM,
         return None
     root = group_rank(pg, dst, "dst", func)
     is_root = root == pg._rank
-    tensor = check_output(func, "tensor", tensor) if is_root else check_input(func, "tensor", tensor)
+    check = check_output if is_root else check_input  # only dst writes
+    tensor = check(func, "tensor", tensor)
     how = _plan(op, tensor.dtype, func)
     mpitype = how.datatype
     comm = pg.comm
+    args: tuple
     if is_root:
         if how.prescale is not None:
             np.multiply(tensor, how.prescale, out=tensor, casting="unsafe")
@@ -161,13 +207,16 @@ def reduce(tensor: np.ndarray, dst: int, op: ReduceOp = ReduceOp.SUM,
         send = tensor if how.prescale is None else _scaled(tensor, how.prescale)
         args = ([send, mpitype], None, how.mpi_op, root)
         finish = None
-    return run(pg, func, tensor.nbytes, comm.Reduce, comm.Ireduce, args, async_op, finish,
-               [tensor])
+    return run(pg, func, tensor.nbytes, comm.Reduce, comm.Ireduce, args, async_op, finish, [tensor])
 
 
-def reduce_scatter(output: np.ndarray, input_list: List[np.ndarray],
-                   op: ReduceOp = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
-                   async_op: bool = False) -> Optional[Work]:
+def reduce_scatter(
+    output: np.ndarray,
+    input_list: List[np.ndarray],
+    op: ReduceOp = ReduceOp.SUM,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
     """Reduce ``input_list[i]`` across the group into ``output`` on group rank i.
 
     Args:
@@ -180,8 +229,10 @@ def reduce_scatter(output: np.ndarray, input_list: List[np.ndarray],
         return None
     n = pg._size
     output = check_output(func, "output", output)
-    inputs = [check_input(func, f"input_list[{i}]", x)
-              for i, x in enumerate(check_list(func, "input_list", input_list, n))]
+    inputs = [
+        check_input(func, f"input_list[{i}]", x)
+        for i, x in enumerate(check_list(func, "input_list", input_list, n))
+    ]
     dtype = check_same_dtype(func, [output] + inputs)
     check_same_shape(func, "input_list", inputs, output.shape, "output")
     how = _plan(op, dtype, func)
@@ -191,13 +242,26 @@ def reduce_scatter(output: np.ndarray, input_list: List[np.ndarray],
     mpitype = how.datatype
     comm = pg.comm
     finish = _averager(output, n) if how.average else None
-    return run(pg, func, send.nbytes, comm.Reduce_scatter_block, comm.Ireduce_scatter_block,
-               ([send, mpitype], [output, mpitype], how.mpi_op), async_op, finish, [output])
+    return run(
+        pg,
+        func,
+        send.nbytes,
+        comm.Reduce_scatter_block,
+        comm.Ireduce_scatter_block,
+        ([send, mpitype], [output, mpitype], how.mpi_op),
+        async_op,
+        finish,
+        [output],
+    )
 
 
-def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray,
-                          op: ReduceOp = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
-                          async_op: bool = False) -> Optional[Work]:
+def reduce_scatter_tensor(
+    output: np.ndarray,
+    input: np.ndarray,
+    op: ReduceOp = ReduceOp.SUM,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
     """Reduce ``input`` across the group and scatter the result in equal parts.
 
     Args:
@@ -220,5 +284,14 @@ def reduce_scatter_tensor(output: np.ndarray, input: np.ndarray,
     mpitype = how.datatype
     comm = pg.comm
     finish = _averager(output, n) if how.average else None
-    return run(pg, func, input.nbytes, comm.Reduce_scatter_block, comm.Ireduce_scatter_block,
-               ([send, mpitype], [output, mpitype], how.mpi_op), async_op, finish, [output])
+    return run(
+        pg,
+        func,
+        input.nbytes,
+        comm.Reduce_scatter_block,
+        comm.Ireduce_scatter_block,
+        ([send, mpitype], [output, mpitype], how.mpi_op),
+        async_op,
+        finish,
+        [output],
+    )

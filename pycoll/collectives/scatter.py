@@ -6,7 +6,14 @@ from typing import List, Optional
 
 import numpy as np
 
-from ..arrays import check_list, check_output, check_input, check_same_dtype, check_same_shape, mpi_datatype
+from ..arrays import (
+    check_input,
+    check_list,
+    check_output,
+    check_same_dtype,
+    check_same_shape,
+    mpi_datatype,
+)
 from ..groups import ProcessGroup, resolve
 from ..work import Work
 from ._common import group_rank, run
@@ -14,8 +21,9 @@ from ._common import group_rank, run
 __all__ = ["broadcast", "scatter"]
 
 
-def broadcast(tensor: np.ndarray, src: int, group: Optional[ProcessGroup] = None,
-              async_op: bool = False) -> Optional[Work]:
+def broadcast(
+    tensor: np.ndarray, src: int, group: Optional[ProcessGroup] = None, async_op: bool = False
+) -> Optional[Work]:
     """Copy ``tensor`` from rank ``src`` into ``tensor`` on every rank of the group.
 
     Args:
@@ -32,12 +40,26 @@ def broadcast(tensor: np.ndarray, src: int, group: Optional[ProcessGroup] = None
     else:
         tensor = check_output(func, "tensor", tensor)
     comm = pg.comm
-    return run(pg, func, tensor.nbytes, comm.Bcast, comm.Ibcast,
-               ([tensor, mpi_datatype(tensor.dtype)], root), async_op, None, [tensor])
+    return run(
+        pg,
+        func,
+        tensor.nbytes,
+        comm.Bcast,
+        comm.Ibcast,
+        ([tensor, mpi_datatype(tensor.dtype)], root),
+        async_op,
+        None,
+        [tensor],
+    )
 
 
-def scatter(tensor: np.ndarray, scatter_list: Optional[List[np.ndarray]] = None, src: int = 0,
-            group: Optional[ProcessGroup] = None, async_op: bool = False) -> Optional[Work]:
+def scatter(
+    tensor: np.ndarray,
+    scatter_list: Optional[List[np.ndarray]] = None,
+    src: int = 0,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Optional[Work]:
     """Send ``scatter_list[i]`` from rank ``src`` to group rank i's ``tensor``.
 
     Args:
@@ -56,18 +78,32 @@ def scatter(tensor: np.ndarray, scatter_list: Optional[List[np.ndarray]] = None,
     mpitype = mpi_datatype(tensor.dtype)
     if root == pg._rank:
         if scatter_list is None:
-            raise ValueError(f"{func}: scatter_list is required on src ({src}): pass one "
-                             f"array per rank, shaped like tensor")
-        inputs = [check_input(func, f"scatter_list[{i}]", x)
-                  for i, x in enumerate(check_list(func, "scatter_list", scatter_list, n))]
+            raise ValueError(
+                f"{func}: scatter_list is required on src ({src}): pass one "
+                f"array per rank, shaped like tensor"
+            )
+        inputs = [
+            check_input(func, f"scatter_list[{i}]", x)
+            for i, x in enumerate(check_list(func, "scatter_list", scatter_list, n))
+        ]
         check_same_dtype(func, [tensor] + inputs)
         check_same_shape(func, "scatter_list", inputs, tensor.shape, "tensor")
         send = [np.stack(inputs), mpitype]
     else:
         if scatter_list is not None:
-            raise ValueError(f"{func}: scatter_list must be None on ranks other than src "
-                             f"({src}); only src sends")
+            raise ValueError(
+                f"{func}: scatter_list must be None on ranks other than src ({src}); only src sends"
+            )
         send = None
     comm = pg.comm
-    return run(pg, func, tensor.nbytes, comm.Scatter, comm.Iscatter,
-               (send, [tensor, mpitype], root), async_op, None, [tensor])
+    return run(
+        pg,
+        func,
+        tensor.nbytes,
+        comm.Scatter,
+        comm.Iscatter,
+        (send, [tensor, mpitype], root),
+        async_op,
+        None,
+        [tensor],
+    )

@@ -37,12 +37,12 @@ def test_all_to_all_single_uneven(dtype, async_op, rank, world_size):
     recv = [rows(s, rank) for s in range(world_size)]
     x = np.concatenate([block(rank, d, dtype, send[d]) for d in range(world_size)])
     out = np.zeros((sum(recv), 2), dtype)
-    work = pycoll.all_to_all_single(out, x, output_split_sizes=recv, input_split_sizes=send,
-                                    async_op=async_op)
+    work = pycoll.all_to_all_single(
+        out, x, output_split_sizes=recv, input_split_sizes=send, async_op=async_op
+    )
     if async_op:
         work.wait()
-    assert_equal(out, np.concatenate([block(s, rank, dtype, recv[s])
-                                      for s in range(world_size)]))
+    assert_equal(out, np.concatenate([block(s, rank, dtype, recv[s]) for s in range(world_size)]))
 
 
 def test_all_to_all_single_one_split_given(rank, world_size):
@@ -71,8 +71,9 @@ def test_split_sizes_that_disagree_raise_on_every_rank(rank, world_size):
     out = np.zeros((sum(recv), 1))
     before = pycoll.group.WORLD.sequence_number()
     with pytest.raises(ValueError, match="split sizes disagree") as info:
-        pycoll.all_to_all_single(out, x, output_split_sizes=recv,
-                                 input_split_sizes=[1] * world_size)
+        pycoll.all_to_all_single(
+            out, x, output_split_sizes=recv, input_split_sizes=[1] * world_size
+        )
     if rank == 0:
         assert f"expects 2 elements from rank {world_size - 1}, which sends 1" in str(info.value)
     elif rank == world_size - 1:

@@ -29,10 +29,14 @@ def raises(error, match, call):
 def test_root_outside_the_group(unsent, world_size):
     rng = f"valid ranks are 0..{world_size - 1}"
     x = np.zeros(2)
-    raises(ValueError, f"src={world_size} is not a rank of the group; {rng}",
-           lambda: pycoll.broadcast(x, src=world_size))
-    raises(ValueError, f"dst=-1 is not a rank of the group; {rng}",
-           lambda: pycoll.reduce(x, dst=-1))
+    raises(
+        ValueError,
+        f"src={world_size} is not a rank of the group; {rng}",
+        lambda: pycoll.broadcast(x, src=world_size),
+    )
+    raises(
+        ValueError, f"dst=-1 is not a rank of the group; {rng}", lambda: pycoll.reduce(x, dst=-1)
+    )
     raises(ValueError, rng, lambda: pycoll.gather(x, None, dst=world_size + 3))
     raises(ValueError, rng, lambda: pycoll.scatter(x, None, src=world_size))
     raises(ValueError, rng, lambda: pycoll.gather_object(1, None, dst=world_size))
@@ -46,19 +50,29 @@ def test_root_outside_the_group(unsent, world_size):
 def test_send_and_recv_to_oneself(unsent, rank):
     x = np.zeros(2)
     raises(ValueError, "own rank; a rank cannot send to itself", lambda: pycoll.send(x, rank))
-    raises(ValueError, "own rank; a rank cannot receive from itself",
-           lambda: pycoll.recv(x, src=rank))
+    raises(
+        ValueError, "own rank; a rank cannot receive from itself", lambda: pycoll.recv(x, src=rank)
+    )
     raises(ValueError, "own rank", lambda: pycoll.isend(x, rank))
     raises(ValueError, "own rank", lambda: pycoll.send_object_list([1], dst=rank))
-    raises(ValueError, "own rank", lambda: pycoll.batch_isend_irecv(
-        [pycoll.P2POp(pycoll.irecv, x, rank)]))
+    raises(
+        ValueError,
+        "own rank",
+        lambda: pycoll.batch_isend_irecv([pycoll.P2POp(pycoll.irecv, x, rank)]),
+    )
 
 
 def test_bad_tags(unsent, world_size):
-    raises(ValueError, "tag must be an int in 0..32766, got -1",
-           lambda: pycoll.recv(np.zeros(1), src=None, tag=-1))
-    raises(ValueError, "tag must be an int in 0..32766, got 32767",
-           lambda: pycoll.irecv(np.zeros(1), src=None, tag=32767))
+    raises(
+        ValueError,
+        "tag must be an int in 0..32766, got -1",
+        lambda: pycoll.recv(np.zeros(1), src=None, tag=-1),
+    )
+    raises(
+        ValueError,
+        "tag must be an int in 0..32766, got 32767",
+        lambda: pycoll.irecv(np.zeros(1), src=None, tag=32767),
+    )
 
 
 def test_lists_whose_length_is_not_the_group_size(unsent, world_size, rank):
@@ -76,47 +90,91 @@ def test_lists_whose_length_is_not_the_group_size(unsent, world_size, rank):
     raises(ValueError, msg, lambda: pycoll.all_gather_object([None] * (n + 1), 1))
     raises(ValueError, msg, lambda: pycoll.gather_object(1, [None] * (n + 1), dst=rank))
     raises(ValueError, msg, lambda: pycoll.scatter_object_list([None], [1] * (n + 1), src=rank))
-    raises(ValueError, msg, lambda: pycoll.all_to_all_single(np.zeros(n), np.zeros(n),
-                                                             [1] * (n + 1), [1] * n))
+    raises(
+        ValueError,
+        msg,
+        lambda: pycoll.all_to_all_single(np.zeros(n), np.zeros(n), [1] * (n + 1), [1] * n),
+    )
     raises(TypeError, "tensor_list must be a list", lambda: pycoll.all_gather(np.zeros(n), x))
 
 
 def test_outputs_that_cannot_hold_the_result(unsent, world_size, rank):
     n = world_size
-    raises(ValueError, f"output_tensor holds {2 * n + 1} elements but must hold {2 * n}",
-           lambda: pycoll.all_gather_into_tensor(np.zeros(2 * n + 1), np.zeros(2)))
-    raises(ValueError, f"input holds {3 * n} elements but must hold {2 * n}",
-           lambda: pycoll.reduce_scatter_tensor(np.zeros(2), np.zeros(3 * n)))
-    raises(ValueError, "output holds",
-           lambda: pycoll.all_to_all_single(np.zeros(2 * n + 1), np.zeros(2 * n)))
-    raises(ValueError, r"tensor_list\[0\] has shape \(3,\) but must have the shape of tensor",
-           lambda: pycoll.all_gather([np.zeros(3)] * n, np.zeros(2)))
-    raises(ValueError, r"gather_list\[0\] has shape",
-           lambda: pycoll.gather(np.zeros(2), [np.zeros(1)] * n, dst=rank))
-    raises(ValueError, r"input_list\[0\] has shape",
-           lambda: pycoll.reduce_scatter(np.zeros(2), [np.zeros(4)] * n))
+    raises(
+        ValueError,
+        f"output_tensor holds {2 * n + 1} elements but must hold {2 * n}",
+        lambda: pycoll.all_gather_into_tensor(np.zeros(2 * n + 1), np.zeros(2)),
+    )
+    raises(
+        ValueError,
+        f"input holds {3 * n} elements but must hold {2 * n}",
+        lambda: pycoll.reduce_scatter_tensor(np.zeros(2), np.zeros(3 * n)),
+    )
+    raises(
+        ValueError,
+        "output holds",
+        lambda: pycoll.all_to_all_single(np.zeros(2 * n + 1), np.zeros(2 * n)),
+    )
+    raises(
+        ValueError,
+        r"tensor_list\[0\] has shape \(3,\) but must have the shape of tensor",
+        lambda: pycoll.all_gather([np.zeros(3)] * n, np.zeros(2)),
+    )
+    raises(
+        ValueError,
+        r"gather_list\[0\] has shape",
+        lambda: pycoll.gather(np.zeros(2), [np.zeros(1)] * n, dst=rank),
+    )
+    raises(
+        ValueError,
+        r"input_list\[0\] has shape",
+        lambda: pycoll.reduce_scatter(np.zeros(2), [np.zeros(4)] * n),
+    )
     if n > 1:  # every size divides among one rank
-        raises(ValueError, "which do not divide evenly among",
-               lambda: pycoll.all_to_all_single(np.zeros(n * 2 + 1), np.zeros(n * 2 + 1)))
-    raises(ValueError, "sums to",
-           lambda: pycoll.all_to_all_single(np.zeros(n), np.zeros(n), [1] * n, [2] * n))
-    raises(ValueError, "dimensions after the first must match",
-           lambda: pycoll.all_to_all_single(np.zeros((n, 2)), np.zeros((n, 3)), [1] * n,
-                                            [1] * n))
-    raises(ValueError, r"output_tensor_lists\[0\]\[0\] has shape",
-           lambda: pycoll.all_gather_coalesced([[np.zeros(3)]] * n, [np.zeros(2)]))
+        raises(
+            ValueError,
+            "which do not divide evenly among",
+            lambda: pycoll.all_to_all_single(np.zeros(n * 2 + 1), np.zeros(n * 2 + 1)),
+        )
+    raises(
+        ValueError,
+        "sums to",
+        lambda: pycoll.all_to_all_single(np.zeros(n), np.zeros(n), [1] * n, [2] * n),
+    )
+    raises(
+        ValueError,
+        "dimensions after the first must match",
+        lambda: pycoll.all_to_all_single(np.zeros((n, 2)), np.zeros((n, 3)), [1] * n, [1] * n),
+    )
+    raises(
+        ValueError,
+        r"output_tensor_lists\[0\]\[0\] has shape",
+        lambda: pycoll.all_gather_coalesced([[np.zeros(3)]] * n, [np.zeros(2)]),
+    )
 
 
 def test_non_contiguous_outputs(unsent, world_size, rank):
     strided = np.zeros(8)[::2]
     msg = "is not C-contiguous, so MPI cannot write the result into it"
     raises(ValueError, msg, lambda: pycoll.all_reduce(strided))
-    raises(ValueError, msg, lambda: pycoll.broadcast(strided, src=(rank + 1) % world_size)
-           if world_size > 1 else pycoll.recv(strided, src=None))
+    raises(
+        ValueError,
+        msg,
+        lambda: (
+            pycoll.broadcast(strided, src=(rank + 1) % world_size)
+            if world_size > 1
+            else pycoll.recv(strided, src=None)
+        ),
+    )
     raises(ValueError, msg, lambda: pycoll.all_gather([strided] * world_size, np.zeros(4)))
     raises(ValueError, msg, lambda: pycoll.reduce_scatter_tensor(strided, np.zeros(4 * world_size)))
-    raises(ValueError, msg, lambda: pycoll.scatter(strided, None if world_size > 1 else
-                                                   [np.zeros(4)], src=(rank + 1) % world_size))
+    raises(
+        ValueError,
+        msg,
+        lambda: pycoll.scatter(
+            strided, None if world_size > 1 else [np.zeros(4)], src=(rank + 1) % world_size
+        ),
+    )
     raises(ValueError, msg, lambda: pycoll.all_reduce(np.zeros((4, 4)).T))
 
 
@@ -135,9 +193,13 @@ def test_read_only_outputs(unsent, world_size, rank):
     msg = "is read-only, so the result cannot be written into it"
     raises(ValueError, msg, lambda: pycoll.all_reduce(ro))
     raises(ValueError, msg, lambda: pycoll.reduce(ro, dst=rank))
-    raises(ValueError, msg, lambda: pycoll.all_gather_into_tensor(ro, np.zeros(4 // world_size)
-                                                                  if 4 % world_size == 0
-                                                                  else np.zeros(1)))
+    raises(
+        ValueError,
+        msg,
+        lambda: pycoll.all_gather_into_tensor(
+            ro, np.zeros(4 // world_size) if 4 % world_size == 0 else np.zeros(1)
+        ),
+    )
     raises(ValueError, msg, lambda: pycoll.all_to_all_single(ro, np.zeros(4)))
     raises(ValueError, msg, lambda: pycoll.all_reduce_coalesced([np.zeros(1), ro]))
 
@@ -164,10 +226,14 @@ def test_tensors_with_different_dtypes(unsent, world_size, rank):
     raises(ValueError, msg, lambda: pycoll.gather(tensor_h, tensor_list, dst=rank))
     raises(ValueError, msg, lambda: pycoll.gather(tensor, tensor_list_h, dst=rank))
     raises(ValueError, msg, lambda: pycoll.scatter(tensor_h, tensor_list, src=rank))
-    raises(ValueError, msg, lambda: pycoll.all_gather_into_tensor(np.zeros(4 * n, np.float16),
-                                                                  tensor))
-    raises(ValueError, msg, lambda: pycoll.reduce_scatter_tensor(np.zeros(4, np.float16),
-                                                                 np.zeros(4 * n, np.float32)))
+    raises(
+        ValueError, msg, lambda: pycoll.all_gather_into_tensor(np.zeros(4 * n, np.float16), tensor)
+    )
+    raises(
+        ValueError,
+        msg,
+        lambda: pycoll.reduce_scatter_tensor(np.zeros(4, np.float16), np.zeros(4 * n, np.float32)),
+    )
 
 
 def test_objects_that_are_not_arrays(unsent, world_size, rank):
@@ -178,28 +244,52 @@ def test_objects_that_are_not_arrays(unsent, world_size, rank):
     raises(TypeError, "got float", lambda: pycoll.reduce(3.0, dst=rank))
     raises(TypeError, "got int", lambda: pycoll.all_reduce_coalesced([np.zeros(1), 3]))
     raises(TypeError, "got str", lambda: pycoll.irecv("abc"))
-    raises(TypeError, "object_list must be a list",
-           lambda: pycoll.all_gather_object((None,) * world_size, 1))
+    raises(
+        TypeError,
+        "object_list must be a list",
+        lambda: pycoll.all_gather_object((None,) * world_size, 1),
+    )
 
 
 def test_unsupported_dtypes(unsent):
-    raises(ValueError, "dtype object, which pycoll cannot send",
-           lambda: pycoll.all_reduce(np.array([1, "a"], dtype=object)))
-    raises(ValueError, "dtype <U1, which pycoll cannot send",
-           lambda: pycoll.broadcast(np.array(["a"]), src=0))
+    raises(
+        ValueError,
+        "dtype object, which pycoll cannot send",
+        lambda: pycoll.all_reduce(np.array([1, "a"], dtype=object)),
+    )
+    raises(
+        ValueError,
+        "dtype <U1, which pycoll cannot send",
+        lambda: pycoll.broadcast(np.array(["a"]), src=0),
+    )
 
 
 def test_root_only_arguments(unsent, world_size, rank):
     if world_size == 1:
         pytest.skip("needs a rank that is not the root")
     other = (rank + 1) % world_size
-    raises(ValueError, "gather_list must be None on ranks other than dst",
-           lambda: pycoll.gather(np.zeros(1), [np.zeros(1)] * world_size, dst=other))
-    raises(ValueError, "gather_list is required on dst",
-           lambda: pycoll.gather(np.zeros(1), None, dst=rank))
-    raises(ValueError, "scatter_list must be None on ranks other than src",
-           lambda: pycoll.scatter(np.zeros(1), [np.zeros(1)] * world_size, src=other))
-    raises(ValueError, "scatter_list is required on src",
-           lambda: pycoll.scatter(np.zeros(1), None, src=rank))
-    raises(ValueError, "object_gather_list must be None on ranks other than dst",
-           lambda: pycoll.gather_object(1, [None] * world_size, dst=other))
+    raises(
+        ValueError,
+        "gather_list must be None on ranks other than dst",
+        lambda: pycoll.gather(np.zeros(1), [np.zeros(1)] * world_size, dst=other),
+    )
+    raises(
+        ValueError,
+        "gather_list is required on dst",
+        lambda: pycoll.gather(np.zeros(1), None, dst=rank),
+    )
+    raises(
+        ValueError,
+        "scatter_list must be None on ranks other than src",
+        lambda: pycoll.scatter(np.zeros(1), [np.zeros(1)] * world_size, src=other),
+    )
+    raises(
+        ValueError,
+        "scatter_list is required on src",
+        lambda: pycoll.scatter(np.zeros(1), None, src=rank),
+    )
+    raises(
+        ValueError,
+        "object_gather_list must be None on ranks other than dst",
+        lambda: pycoll.gather_object(1, [None] * world_size, dst=other),
+    )

@@ -35,14 +35,14 @@ def test_all_gather_into_tensor(dtype, async_op, rank, world_size):
     settle(pycoll.all_gather_into_tensor(concat, x, async_op=async_op), async_op)
     for r in range(world_size):
         assert_equal(stacked[r], data(r, dtype, (4,)))
-        assert_equal(concat[4 * r:4 * r + 4], data(r, dtype, (4,)))
+        assert_equal(concat[4 * r : 4 * r + 4], data(r, dtype, (4,)))
 
 
 def test_all_gather_into_tensor_in_place(rank, world_size):
     """torch's in-place idiom: the input is this rank's slot of the output."""
     out = np.zeros(world_size * 3, np.int64)
-    out[3 * rank:3 * rank + 3] = data(rank, np.dtype(np.int64), (3,))
-    pycoll.all_gather_into_tensor(out, out[3 * rank:3 * rank + 3])
+    out[3 * rank : 3 * rank + 3] = data(rank, np.dtype(np.int64), (3,))
+    pycoll.all_gather_into_tensor(out, out[3 * rank : 3 * rank + 3])
     expected = np.concatenate([data(r, np.dtype(np.int64), (3,)) for r in range(world_size)])
     assert_equal(out, expected)
 
@@ -51,9 +51,9 @@ def test_all_gather_into_tensor_overlapping_input(rank, world_size):
     """An input that overlaps the output elsewhere than its own slot is copied first."""
     out = np.zeros(world_size * 3 + 1, np.int64)
     out[1:4] = [rank, rank + 1, rank + 2]
-    pycoll.all_gather_into_tensor(out[:world_size * 3], out[1:4])
+    pycoll.all_gather_into_tensor(out[: world_size * 3], out[1:4])
     expected = np.concatenate([[r, r + 1, r + 2] for r in range(world_size)])
-    assert_equal(out[:world_size * 3], expected.astype(np.int64))
+    assert_equal(out[: world_size * 3], expected.astype(np.int64))
 
 
 @ASYNC

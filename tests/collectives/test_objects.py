@@ -13,18 +13,25 @@ class Foo:
         self.x = x
 
     def __eq__(self, other):
+        def same(a, b):
+            return np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
+
         return type(other) is Foo and all(
-            np.array_equal(v, other.__dict__[k]) if isinstance(v, np.ndarray) else v == other.__dict__[k]
-            for k, v in self.__dict__.items())
+            same(v, other.__dict__[k]) for k, v in self.__dict__.items()
+        )
 
 
 def objects(rank):
     """Objects like torch's COLLECTIVES_OBJECT_TEST_LIST, different on every rank."""
     f = Foo(10 + rank)
     f.bar = rank
-    return [{"key1": 3, "key2": rank, "key3": {"nested": True}}, f,
-            Foo(np.arange(9.0).reshape(3, 3) * rank), "foo" * (rank + 1),
-            [1, 2, True, "string", [4, 5, "nested", rank]]]
+    return [
+        {"key1": 3, "key2": rank, "key3": {"nested": True}},
+        f,
+        Foo(np.arange(9.0).reshape(3, 3) * rank),
+        "foo" * (rank + 1),
+        [1, 2, True, "string", [4, 5, "nested", rank]],
+    ]
 
 
 def test_all_gather_object(rank, world_size):
@@ -170,8 +177,9 @@ def test_every_function_takes_the_large_path(monkeypatch, rank, world_size):
     pycoll.broadcast_object_list(lst, src=0)
     assert lst == [sized(30)]
     out = [None]
-    pycoll.scatter_object_list(out, [sized(r + 40) for r in range(world_size)]
-                               if rank == 0 else None, src=0)
+    pycoll.scatter_object_list(
+        out, [sized(r + 40) for r in range(world_size)] if rank == 0 else None, src=0
+    )
     assert out == [sized(rank + 40)]
     if world_size > 1:
         right, left = (rank + 1) % world_size, (rank - 1) % world_size

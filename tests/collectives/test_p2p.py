@@ -63,8 +63,10 @@ def test_tags_keep_messages_apart(rank, peers):
 def test_batch_isend_irecv_ring(rank, peers):
     right, left = peers
     out = np.zeros(4, np.float32)
-    ops = [pycoll.P2POp(pycoll.isend, np.full(4, rank, np.float32), right),
-           pycoll.P2POp(pycoll.irecv, out, left)]
+    ops = [
+        pycoll.P2POp(pycoll.isend, np.full(4, rank, np.float32), right),
+        pycoll.P2POp(pycoll.irecv, out, left),
+    ]
     works = pycoll.batch_isend_irecv(ops)
     assert len(works) == 2
     for w in works:
@@ -83,8 +85,10 @@ def test_p2p_does_not_count_in_the_sequence_number(pg, rank, peers):
 
 def test_batch_checks_every_op_before_sending(rank, peers):
     right, left = peers
-    ops = [pycoll.P2POp(pycoll.isend, np.zeros(2), right),
-           pycoll.P2POp(pycoll.irecv, np.zeros(4)[::2], left)]
+    ops = [
+        pycoll.P2POp(pycoll.isend, np.zeros(2), right),
+        pycoll.P2POp(pycoll.irecv, np.zeros(4)[::2], left),
+    ]
     with pytest.raises(ValueError, match="not C-contiguous"):
         pycoll.batch_isend_irecv(ops)
     # Nothing was sent: a receive now would find no message; check with a

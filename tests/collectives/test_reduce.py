@@ -6,7 +6,7 @@ import pytest
 
 import pycoll
 from pycoll import ReduceOp, make_premul_sum
-from support import (ALL_DTYPES, PREMUL_SCALE, assert_equal, data, reduce_all, valid_pairs)
+from support import ALL_DTYPES, PREMUL_SCALE, assert_equal, data, reduce_all, valid_pairs
 
 PAIRS = valid_pairs()
 
@@ -29,8 +29,7 @@ def finish(work, async_op):
 def test_all_reduce(op, dtype, async_op, rank, world_size):
     x = data(rank, dtype, (2, 3))
     finish(pycoll.all_reduce(x, op=rop(op), async_op=async_op), async_op)
-    assert_equal(x, reduce_all(op, [data(r, dtype, (2, 3)) for r in range(world_size)],
-                               world_size))
+    assert_equal(x, reduce_all(op, [data(r, dtype, (2, 3)) for r in range(world_size)], world_size))
 
 
 @pytest.mark.parametrize("op,dtype", PAIRS, ids=str)
@@ -40,8 +39,7 @@ def test_reduce_to_every_root(op, dtype, rank, world_size):
         original = x.copy()
         pycoll.reduce(x, dst=dst, op=rop(op))
         if rank == dst:
-            assert_equal(x, reduce_all(op, [data(r, dtype) for r in range(world_size)],
-                                       world_size))
+            assert_equal(x, reduce_all(op, [data(r, dtype) for r in range(world_size)], world_size))
         else:
             assert_equal(x, original)  # non-root inputs are left as they were
 
@@ -51,8 +49,7 @@ def test_reduce_async(op, dtype, rank, world_size):
     x = data(rank, dtype)
     finish(pycoll.reduce(x, dst=0, op=rop(op), async_op=True), True)
     if rank == 0:
-        assert_equal(x, reduce_all(op, [data(r, dtype) for r in range(world_size)],
-                                   world_size))
+        assert_equal(x, reduce_all(op, [data(r, dtype) for r in range(world_size)], world_size))
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
@@ -72,9 +69,10 @@ def test_reduce_scatter_tensor(op, dtype, async_op, rank, world_size):
     original = x.copy()
     out = np.zeros((2, 2), dtype)
     finish(pycoll.reduce_scatter_tensor(out, x, op=rop(op), async_op=async_op), async_op)
-    total = reduce_all(op, [data(r, dtype, (world_size * 2, 2)) for r in range(world_size)],
-                       world_size)
-    assert_equal(out, total[2 * rank:2 * rank + 2])
+    total = reduce_all(
+        op, [data(r, dtype, (world_size * 2, 2)) for r in range(world_size)], world_size
+    )
+    assert_equal(out, total[2 * rank : 2 * rank + 2])
     assert_equal(x, original)  # the input is not modified, even for PREMUL_SUM
 
 
@@ -85,17 +83,21 @@ def test_all_reduce_coalesced(op, dtype, async_op, rank, world_size):
     xs = [data(rank, dtype, s, salt=i) for i, s in enumerate(shapes)]
     finish(pycoll.all_reduce_coalesced(xs, op=rop(op), async_op=async_op), async_op)
     for i, (x, s) in enumerate(zip(xs, shapes)):
-        assert_equal(x, reduce_all(op, [data(r, dtype, s, salt=i) for r in range(world_size)],
-                                   world_size))
+        assert_equal(
+            x, reduce_all(op, [data(r, dtype, s, salt=i) for r in range(world_size)], world_size)
+        )
 
 
 def test_reduce_scatter_tensor_in_place(rank, world_size):
     """torch's in-place idiom: the output is this rank's slice of the input."""
     x = data(rank, np.dtype(np.float32), (world_size * 4,))
-    pycoll.reduce_scatter_tensor(x[rank * 4:(rank + 1) * 4], x)
-    total = reduce_all("SUM", [data(r, np.dtype(np.float32), (world_size * 4,))
-                               for r in range(world_size)], world_size)
-    assert_equal(x[rank * 4:(rank + 1) * 4], total[rank * 4:(rank + 1) * 4])
+    pycoll.reduce_scatter_tensor(x[rank * 4 : (rank + 1) * 4], x)
+    total = reduce_all(
+        "SUM",
+        [data(r, np.dtype(np.float32), (world_size * 4,)) for r in range(world_size)],
+        world_size,
+    )
+    assert_equal(x[rank * 4 : (rank + 1) * 4], total[rank * 4 : (rank + 1) * 4])
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
@@ -123,15 +125,16 @@ def test_reduce_scatter_tensor_64_mib(rank, world_size):
     x = np.arange(n, dtype=np.float32) % 1024
     part = n // world_size
     out = np.empty(part, np.float32)
-    pycoll.reduce_scatter_tensor(out, x[:part * world_size])
-    np.testing.assert_array_equal(out, world_size * (np.arange(rank * part, (rank + 1) * part,
-                                                               dtype=np.float32) % 1024))
+    pycoll.reduce_scatter_tensor(out, x[: part * world_size])
+    np.testing.assert_array_equal(
+        out, world_size * (np.arange(rank * part, (rank + 1) * part, dtype=np.float32) % 1024)
+    )
 
 
 def test_avg_float16_rounds_like_numpy(rank, world_size):
     """AVG in float16: an exact sum, then one correctly rounded division (so
     the result is numpy's float16 division of the exact sum)."""
-    base = np.array([1.0, 2.0 ** -10, 3.0, 2048.0], np.float16)  # sums stay exact
+    base = np.array([1.0, 2.0**-10, 3.0, 2048.0], np.float16)  # sums stay exact
     x = base * np.float16(rank + 1)
     pycoll.all_reduce(x, op=ReduceOp.AVG)
     exact_sum = base * np.float16(world_size * (world_size + 1) // 2)
