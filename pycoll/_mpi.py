@@ -12,15 +12,17 @@ import importlib.util
 from typing import Any
 
 MPI: Any = None
+IN_PLACE: Any = None  # MPI.IN_PLACE, kept here for the collectives' hot paths
 
 
 def load() -> Any:
     """Import mpi4py.MPI (initializing MPI) and return the module."""
-    global MPI
+    global MPI, IN_PLACE
     if MPI is None:
         from mpi4py import MPI as _MPI
 
         MPI = _MPI
+        IN_PLACE = _MPI.IN_PLACE
     return MPI
 
 

@@ -2,8 +2,8 @@
 
 Run under MPI, e.g. ``mpiexec -n 4 pycoll-bench`` or ``scripts/bench``. For
 each operation and size it checks one result, then times alternating blocks
-of pycoll calls and of the equivalent raw mpi4py calls on the same buffers
-(so drift in the machine's speed hits both alike). A block's time is the
+of pycoll calls and of the equivalent raw mpi4py calls on the same buffers,
+in A-B, B-A order (so drift in the machine's speed hits both alike). A block's time is the
 slowest rank's; the figure reported is the median block, per call.
 
 Bandwidths follow nccl-tests: algbw = bytes / time, busbw = algbw x factor,
@@ -44,12 +44,14 @@ def _sizes(lo: int, hi: int, factor: int) -> List[int]:
 
 
 def _iterations(nbytes: int) -> int:
-    """More calls for small messages, fewer for large (about 0.1-1 s a size)."""
+    """More calls for small messages, fewer for large (OSU-like counts)."""
     if nbytes <= 8 << 10:
         return 1000
     if nbytes <= 1 << 20:
         return 100
-    return 20
+    if nbytes <= 16 << 20:
+        return 20
+    return 5
 
 
 def _setup(op: str, count: int, comm: Any, MPI: Any) -> Dict[str, Any]:
@@ -132,9 +134,14 @@ def measure(
         bufs["pycoll"]()
         bufs["mpi"]()
     ours, theirs = [], []
-    for _ in range(blocks):
-        ours.append(_block(bufs["pycoll"], iters, comm, MPI))
-        theirs.append(_block(bufs["mpi"], iters, comm, MPI))
+    for i in range(blocks):
+        # A-B then B-A: whichever side runs first in a pair gets no lasting edge.
+        if i % 2 == 0:
+            ours.append(_block(bufs["pycoll"], iters, comm, MPI))
+            theirs.append(_block(bufs["mpi"], iters, comm, MPI))
+        else:
+            theirs.append(_block(bufs["mpi"], iters, comm, MPI))
+            ours.append(_block(bufs["pycoll"], iters, comm, MPI))
     t_ours, t_mpi = statistics.median(ours), statistics.median(theirs)
     algbw = bufs["nbytes"] / t_ours / 1e9
     return dict(
@@ -186,9 +193,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--iters",
         type=int,
         default=None,
-        help="calls per timed block (default: 1000 up to 8 KiB, 100 up to 1 MiB, 20 above)",
+        help="calls per timed block (default: 1000 up to 8 KiB, 100 up to 1 MiB, 20 up to "
+        "16 MiB, 5 above)",
     )
-    parser.add_argument("--blocks", type=int, default=7, help="timed blocks per size")
+    parser.add_argument(
+        "--blocks", type=int, default=12, help="timed blocks per size, for each side"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     if args.factor < 2:

@@ -147,12 +147,14 @@ class Plan(NamedTuple):
         prescale: multiply each input by this before reducing (PREMUL_SUM).
         average: divide the result by the group size (AVG).
         datatype: the MPI datatype of one element.
+        plain: MPI does everything (no pre-scaling, no averaging).
     """
 
     mpi_op: Any
     prescale: Optional[Union[float, complex]]
     average: bool
     datatype: Any
+    plain: bool
 
 
 # MPI's op for each (op, dtype kind); a missing entry means the pair has no
@@ -257,7 +259,8 @@ def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
             f"{func}: a complex PREMUL_SUM scale ({scale}) cannot scale "
             f"dtype {dtype}; use a real scale or complex arrays"
         )
-    result = Plan(mpi_op, scale, name == "AVG", mpi_datatype(dtype))
+    average = name == "AVG"
+    result = Plan(mpi_op, scale, average, mpi_datatype(dtype), scale is None and not average)
     if scale is None:  # a PREMUL_SUM scale often changes every step: do not cache it
         op._plans[dtype] = result
     return result

@@ -12,9 +12,12 @@ ensure_venv() {
     if [ -f "$dir/.pycoll-installed" ] && [ "$(cat "$dir/.pycoll-installed")" = "$stamp" ]; then
         return 0
     fi
-    echo "== setting up $1 with pycoll[$extras]"
+    echo "== setting up $1 with pycoll[$extras] (log: $1/install.log)"
     [ -x "$dir/bin/python" ] || "$PYTHON" -m venv "$dir" || return 1
-    "$dir/bin/python" -m pip install --quiet --upgrade pip || return 1
-    "$dir/bin/python" -m pip install --quiet -e "$ROOT[$extras]" || return 1
+    if ! { "$dir/bin/python" -m pip install --upgrade pip &&
+           "$dir/bin/python" -m pip install -e "$ROOT[$extras]"; } > "$dir/install.log" 2>&1; then
+        tail -n 40 "$dir/install.log"
+        return 1
+    fi
     echo "$stamp" > "$dir/.pycoll-installed"
 }

@@ -7,7 +7,7 @@ for the dtype (MPI op, pre-scaling, averaging) comes from pycoll.ops.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import List, Optional
 
 import numpy as np
 
@@ -87,39 +87,34 @@ def all_reduce(
     # The common case (a plain writeable contiguous array, a cached plan, a
     # synchronous call, debug off) is checked inline and goes straight to
     # MPI: this is the call training loops make thousands of times a step.
-    if type(tensor) is not np.ndarray or not _writeable_contiguous(tensor.flags):
+    if type(tensor) is not np.ndarray or not ((f := tensor.flags).c_contiguous and f.writeable):
         tensor = check_output("all_reduce", "tensor", tensor)
     try:
         how = op._plans[tensor.dtype]
     except (AttributeError, KeyError):
         how = plan(op, tensor.dtype, "all_reduce")
-    comm = pg.comm
-    args = (_mpi.MPI.IN_PLACE, [tensor, how.datatype], how.mpi_op)
-    if how.prescale is None and not how.average and not async_op and not debug.LEVEL:
+    if how.plain and not async_op and not debug.LEVEL:
         pg._seq += 1
         try:
-            comm.Allreduce(*args)
+            pg.comm.Allreduce(_mpi.IN_PLACE, [tensor, how.datatype], how.mpi_op)
         except _mpi.MPI.Exception as exc:
             raise backend_error("all_reduce", pg._seq, exc) from None
         return None
     if how.prescale is not None:
         np.multiply(tensor, how.prescale, out=tensor, casting="unsafe")
     finish = _averager(tensor, pg._size) if how.average else None
+    comm = pg.comm
     return run(
         pg,
         "all_reduce",
         tensor.nbytes,
         comm.Allreduce,
         comm.Iallreduce,
-        args,
+        (_mpi.IN_PLACE, [tensor, how.datatype], how.mpi_op),
         async_op,
         finish,
         [tensor],
     )
-
-
-def _writeable_contiguous(flags: Any) -> bool:
-    return flags.c_contiguous and flags.writeable
 
 
 def all_reduce_coalesced(
