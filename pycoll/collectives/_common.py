@@ -59,15 +59,10 @@ def run(
     return None
 
 
-def done(
-    pg: ProcessGroup, op: str, seq: int, nbytes: int, t0: float, async_op: bool, result: Any = None
-) -> Optional[Work]:
+def done(pg: ProcessGroup, op: str, seq: int, nbytes: int, t0: float) -> None:
     """Close an operation made of several blocking MPI calls (object collectives)."""
     if debug.LEVEL:
         debug.log_collective(op, pg.group_name, seq, nbytes, time.perf_counter() - t0)
-    if async_op:
-        return Work(op, seq, [], None, result, pg.group_name, nbytes)
-    return None
 
 
 def group_rank(pg: ProcessGroup, rank: Any, name: str, func: str) -> int:

@@ -142,7 +142,7 @@ def all_gather_object(
             buf = payload if i == pg._rank else np.empty(size, np.uint8)
             _transfer(pg.comm.Bcast, buf, size, i)
             object_list[i] = _unpack(buf, size)
-    done(pg, func, seq, total, t0, False)
+    done(pg, func, seq, total, t0)
 
 
 def _check_slots(func: str, name: str, x: Any, n: Optional[int]) -> None:
@@ -192,7 +192,7 @@ def gather_object(
             comm.Gatherv([payload, MPI.BYTE], None, root)
         else:
             _transfer(comm.Send, payload, payload.size, root, RESERVED_TAG)
-        done(pg, func, seq, total, t0, False)
+        done(pg, func, seq, total, t0)
         return None
     slots = cast(List[Any], object_gather_list)  # checked above, on dst
     if total <= _INT_MAX:
@@ -208,7 +208,7 @@ def gather_object(
             if i != root:
                 _transfer(comm.Recv, buf, size, i, RESERVED_TAG)
             slots[i] = _unpack(buf, size)
-    done(pg, func, seq, total, t0, False)
+    done(pg, func, seq, total, t0)
 
 
 def broadcast_object_list(
@@ -248,7 +248,7 @@ def broadcast_object_list(
                 f"rank but {len(objs)} on src ({src}); make them the same length"
             )
         object_list[:] = objs
-    done(pg, func, seq, nbytes, t0, False)
+    done(pg, func, seq, nbytes, t0)
 
 
 def scatter_object_list(
@@ -315,7 +315,7 @@ def scatter_object_list(
         buf = np.empty(mine, np.uint8)
         _transfer(comm.Recv, buf, mine, root, RESERVED_TAG)
     out[0] = _unpack(buf, mine)
-    done(pg, func, seq, total, t0, False)
+    done(pg, func, seq, total, t0)
 
 
 def send_object_list(
