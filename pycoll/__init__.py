@@ -49,6 +49,7 @@ from .groups import (
     is_mpi_available,
 )
 from .ops import ReduceOp, make_premul_sum
+from .subgroups import new_group, new_subgroups, new_subgroups_by_enumeration, split_group
 from .work import Future, Work
 
 __version__ = "0.1.0"
@@ -68,6 +69,10 @@ __all__ = [
     "get_process_group_ranks",
     "ProcessGroup",
     "GroupMember",
+    "new_group",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
+    "split_group",
     "group",
     # collectives
     "all_reduce",

@@ -56,6 +56,7 @@ class ProcessGroup:
         "timeout",
         "_seq",
         "_destroyed",
+        "_children",
     )
 
     def __init__(
@@ -72,6 +73,7 @@ class ProcessGroup:
         self.timeout = timeout
         self._seq = 0
         self._destroyed = False
+        self._children = 0  # groups made from this one, for their names
 
     def rank(self) -> int:
         """This process's rank within the group."""
