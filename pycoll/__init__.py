@@ -31,7 +31,7 @@ from .collectives.reduce import (
 )
 from .collectives.scatter import broadcast, scatter
 from .debug import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
-from .errors import DistBackendError, DistError, DistTimeoutError
+from .errors import CollectiveMismatchError, DistBackendError, DistError, DistTimeoutError
 from .groups import (
     GroupMember,
     ProcessGroup,
@@ -115,4 +115,5 @@ __all__ = [
     "DistError",
     "DistBackendError",
     "DistTimeoutError",
+    "CollectiveMismatchError",
 ]

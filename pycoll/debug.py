@@ -11,6 +11,9 @@ from __future__ import annotations
 import enum
 import logging
 import os
+from typing import Any, Dict, List
+
+import numpy as np
 
 __all__ = ["DebugLevel", "get_debug_level", "set_debug_level", "set_debug_level_from_env"]
 
@@ -62,6 +65,49 @@ def set_debug_level_from_env() -> None:
             f"The value of {ENV_VAR} must be one of OFF, INFO or DETAIL (any case), got {raw!r}"
         ) from None
     set_debug_level(level)
+
+
+FINGERPRINT_BYTES = 256
+
+
+def check_fingerprint(
+    comm: Any, ranks: List[int], group_name: str, op: str, seq: int, call: str
+) -> None:
+    """At DETAIL: compare what every member is about to call; raise on all if they differ.
+
+    Each member contributes a fixed-size record, so the exchange itself always
+    matches across ranks, whatever collective each of them was about to run.
+    """
+    from . import _mpi
+    from .errors import CollectiveMismatchError
+
+    MPI = _mpi.MPI
+    text = f"{call} at seq {seq}".encode()[:FINGERPRINT_BYTES]
+    mine = np.zeros(FINGERPRINT_BYTES, np.uint8)
+    mine[: len(text)] = np.frombuffer(text, np.uint8)
+    everyone = np.empty((len(ranks), FINGERPRINT_BYTES), np.uint8)
+    comm.Allgather([mine, MPI.BYTE], [everyone, MPI.BYTE])
+    if (everyone == mine).all():
+        return
+    calls = {
+        ranks[i]: bytes(row).rstrip(b"\0").decode(errors="replace")
+        for i, row in enumerate(everyone)
+    }
+    by_call: Dict[str, List[int]] = {}
+    for rank, what in calls.items():
+        by_call.setdefault(what, []).append(rank)
+    parts = sorted(by_call.items(), key=lambda item: (len(item[1]), item[1]))
+    said = " while ".join(
+        f"{'rank' if len(who) == 1 else 'ranks'} {','.join(map(str, who))} called {what}"
+        for what, who in parts
+    )
+    raise CollectiveMismatchError(
+        f"{op}: the ranks of group {group_name!r} disagree on the collective to run: "
+        f"{said}. Nothing was exchanged.",
+        op,
+        seq,
+        calls,
+    )
 
 
 def log_collective(op: str, group_desc: str, seq: int, nbytes: int, seconds: float) -> None:

@@ -7,9 +7,9 @@ facts of the failure as attributes, so code never has to parse a message.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, Optional
 
-__all__ = ["DistError", "DistBackendError", "DistTimeoutError"]
+__all__ = ["DistError", "DistBackendError", "DistTimeoutError", "CollectiveMismatchError"]
 
 
 class DistError(RuntimeError):
@@ -46,3 +46,23 @@ class DistTimeoutError(DistError):
         self.op = op
         self.seq = seq
         self.elapsed = elapsed
+
+
+class CollectiveMismatchError(DistError):
+    """Under ``PYCOLL_DEBUG=DETAIL``, the members of a group were about to run
+    different collectives (or the same one with different arguments).
+
+    Raised on every member before any data is exchanged.
+
+    Attributes:
+        op: this rank's operation.
+        seq: the sequence number the operation would have had.
+        calls: global rank -> what that rank called, e.g.
+            ``"all_reduce(SUM, shape=(4,), float32) at seq 17"``.
+    """
+
+    def __init__(self, message: str, op: str, seq: int, calls: Dict[int, str]):
+        super().__init__(message)
+        self.op = op
+        self.seq = seq
+        self.calls = calls

@@ -104,3 +104,15 @@ def uninitialized(_session_group):
     if pycoll.is_initialized():
         pycoll.destroy_process_group()
     yield
+
+
+@pytest.fixture
+def debug_off():
+    """Pin the debug level to OFF for a test about OFF-mode behaviour (the suite
+    also runs with PYCOLL_DEBUG=DETAIL, which catches some mistakes earlier)."""
+    import pycoll
+
+    before = pycoll.get_debug_level()
+    pycoll.set_debug_level(pycoll.DebugLevel.OFF)
+    yield
+    pycoll.set_debug_level(before)

@@ -62,7 +62,7 @@ def test_sequence_numbers_of_a_new_group(pg, rank, world_size, two):
     pycoll.destroy_process_group(g)
 
 
-def test_sequence_numbers_on_a_subgroup_with_one_rank_ahead(pg, rank, world_size):
+def test_sequence_numbers_on_a_subgroup_with_one_rank_ahead(debug_off, pg, rank, world_size):
     """as torch's _test_sequence_num_incremented_subgroup, on ranks [0, 1, 2]"""
     if world_size < 3:
         pytest.skip("needs three ranks")

@@ -89,7 +89,7 @@ def test_future_wait_drives_the_work(rank, world_size):
     np.testing.assert_array_equal(x, world_size)
 
 
-def test_wait_with_timeout_and_is_completed_before_everyone_arrives(rank, world_size):
+def test_wait_with_timeout_and_is_completed_before_everyone_arrives(debug_off, rank, world_size):
     """Rank 0 starts a barrier alone: it cannot complete, and wait(timeout)
     says so. Then rank 0 tells the others (by message, no sleeping) to join,
     and the same Work completes. Every rank uses the async form: MPI never

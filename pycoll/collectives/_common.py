@@ -17,6 +17,8 @@ from ..errors import DistBackendError
 from ..groups import ProcessGroup
 from ..work import Work
 
+DETAIL = debug.DebugLevel.DETAIL
+
 # Point-to-point tags at and above this value are pycoll's own (object
 # messages); MPI guarantees tags up to 32767.
 RESERVED_TAG = 32767
@@ -57,6 +59,19 @@ def run(
     if debug.LEVEL:
         debug.log_collective(op, pg.group_name, seq, nbytes, time.perf_counter() - t0)
     return None
+
+
+def sig(x: Any) -> str:
+    """An array's part of a DETAIL fingerprint."""
+    return f"shape={x.shape}, {x.dtype}"
+
+
+def detail(pg: ProcessGroup, op: str, call: str, async_op: bool = False) -> None:
+    """At ``PYCOLL_DEBUG=DETAIL``, check that every member is about to make the
+    same call (``call`` names the arguments that must agree) before it is made."""
+    if async_op:
+        call += " [async_op=True]"
+    debug.check_fingerprint(pg.comm, pg._ranks, pg.group_name, op, pg._seq + 1, call)
 
 
 def done(pg: ProcessGroup, op: str, seq: int, nbytes: int, t0: float) -> None:

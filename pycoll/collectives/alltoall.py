@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from .. import _mpi
+from .. import _mpi, debug
 from ..arrays import (
     check_input,
     check_list,
@@ -26,7 +26,7 @@ from ..arrays import (
 )
 from ..groups import ProcessGroup, resolve
 from ..work import Work
-from ._common import run
+from ._common import DETAIL, detail, run, sig
 
 __all__ = ["all_to_all", "all_to_all_single"]
 
@@ -98,6 +98,8 @@ def all_to_all(
         for i, x in enumerate(check_list(func, "input_tensor_list", input_tensor_list, n))
     ]
     dtype = check_same_dtype(func, outs + ins)
+    if debug.LEVEL >= DETAIL:
+        detail(pg, func, f"{func}({n} arrays each way, {dtype})", async_op)
     scounts = [x.size for x in ins]
     rcounts = [x.size for x in outs]
     _agree(pg, func, scounts, rcounts)
@@ -198,6 +200,8 @@ def all_to_all_single(
                 f"output_split_sizes"
             )
         check_size(func, "output", output, input.size, "the size of input")
+        if debug.LEVEL >= DETAIL:
+            detail(pg, func, f"{func}(even, {sig(input)})", async_op)
         return run(
             pg,
             func,
@@ -220,6 +224,9 @@ def all_to_all_single(
     rcounts = [
         s * out_row for s in _splits(func, "output_split_sizes", output_split_sizes, output, n)
     ]
+    if debug.LEVEL >= DETAIL:  # sizes may differ by rank; _agree checks them
+        call = f"{func}(split sizes, rows of shape {input.shape[1:]}, {dtype})"
+        detail(pg, func, call, async_op)
     _agree(pg, func, scounts, rcounts)
     return run(
         pg,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from .. import debug
 from ..groups import ProcessGroup, resolve
 from ..work import Work
-from ._common import run
+from ._common import DETAIL, detail, run
 
 __all__ = ["barrier"]
 
@@ -24,5 +25,7 @@ def barrier(
     pg = resolve(group, "barrier")
     if pg is None:
         return None
+    if debug.LEVEL >= DETAIL:
+        detail(pg, "barrier", "barrier()", async_op)
     comm = pg.comm
     return run(pg, "barrier", 0, comm.Barrier, comm.Ibarrier, (), async_op)

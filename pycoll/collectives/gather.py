@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from .. import _mpi
+from .. import _mpi, debug
 from ..arrays import (
     check_input,
     check_list,
@@ -20,7 +20,7 @@ from ..arrays import (
 )
 from ..groups import ProcessGroup, resolve
 from ..work import Work
-from ._common import group_rank, run
+from ._common import DETAIL, detail, group_rank, run, sig
 
 __all__ = ["all_gather", "all_gather_into_tensor", "all_gather_coalesced", "gather"]
 
@@ -71,6 +71,8 @@ def all_gather(
     n = pg._size
     tensor = check_input(func, "tensor", tensor)
     outs = _check_outputs(func, "tensor_list", tensor_list, tensor, n)
+    if debug.LEVEL >= DETAIL:
+        detail(pg, func, f"{func}({sig(tensor)})", async_op)
     stacked = np.empty((n,) + tensor.shape, tensor.dtype)
     mpitype = mpi_datatype(tensor.dtype)
     comm = pg.comm
@@ -116,6 +118,9 @@ def all_gather_into_tensor(
         input_tensor.size * n,
         "input_tensor.size x group size",
     )
+    if debug.LEVEL >= DETAIL:
+        call = f"{func}(output shape={output_tensor.shape}, input {sig(input_tensor)})"
+        detail(pg, func, call, async_op)
     mpitype = mpi_datatype(input_tensor.dtype)
     if is_slot(input_tensor, output_tensor, pg._rank):
         send = _mpi.MPI.IN_PLACE  # the input already sits where its result goes
@@ -173,6 +178,9 @@ def all_gather_coalesced(
                     f"{out.shape} but input_tensor_list[{i}] has {x.shape}"
                 )
         outputs.append(outs)
+    if debug.LEVEL >= DETAIL:
+        call = f"{func}(inputs={[(x.shape, str(x.dtype)) for x in inputs]})"
+        detail(pg, func, call, async_op)
     # Pack as bytes so arrays of different dtypes travel in one message.
     send = np.concatenate([x.reshape(-1).view(np.uint8) for x in inputs] or [np.empty(0, np.uint8)])
     recv = np.empty((n, send.size), np.uint8)
@@ -223,12 +231,20 @@ def gather(
     tensor = check_input(func, "tensor", tensor)
     mpitype = mpi_datatype(tensor.dtype)
     comm = pg.comm
-    if root != pg._rank:
-        if gather_list is not None:
+    if root != pg._rank and gather_list is not None:
+        raise ValueError(
+            f"{func}: gather_list must be None on ranks other than dst ({dst}); only dst receives"
+        )
+    if root == pg._rank:
+        if gather_list is None:
             raise ValueError(
-                f"{func}: gather_list must be None on ranks other than dst "
-                f"({dst}); only dst receives"
+                f"{func}: gather_list is required on dst ({dst}): pass one array per rank, "
+                f"shaped like tensor"
             )
+        outs = _check_outputs(func, "gather_list", gather_list, tensor, n)
+    if debug.LEVEL >= DETAIL:
+        detail(pg, func, f"{func}(dst={dst}, {sig(tensor)})", async_op)
+    if root != pg._rank:
         return run(
             pg,
             func,
@@ -240,12 +256,6 @@ def gather(
             None,
             [],
         )
-    if gather_list is None:
-        raise ValueError(
-            f"{func}: gather_list is required on dst ({dst}): pass one array "
-            f"per rank, shaped like tensor"
-        )
-    outs = _check_outputs(func, "gather_list", gather_list, tensor, n)
     stacked = np.empty((n,) + tensor.shape, tensor.dtype)
     return run(
         pg,

@@ -19,7 +19,7 @@ import numpy as np
 from .. import _mpi, debug
 from ..arrays import check_list
 from ..groups import ProcessGroup, resolve
-from ._common import RESERVED_TAG, done, group_rank
+from ._common import DETAIL, RESERVED_TAG, detail, done, group_rank
 from .p2p import _peer, _source
 
 __all__ = [
@@ -127,6 +127,8 @@ def all_gather_object(
     _check_slots(func, "object_list", object_list, n)
     MPI = _mpi.MPI
     payload, exc = _pack(obj)
+    if debug.LEVEL >= DETAIL:
+        detail(pg, func, "all_gather_object()")
     seq, t0 = _begin(pg)
     sizes = _sizes(pg, func, payload, exc)
     total = int(sizes.sum())
@@ -184,6 +186,8 @@ def gather_object(
     MPI = _mpi.MPI
     comm = pg.comm
     payload, exc = _pack(obj)
+    if debug.LEVEL >= DETAIL:
+        detail(pg, func, f"gather_object(dst={dst})")
     seq, t0 = _begin(pg)
     sizes = _sizes(pg, func, payload, exc)
     total = int(sizes.sum())
@@ -232,6 +236,8 @@ def broadcast_object_list(
     comm = pg.comm
     is_root = root == pg._rank
     payload, exc = _pack(list(object_list)) if is_root else (np.empty(0, np.uint8), None)
+    if debug.LEVEL >= DETAIL:
+        detail(pg, func, f"broadcast_object_list(src={src}, {len(object_list)} objects)")
     seq, t0 = _begin(pg)
     size = np.array([-1 if exc is not None else payload.size], np.int64)
     comm.Bcast([size, MPI.INT64_T], root)
@@ -290,6 +296,8 @@ def scatter_object_list(
         sizes = np.array([-1 if exc else p.size for p in payloads], np.int64)
     else:
         sizes = np.empty(n, np.int64)
+    if debug.LEVEL >= DETAIL:
+        detail(pg, func, f"scatter_object_list(src={src})")
     seq, t0 = _begin(pg)
     comm.Bcast([sizes, MPI.INT64_T], root)
     if (sizes < 0).any():

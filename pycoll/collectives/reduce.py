@@ -24,7 +24,7 @@ from ..arrays import (
 from ..groups import STATE, ProcessGroup, not_initialized, resolve
 from ..ops import Plan, ReduceOp, plan
 from ..work import Work
-from ._common import backend_error, group_rank, run
+from ._common import DETAIL, backend_error, detail, group_rank, run, sig
 
 __all__ = [
     "all_reduce",
@@ -100,6 +100,8 @@ def all_reduce(
         except _mpi.MPI.Exception as exc:
             raise backend_error("all_reduce", pg._seq, exc) from None
         return None
+    if debug.LEVEL >= DETAIL:
+        detail(pg, "all_reduce", f"all_reduce({op.name}, {sig(tensor)})", async_op)
     if how.prescale is not None:
         np.multiply(tensor, how.prescale, out=tensor, casting="unsafe")
     finish = _averager(tensor, pg._size) if how.average else None
@@ -140,6 +142,9 @@ def all_reduce_coalesced(
         raise ValueError(f"{func}: tensors is empty; pass at least one array")
     dtype = check_same_dtype(func, tensors)
     how = _plan(op, dtype, func)
+    if debug.LEVEL >= DETAIL:
+        shapes = [t.shape for t in tensors]
+        detail(pg, func, f"{func}({op.name}, shapes={shapes}, {dtype})", async_op)
     flat = np.concatenate([t.reshape(-1) for t in tensors])
     if how.prescale is not None:
         np.multiply(flat, how.prescale, out=flat, casting="unsafe")
@@ -190,6 +195,8 @@ def reduce(
     check = check_output if is_root else check_input  # only dst writes
     tensor = check(func, "tensor", tensor)
     how = _plan(op, tensor.dtype, func)
+    if debug.LEVEL >= DETAIL:
+        detail(pg, func, f"{func}({op.name}, dst={dst}, {sig(tensor)})", async_op)
     mpitype = how.datatype
     comm = pg.comm
     args: tuple
@@ -231,6 +238,8 @@ def reduce_scatter(
     dtype = check_same_dtype(func, [output] + inputs)
     check_same_shape(func, "input_list", inputs, output.shape, "output")
     how = _plan(op, dtype, func)
+    if debug.LEVEL >= DETAIL:
+        detail(pg, func, f"{func}({op.name}, output {sig(output)})", async_op)
     send = np.concatenate([x.reshape(-1) for x in inputs])
     if how.prescale is not None:
         np.multiply(send, how.prescale, out=send, casting="unsafe")
@@ -275,6 +284,9 @@ def reduce_scatter_tensor(
     dtype = check_same_dtype(func, [output, input])
     check_size(func, "input", input, output.size * n, "output.size x group size")
     how = _plan(op, dtype, func)
+    if debug.LEVEL >= DETAIL:
+        call = f"{func}({op.name}, output shape={output.shape}, input {sig(input)})"
+        detail(pg, func, call, async_op)
     send = detach(input, output) if how.prescale is None else _scaled(input, how.prescale)
     mpitype = how.datatype
     comm = pg.comm

@@ -6,6 +6,7 @@ from typing import List, Optional
 
 import numpy as np
 
+from .. import debug
 from ..arrays import (
     check_input,
     check_list,
@@ -16,7 +17,7 @@ from ..arrays import (
 )
 from ..groups import ProcessGroup, resolve
 from ..work import Work
-from ._common import group_rank, run
+from ._common import DETAIL, detail, group_rank, run, sig
 
 __all__ = ["broadcast", "scatter"]
 
@@ -39,6 +40,8 @@ def broadcast(
         tensor = check_input(func, "tensor", tensor)
     else:
         tensor = check_output(func, "tensor", tensor)
+    if debug.LEVEL >= DETAIL:
+        detail(pg, func, f"{func}(src={src}, {sig(tensor)})", async_op)
     comm = pg.comm
     return run(
         pg,
@@ -95,6 +98,8 @@ def scatter(
                 f"{func}: scatter_list must be None on ranks other than src ({src}); only src sends"
             )
         send = None
+    if debug.LEVEL >= DETAIL:
+        detail(pg, func, f"{func}(src={src}, {sig(tensor)})", async_op)
     comm = pg.comm
     return run(
         pg,
