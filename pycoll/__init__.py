@@ -11,7 +11,7 @@ bfloat16 included). Importing pycoll does not start MPI;
 """
 
 from .collectives.alltoall import all_to_all, all_to_all_single
-from .collectives.barrier import barrier
+from .collectives.barrier import barrier, monitored_barrier
 from .collectives.gather import all_gather, all_gather_coalesced, all_gather_into_tensor, gather
 from .collectives.objects import (
     all_gather_object,
@@ -89,6 +89,7 @@ __all__ = [
     "all_to_all",
     "all_to_all_single",
     "barrier",
+    "monitored_barrier",
     # point to point
     "send",
     "recv",

@@ -7,7 +7,7 @@ facts of the failure as attributes, so code never has to parse a message.
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 __all__ = ["DistError", "DistBackendError", "DistTimeoutError", "CollectiveMismatchError"]
 
@@ -39,13 +39,23 @@ class DistTimeoutError(DistError):
         seq: the group's sequence number of that operation (None for
             point-to-point operations).
         elapsed: seconds waited before giving up.
+        ranks: global ranks known not to have reached the operation (empty
+            when this rank cannot know).
     """
 
-    def __init__(self, message: str, op: str = "", seq: Optional[int] = None, elapsed: float = 0.0):
+    def __init__(
+        self,
+        message: str,
+        op: str = "",
+        seq: Optional[int] = None,
+        elapsed: float = 0.0,
+        ranks: Optional[List[int]] = None,
+    ):
         super().__init__(message)
         self.op = op
         self.seq = seq
         self.elapsed = elapsed
+        self.ranks = list(ranks or [])
 
 
 class CollectiveMismatchError(DistError):

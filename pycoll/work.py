@@ -188,7 +188,7 @@ class Work:
                     if not self._done:
                         self._drive(block=True)
             else:
-                self._wait_until(_seconds(timeout))
+                self._wait_until(to_seconds(timeout))
         if self._exc is not None:
             raise self._exc
         return True
@@ -295,7 +295,7 @@ class Work:
             future.set_result(self._result)
 
 
-def _seconds(timeout: Any) -> float:
+def to_seconds(timeout: Any) -> float:
     seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
     if seconds < 0:
         raise ValueError(f"timeout must not be negative, got {timeout}")

@@ -19,9 +19,10 @@ from ..work import Work
 
 DETAIL = debug.DebugLevel.DETAIL
 
-# Point-to-point tags at and above this value are pycoll's own (object
-# messages); MPI guarantees tags up to 32767.
-RESERVED_TAG = 32767
+# Point-to-point tags from MONITOR_TAG up are pycoll's own; MPI guarantees
+# tags up to 32767. Users get 0..MONITOR_TAG-1.
+RESERVED_TAG = 32767  # object messages (send_object_list / recv_object_list)
+MONITOR_TAG = 32766  # monitored_barrier
 
 
 def backend_error(op: str, seq: Optional[int], exc: BaseException) -> DistBackendError:
@@ -101,6 +102,6 @@ def group_rank(pg: ProcessGroup, rank: Any, name: str, func: str) -> int:
 
 
 def check_tag(tag: Any, func: str) -> int:
-    if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag < RESERVED_TAG:
-        raise ValueError(f"{func}: tag must be an int in 0..{RESERVED_TAG - 1}, got {tag!r}")
+    if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag < MONITOR_TAG:
+        raise ValueError(f"{func}: tag must be an int in 0..{MONITOR_TAG - 1}, got {tag!r}")
     return tag

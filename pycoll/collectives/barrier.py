@@ -1,15 +1,20 @@
-"""barrier: wait until every rank of the group has reached it."""
+"""barrier, and monitored_barrier: a barrier that names the ranks that did not come."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import time
+from datetime import timedelta
+from typing import Any, Callable, Optional, Union
 
-from .. import debug
+import numpy as np
+
+from .. import _mpi, debug
+from ..errors import DistTimeoutError
 from ..groups import ProcessGroup, resolve
-from ..work import Work
-from ._common import DETAIL, detail, run
+from ..work import Work, to_seconds
+from ._common import DETAIL, MONITOR_TAG, detail, run
 
-__all__ = ["barrier"]
+__all__ = ["barrier", "monitored_barrier"]
 
 
 def barrier(
@@ -29,3 +34,130 @@ def barrier(
         detail(pg, "barrier", "barrier()", async_op)
     comm = pg.comm
     return run(pg, "barrier", 0, comm.Barrier, comm.Ibarrier, (), async_op)
+
+
+def monitored_barrier(
+    group: Optional[ProcessGroup] = None,
+    timeout: Optional[Union[timedelta, float]] = None,
+    wait_all_ranks: bool = False,
+) -> None:
+    """A barrier that names the ranks that did not arrive instead of hanging.
+
+    Every rank tells the group's first rank it has arrived; that rank waits at
+    most ``timeout`` for all of them, then confirms to each. It counts as one
+    collective in the group's sequence number.
+
+    Args:
+        group: the group (default: the world).
+        timeout: how long to wait (a timedelta or seconds; default: the
+            group's timeout).
+        wait_all_ranks: report every missing rank instead of the first.
+
+    Raises:
+        DistTimeoutError: on the group's first rank, naming the first rank
+            (or all ranks) that did not arrive in time, e.g. "Rank 3 failed to
+            pass monitoredBarrier in 1000 ms"; on the other ranks, when the
+            confirmation did not come in time. ``ranks`` holds the missing ranks.
+    """
+    func = "monitored_barrier"
+    pg = resolve(group, func)
+    if pg is None:
+        return None
+    seconds = to_seconds(pg.timeout if timeout is None else timeout)
+    # No DETAIL fingerprint here: exchanging it would wait for the very ranks
+    # this barrier exists to report.
+    pg._seq += 1
+    seq = pg._seq
+    if pg.size() == 1:
+        return None
+    if pg.rank() == 0:
+        _collect_arrivals(pg, seq, seconds, wait_all_ranks)
+    else:
+        _arrive(pg, seq, seconds)
+    return None
+
+
+def _poll_until(done: Callable[[], bool], seconds: float) -> bool:
+    """Call ``done()`` until it is True or ``seconds`` pass; say which."""
+    start = time.monotonic()
+    pause = 1e-6
+    while not done():
+        if time.monotonic() - start >= seconds:
+            return False
+        time.sleep(pause)  # pacing only: completion is what done() reports
+        pause = min(pause * 2, 1e-3)
+    return True
+
+
+class _Listener:
+    """A receive of int64 sequence numbers from one peer that skips stale ones
+    (left over from an earlier monitored_barrier that timed out)."""
+
+    def __init__(self, comm: Any, peer: int, seq: int) -> None:
+        self.comm, self.peer, self.seq = comm, peer, seq
+        self.buf = np.empty(1, np.int64)
+        self.req = self._post()
+
+    def _post(self) -> Any:
+        return self.comm.Irecv([self.buf, _mpi.MPI.INT64_T], self.peer, MONITOR_TAG)
+
+    def arrived(self) -> bool:
+        while self.req.Test():
+            if self.buf[0] == self.seq:
+                return True
+            self.req = self._post()  # a stale message: listen again
+        return False
+
+    def cancel(self) -> None:
+        self.req.Cancel()
+        self.req.Wait()
+
+
+def _collect_arrivals(pg: ProcessGroup, seq: int, seconds: float, wait_all: bool) -> None:
+    MPI = _mpi.MPI
+    start = time.monotonic()
+    waiting = {r: _Listener(pg.comm, r, seq) for r in range(1, pg.size())}
+
+    def all_arrived() -> bool:
+        for r in [r for r, listener in waiting.items() if listener.arrived()]:
+            del waiting[r]
+        return not waiting
+
+    if not _poll_until(all_arrived, seconds):
+        for listener in waiting.values():
+            listener.cancel()
+        missing = [pg._ranks[r] for r in sorted(waiting)]
+        named = missing if wait_all else missing[:1]
+        who = f"Rank {named[0]}" if len(named) == 1 else f"Ranks {', '.join(map(str, named))}"
+        raise DistTimeoutError(
+            f"{who} failed to pass monitoredBarrier in {round(seconds * 1000)} ms "
+            f"(group {pg.group_name!r}, seq {seq})",
+            "monitored_barrier",
+            seq,
+            time.monotonic() - start,
+            missing,
+        )
+    token = np.array([seq], np.int64)
+    sends = [pg.comm.Isend([token, MPI.INT64_T], r, MONITOR_TAG) for r in range(1, pg.size())]
+    MPI.Request.Waitall(sends)
+
+
+def _arrive(pg: ProcessGroup, seq: int, seconds: float) -> None:
+    MPI = _mpi.MPI
+    start = time.monotonic()
+    token = np.array([seq], np.int64)
+    # Small enough to be sent eagerly: it completes even if the first rank
+    # has already given up on this barrier.
+    pg.comm.Isend([token, MPI.INT64_T], 0, MONITOR_TAG).Free()
+    confirmation = _Listener(pg.comm, 0, seq)
+    if not _poll_until(confirmation.arrived, seconds):
+        confirmation.cancel()
+        raise DistTimeoutError(
+            f"monitored_barrier: rank {pg._ranks[pg.rank()]} waited "
+            f"{round(seconds * 1000)} ms for rank {pg._ranks[0]} to confirm that every "
+            f"rank of group {pg.group_name!r} arrived (seq {seq}); rank {pg._ranks[0]} "
+            f"reports which ranks did not",
+            "monitored_barrier",
+            seq,
+            time.monotonic() - start,
+        )

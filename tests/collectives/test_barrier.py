@@ -2,11 +2,13 @@
 
 import os
 import tempfile
+from datetime import timedelta
 
 import pytest
 from mpi4py import MPI
 
 import pycoll
+from pycoll import DistTimeoutError
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
@@ -31,3 +33,57 @@ def test_nobody_leaves_before_everyone_arrived(rank, world_size, async_op):
     pycoll.barrier()
     if rank == 0:
         os.rmdir(folder)
+
+
+def test_monitored_barrier_when_everyone_arrives(pg, rank, world_size):
+    before = pg.sequence_number()
+    assert pycoll.monitored_barrier(timeout=timedelta(seconds=60)) is None
+    assert pycoll.monitored_barrier(timeout=60, wait_all_ranks=True) is None
+    assert pg.sequence_number() == before + 2
+    seen = MPI.COMM_WORLD.allgather(pg.sequence_number())
+    assert len(set(seen)) == 1
+
+
+def skip_on(group, skipping, wait_all=False):
+    """Ranks not in ``skipping`` enter a monitored barrier on ``group`` that the
+    others never reach; returns the error each caller got (None if skipped)."""
+    if pycoll.get_rank() in skipping:
+        return None
+    with pytest.raises(DistTimeoutError) as info:
+        pycoll.monitored_barrier(
+            group, timeout=timedelta(milliseconds=300), wait_all_ranks=wait_all
+        )
+    return info.value
+
+
+def test_monitored_barrier_names_the_missing_rank(pg, rank, world_size):
+    if world_size == 1:
+        pytest.skip("needs a rank to be missing")
+    g = pycoll.new_group()  # a group of its own: its counts go out of step
+    last = world_size - 1
+    err = skip_on(g, {last})
+    if rank == 0:
+        assert str(err).startswith(f"Rank {last} failed to pass monitoredBarrier in 300 ms")
+        assert err.ranks == [last] and err.op == "monitored_barrier"
+        assert err.elapsed >= 0.3
+    elif rank != last:
+        assert "waited 300 ms for rank 0 to confirm" in str(err)
+        assert isinstance(err, RuntimeError)
+    pycoll.destroy_process_group(g)
+
+
+def test_monitored_barrier_names_every_missing_rank(pg, rank, world_size):
+    if world_size < 3:
+        pytest.skip("needs two ranks to be missing")
+    missing = [r for r in range(1, world_size) if r % 2 == 1]
+    for wait_all in (True, False):
+        g = pycoll.new_group()
+        err = skip_on(g, set(missing), wait_all)
+        if rank == 0:
+            assert err.ranks == missing
+            if wait_all and len(missing) > 1:
+                names = ", ".join(map(str, missing))
+                assert str(err).startswith(f"Ranks {names} failed to pass monitoredBarrier")
+            else:  # only the first is named
+                assert str(err).startswith(f"Rank {missing[0]} failed to pass monitoredBarrier")
+        pycoll.destroy_process_group(g)
