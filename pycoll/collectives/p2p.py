@@ -173,24 +173,11 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
         if pg is None:
             continue
         tag = check_tag(p.tag, func)
-        if p.op is isend:
-            planned.append(
-                (
-                    _start_send,
-                    pg,
-                    check_input(func, f"[{i}].tensor", p.tensor),
-                    _peer(pg, p.peer, "dst", func),
-                    tag,
-                )
-            )
-        else:
-            planned.append(
-                (
-                    _start_recv,
-                    pg,
-                    check_output(func, f"[{i}].tensor", p.tensor),
-                    _peer(pg, p.peer, "src", func),
-                    tag,
-                )
-            )
+        sending = p.op is isend
+        check = check_input if sending else check_output  # a receive writes its array
+        begin = _start_send if sending else _start_recv
+        tensor = check(func, f"[{i}].tensor", p.tensor)
+        planned.append(
+            (begin, pg, tensor, _peer(pg, p.peer, "dst" if sending else "src", func), tag)
+        )
     return [start(pg, tensor, peer, tag) for start, pg, tensor, peer, tag in planned]

@@ -212,6 +212,25 @@ def reduce(
     return run(pg, func, tensor.nbytes, comm.Reduce, comm.Ireduce, args, async_op, finish, [tensor])
 
 
+def _reduce_scatter_block(
+    pg: ProcessGroup, func: str, send: np.ndarray, output: np.ndarray, how: Plan, async_op: bool
+) -> Optional[Work]:
+    """Reduce ``send`` (group size x output.size elements, already scaled if
+    need be) and leave this rank's part in ``output``."""
+    comm = pg.comm
+    return run(
+        pg,
+        func,
+        send.nbytes,
+        comm.Reduce_scatter_block,
+        comm.Ireduce_scatter_block,
+        ([send, how.datatype], [output, how.datatype], how.mpi_op),
+        async_op,
+        _averager(output, pg._size) if how.average else None,
+        [output],
+    )
+
+
 def reduce_scatter(
     output: np.ndarray,
     input_list: List[np.ndarray],
@@ -243,20 +262,7 @@ def reduce_scatter(
     send = np.concatenate([x.reshape(-1) for x in inputs])
     if how.prescale is not None:
         np.multiply(send, how.prescale, out=send, casting="unsafe")
-    mpitype = how.datatype
-    comm = pg.comm
-    finish = _averager(output, n) if how.average else None
-    return run(
-        pg,
-        func,
-        send.nbytes,
-        comm.Reduce_scatter_block,
-        comm.Ireduce_scatter_block,
-        ([send, mpitype], [output, mpitype], how.mpi_op),
-        async_op,
-        finish,
-        [output],
-    )
+    return _reduce_scatter_block(pg, func, send, output, how, async_op)
 
 
 def reduce_scatter_tensor(
@@ -288,17 +294,4 @@ def reduce_scatter_tensor(
         call = f"{func}({op.name}, output shape={output.shape}, input {sig(input)})"
         detail(pg, func, call, async_op)
     send = detach(input, output) if how.prescale is None else _scaled(input, how.prescale)
-    mpitype = how.datatype
-    comm = pg.comm
-    finish = _averager(output, n) if how.average else None
-    return run(
-        pg,
-        func,
-        input.nbytes,
-        comm.Reduce_scatter_block,
-        comm.Ireduce_scatter_block,
-        ([send, mpitype], [output, mpitype], how.mpi_op),
-        async_op,
-        finish,
-        [output],
-    )
+    return _reduce_scatter_block(pg, func, send, output, how, async_op)
