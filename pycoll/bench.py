@@ -161,6 +161,67 @@ def measure(
     )
 
 
+def group_creation(count: int, comm: Any) -> Dict[str, Any]:
+    """Time making ``count`` groups of two ranks (pairs 0-1, 2-3, ...) with and
+    without ``use_local_synchronization``; collective over ``comm`` (a world-sized
+    communicator of the caller's, used only to pass the signals below).
+
+    With local synchronization the pairs go one after another: pair k starts
+    only once pair k-1 has made all of its groups. Had a local new_group
+    needed any rank outside its pair, this would never finish.
+    """
+    from mpi4py import MPI
+
+    import pycoll
+
+    world = pycoll.group.WORLD
+    rank, n = comm.Get_rank(), comm.Get_size()
+    if world is None or n % 2:
+        raise ValueError("group creation is measured on an even number of ranks")
+    pairs, mine = n // 2, rank // 2
+    members = [2 * mine, 2 * mine + 1]
+    per_pair = max(1, count // pairs)
+    seq_before = world.sequence_number()
+
+    comm.Barrier()
+    if mine > 0:  # wait until the previous pair is done
+        if rank % 2 == 0:
+            comm.recv(source=rank - 2, tag=91)
+            comm.send(None, dest=rank + 1, tag=92)
+        else:
+            comm.recv(source=rank - 1, tag=92)
+    t0 = time.perf_counter()
+    local = [pycoll.new_group(members, use_local_synchronization=True) for _ in range(per_pair)]
+    t_local = (time.perf_counter() - t0) / per_pair
+    if rank % 2 == 0 and mine < pairs - 1:
+        comm.send(None, dest=rank + 2, tag=91)
+    world_untouched = world.sequence_number() == seq_before
+    for g in local:
+        if isinstance(g, pycoll.ProcessGroup):
+            pycoll.destroy_process_group(g)
+
+    comm.Barrier()
+    t0 = time.perf_counter()
+    kept: List[Any] = []
+    for _ in range(per_pair):
+        for p in range(pairs):
+            g = pycoll.new_group([2 * p, 2 * p + 1])
+            if isinstance(g, pycoll.ProcessGroup):  # this rank's pair
+                kept.append(g)
+    t_global = (time.perf_counter() - t0) / (per_pair * pairs)
+    for g in kept:
+        pycoll.destroy_process_group(g)
+    return dict(
+        ranks=n,
+        groups=per_pair * pairs,
+        local_calls_per_rank=per_pair,
+        global_calls_per_rank=per_pair * pairs,
+        local_us_per_new_group=comm.allreduce(t_local, op=MPI.MAX) * 1e6,
+        global_us_per_new_group=comm.allreduce(t_global, op=MPI.MAX) * 1e6,
+        world_sequence_unchanged_by_local=bool(comm.allreduce(world_untouched, op=MPI.LAND)),
+    )
+
+
 def _row(r: Dict[str, Any]) -> str:
     return (
         f"{r['op']:<11} {r['bytes']:>10} {r['pycoll_us']:>11.2f} {r['mpi4py_us']:>11.2f} "
@@ -200,6 +261,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--blocks", type=int, default=12, help="timed blocks per size, for each side"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument(
+        "--groups",
+        type=int,
+        metavar="N",
+        help="instead of the collectives, time making N groups of two ranks with and "
+        "without use_local_synchronization (even number of ranks)",
+    )
     args = parser.parse_args(argv)
     if args.factor < 2:
         parser.error("--factor must be at least 2")
@@ -217,6 +285,28 @@ def main(argv: Optional[List[str]] = None) -> int:
     comm = world.comm.Dup()  # the raw side gets a communicator of its own
     rank = comm.Get_rank()
     from mpi4py import MPI
+
+    if args.groups:
+        report = group_creation(args.groups, comm)
+        if rank == 0:
+            if args.json:
+                print(json.dumps(report, indent=1))
+            else:
+                print(
+                    f"# group creation: {report['ranks']} ranks, {report['groups']} groups "
+                    f"of 2 ranks\n"
+                    f"local  (use_local_synchronization=True): "
+                    f"{report['local_us_per_new_group']:9.1f} us per new_group, "
+                    f"{report['local_calls_per_rank']} calls per rank; pairs ran one after "
+                    f"another, so no call waited for a rank outside its pair; world sequence "
+                    f"number unchanged: {report['world_sequence_unchanged_by_local']}\n"
+                    f"global (every rank calls):               "
+                    f"{report['global_us_per_new_group']:9.1f} us per new_group, "
+                    f"{report['global_calls_per_rank']} calls per rank"
+                )
+        comm.Free()
+        pycoll.destroy_process_group()
+        return 0
 
     results = []
     if rank == 0 and not args.json:

@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 import pycoll
@@ -74,3 +75,16 @@ def test_size_parsing():
     assert bench._parse_size("1K") == 1024
     assert bench._parse_size("8") == 8
     assert bench._sizes(8, 64, 2) == [8, 16, 32, 64]
+
+
+def test_group_creation_report(pg, world_size):
+    if world_size % 2:
+        pytest.skip("pairs of ranks need an even number of ranks")
+    comm = pg.comm.Dup()
+    try:
+        r = bench.group_creation(8, comm)
+    finally:
+        comm.Free()
+    assert r["groups"] == 8 // (world_size // 2) * (world_size // 2)
+    assert r["world_sequence_unchanged_by_local"] is True
+    assert r["local_us_per_new_group"] > 0 and r["global_us_per_new_group"] > 0
