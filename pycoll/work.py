@@ -51,7 +51,7 @@ class Future:
         if not self._event.is_set() and self._driver is not None:
             try:
                 self._driver.wait()
-            except BaseException:
+            except Exception:
                 pass  # the Work completed this future with its exception
         self._event.wait()
         return self.value()
@@ -76,7 +76,7 @@ class Future:
         def run(parent: Future) -> None:
             try:
                 child.set_result(callback(parent))
-            except BaseException as exc:  # handed to whoever waits on child
+            except Exception as exc:  # handed to whoever waits on child
                 child.set_exception(exc)
 
         self._add_callback(run)
@@ -271,7 +271,7 @@ class Work:
         if self._exc is None and self._finish is not None:
             try:
                 self._finish()
-            except BaseException as exc:
+            except Exception as exc:  # raised by wait(); Ctrl-C still propagates
                 self._exc = exc
         self._done = True
         if debug.LEVEL:
