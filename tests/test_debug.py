@@ -11,9 +11,12 @@ from pycoll import DebugLevel
 
 @pytest.fixture
 def restore_level(monkeypatch):
+    """PYCOLL_DEBUG unset for the test; the level in force before is restored after
+    (the suite also runs under DETAIL, which later tests must keep)."""
+    before = pycoll.get_debug_level()
     monkeypatch.delenv("PYCOLL_DEBUG", raising=False)
     yield monkeypatch
-    pycoll.set_debug_level(DebugLevel.OFF)
+    pycoll.set_debug_level(before)
 
 
 def test_default_is_off(restore_level):
@@ -67,6 +70,7 @@ def test_info_logs_every_collective(restore_level, pg, caplog):
 
 
 def test_off_logs_nothing(restore_level, pg, caplog):
+    pycoll.set_debug_level(DebugLevel.OFF)
     with caplog.at_level(logging.INFO, logger="pycoll"):
         pycoll.all_reduce(np.ones(2))
     assert not [r for r in caplog.records if r.name == "pycoll"]

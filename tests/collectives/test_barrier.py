@@ -51,7 +51,7 @@ def skip_on(group, skipping, wait_all=False):
         return None
     with pytest.raises(DistTimeoutError) as info:
         pycoll.monitored_barrier(
-            group, timeout=timedelta(milliseconds=300), wait_all_ranks=wait_all
+            group, timeout=timedelta(milliseconds=1000), wait_all_ranks=wait_all
         )
     return info.value
 
@@ -63,11 +63,11 @@ def test_monitored_barrier_names_the_missing_rank(pg, rank, world_size):
     last = world_size - 1
     err = skip_on(g, {last})
     if rank == 0:
-        assert str(err).startswith(f"Rank {last} failed to pass monitoredBarrier in 300 ms")
+        assert str(err).startswith(f"Rank {last} failed to pass monitoredBarrier in 1000 ms")
         assert err.ranks == [last] and err.op == "monitored_barrier"
-        assert err.elapsed >= 0.3
+        assert err.elapsed >= 1.0
     elif rank != last:
-        assert "waited 300 ms for rank 0 to confirm" in str(err)
+        assert "waited 1000 ms for rank 0 to confirm" in str(err)
         assert isinstance(err, RuntimeError)
     pycoll.destroy_process_group(g)
 
