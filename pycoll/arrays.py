@@ -144,13 +144,6 @@ def check_size(func: str, name: str, x: np.ndarray, size: int, why: str) -> None
         raise ValueError(f"{func}: {name} holds {x.size} elements but must hold {size} ({why})")
 
 
-def spec(x: np.ndarray, count: Optional[int] = None) -> list:
-    """An mpi4py buffer spec for a checked, contiguous array."""
-    if count is None:
-        return [x, mpi_datatype(x.dtype)]
-    return [x, count, mpi_datatype(x.dtype)]
-
-
 def may_alias(input: np.ndarray, output: np.ndarray) -> bool:
     """Whether ``input`` and ``output`` may share memory (cheap when they own it)."""
     if input.base is None and output.base is None and input is not output:

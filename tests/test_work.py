@@ -39,6 +39,16 @@ def test_future_callback_error_goes_to_the_chained_future():
         chained.value()
 
 
+def test_add_done_callback_runs_once_complete():
+    seen = []
+    fut = Future()
+    fut.add_done_callback(lambda f: seen.append(f.value()))
+    assert seen == []
+    fut.set_result(5)
+    fut.add_done_callback(lambda f: seen.append(f.value() + 1))  # already complete: at once
+    assert seen == [5, 6]
+
+
 def test_future_value_before_completion():
     with pytest.raises(RuntimeError, match="before the future completed"):
         Future().value()
