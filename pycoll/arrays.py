@@ -43,8 +43,8 @@ _TABLE: Dict[np.dtype, tuple] = {
 SUPPORTED_DTYPES = tuple(_TABLE)
 _SUPPORTED_NAMES = ", ".join(str(d) for d in SUPPORTED_DTYPES)
 
-# Filled on first use, after MPI is initialized.
-_MPI_TYPES: Dict[np.dtype, Any] = {}
+# Filled on first use, after MPI is initialized; the fast paths read it directly.
+MPI_TYPES: Dict[np.dtype, Any] = {}
 
 
 def dtype_kind(dtype: np.dtype) -> str:
@@ -55,13 +55,13 @@ def dtype_kind(dtype: np.dtype) -> str:
 def mpi_datatype(dtype: np.dtype) -> Any:
     """The MPI datatype that carries one element of ``dtype``."""
     try:
-        return _MPI_TYPES[dtype]
+        return MPI_TYPES[dtype]
     except KeyError:
         pass
     MPI = _mpi.load()
     for dt, (_, name) in _TABLE.items():
-        _MPI_TYPES[dt] = getattr(MPI, name)
-    return _MPI_TYPES[dtype]
+        MPI_TYPES[dt] = getattr(MPI, name)
+    return MPI_TYPES[dtype]
 
 
 def _type_error(func: str, name: str, x: Any) -> TypeError:

@@ -75,6 +75,19 @@ def detail(pg: ProcessGroup, op: str, call: str, async_op: bool = False) -> None
     debug.check_fingerprint(pg.comm, pg._ranks, pg.group_name, op, pg._seq + 1, call)
 
 
+def plain(pg: ProcessGroup, op: str, call: Callable, *args: Any) -> None:
+    """The synchronous fast path: count the collective and call MPI directly.
+
+    For calls already known to need nothing else (checked arrays, debug OFF,
+    no finishing step); everything else goes through :func:`run`.
+    """
+    pg._seq += 1
+    try:
+        call(*args)
+    except _mpi.MPI.Exception as exc:
+        raise backend_error(op, pg._seq, exc) from None
+
+
 def done(pg: ProcessGroup, op: str, seq: int, nbytes: int, t0: float) -> None:
     """Close an operation made of several blocking MPI calls (object collectives)."""
     if debug.LEVEL:

@@ -24,7 +24,7 @@ from ..arrays import (
 from ..groups import STATE, ProcessGroup, not_initialized, resolve
 from ..ops import Plan, ReduceOp, plan
 from ..work import Work
-from ._common import DETAIL, backend_error, detail, group_rank, run, sig
+from ._common import DETAIL, detail, group_rank, plain, run, sig
 
 __all__ = [
     "all_reduce",
@@ -94,11 +94,9 @@ def all_reduce(
     except (AttributeError, KeyError):
         how = plan(op, tensor.dtype, "all_reduce")
     if how.plain and not async_op and not debug.LEVEL:
-        pg._seq += 1
-        try:
-            pg.comm.Allreduce(_mpi.IN_PLACE, [tensor, how.datatype], how.mpi_op)
-        except _mpi.MPI.Exception as exc:
-            raise backend_error("all_reduce", pg._seq, exc) from None
+        plain(
+            pg, "all_reduce", pg.comm.Allreduce, _mpi.IN_PLACE, [tensor, how.datatype], how.mpi_op
+        )
         return None
     if debug.LEVEL >= DETAIL:
         detail(pg, "all_reduce", f"all_reduce({op.name}, {sig(tensor)})", async_op)

@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import debug
 from ..arrays import (
+    MPI_TYPES,
     check_input,
     check_list,
     check_output,
@@ -15,9 +16,9 @@ from ..arrays import (
     check_same_shape,
     mpi_datatype,
 )
-from ..groups import ProcessGroup, resolve
+from ..groups import STATE, ProcessGroup, not_initialized, resolve
 from ..work import Work
-from ._common import DETAIL, detail, group_rank, run, sig
+from ._common import DETAIL, detail, group_rank, plain, run, sig
 
 __all__ = ["broadcast", "scatter"]
 
@@ -32,10 +33,26 @@ def broadcast(
         src: global rank that sends.
     """
     func = "broadcast"
-    pg = resolve(group, func)
+    pg = STATE.default if group is None else resolve(group, func)
     if pg is None:
+        if group is None:
+            raise not_initialized(func)
         return None
-    root = group_rank(pg, src, "src", func)
+    root = pg._group_rank_of.get(src) if type(src) is int else None
+    if root is None:
+        root = group_rank(pg, src, "src", func)  # raises the right error
+    # Fast path: a plain contiguous array (writeable where it is written),
+    # synchronous, debug off.
+    if (
+        type(tensor) is np.ndarray
+        and (f := tensor.flags).c_contiguous
+        and (f.writeable or root == pg._rank)
+        and (datatype := MPI_TYPES.get(tensor.dtype)) is not None
+        and not async_op
+        and not debug.LEVEL
+    ):
+        plain(pg, func, pg.comm.Bcast, [tensor, datatype], root)
+        return None
     if root == pg._rank:
         tensor = check_input(func, "tensor", tensor)
     else:
