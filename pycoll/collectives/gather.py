@@ -19,7 +19,7 @@ from ..arrays import (
     is_slot,
     mpi_datatype,
 )
-from ..groups import STATE, ProcessGroup, not_initialized, resolve
+from ..groups import STATE, ProcessGroup, resolve
 from ..work import Work
 from ._common import DETAIL, detail, group_rank, plain, run, sig
 
@@ -105,11 +105,11 @@ def all_gather_into_tensor(
         input_tensor: this rank's contribution.
     """
     func = "all_gather_into_tensor"
-    pg = STATE.default if group is None else resolve(group, func)
-    if pg is None:
-        if group is None:
-            raise not_initialized(func)
-        return None
+    pg = STATE.default
+    if group is not None or pg is None:
+        pg = resolve(group, func)  # raises before init; None for a non-member
+        if pg is None:
+            return None
     n = pg._size
     # Fast path: two plain arrays that own their memory (so cannot overlap),
     # contiguous, one dtype, sizes that fit; synchronous, debug off.

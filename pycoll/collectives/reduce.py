@@ -21,7 +21,7 @@ from ..arrays import (
     check_size,
     detach,
 )
-from ..groups import STATE, ProcessGroup, not_initialized, resolve
+from ..groups import STATE, ProcessGroup, resolve
 from ..ops import Plan, ReduceOp, plan
 from ..work import Work
 from ._common import DETAIL, detail, group_rank, plain, run, sig
@@ -79,11 +79,11 @@ def all_reduce(
         >>> pycoll.all_reduce(t)
         >>> t                                         # both ranks: [3, 6]
     """
-    pg = STATE.default if group is None else resolve(group, "all_reduce")
-    if pg is None:
-        if group is None:
-            raise not_initialized("all_reduce")
-        return None
+    pg = STATE.default
+    if group is not None or pg is None:
+        pg = resolve(group, "all_reduce")  # raises before init; None for a non-member
+        if pg is None:
+            return None
     # The common case (a plain writeable contiguous array, a cached plan, a
     # synchronous call, debug off) is checked inline and goes straight to
     # MPI: this is the call training loops make thousands of times a step.

@@ -16,7 +16,7 @@ from ..arrays import (
     check_same_shape,
     mpi_datatype,
 )
-from ..groups import STATE, ProcessGroup, not_initialized, resolve
+from ..groups import STATE, ProcessGroup, resolve
 from ..work import Work
 from ._common import DETAIL, detail, group_rank, plain, run, sig
 
@@ -33,11 +33,11 @@ def broadcast(
         src: global rank that sends.
     """
     func = "broadcast"
-    pg = STATE.default if group is None else resolve(group, func)
-    if pg is None:
-        if group is None:
-            raise not_initialized(func)
-        return None
+    pg = STATE.default
+    if group is not None or pg is None:
+        pg = resolve(group, func)  # raises before init; None for a non-member
+        if pg is None:
+            return None
     root = pg._group_rank_of.get(src) if type(src) is int else None
     if root is None:
         root = group_rank(pg, src, "src", func)  # raises the right error
