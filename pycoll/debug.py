@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
-from typing import Any, Dict, List
+from typing import Callable, Dict, List
 
 import numpy as np
 
@@ -71,22 +71,26 @@ FINGERPRINT_BYTES = 256
 
 
 def check_fingerprint(
-    comm: Any, ranks: List[int], group_name: str, op: str, seq: int, call: str
+    ranks: List[int],
+    group_name: str,
+    op: str,
+    seq: int,
+    call: str,
+    exchange: Callable[[np.ndarray, np.ndarray], None],
 ) -> None:
     """At DETAIL: compare what every member is about to call; raise on all if they differ.
 
-    Each member contributes a fixed-size record, so the exchange itself always
+    Each member contributes a fixed-size record, so the exchange (an
+    all-gather over the group, made by ``exchange(mine, everyone)``) always
     matches across ranks, whatever collective each of them was about to run.
     """
-    from . import _mpi
     from .errors import CollectiveMismatchError
 
-    MPI = _mpi.MPI
     text = f"{call} at seq {seq}".encode()[:FINGERPRINT_BYTES]
     mine = np.zeros(FINGERPRINT_BYTES, np.uint8)
     mine[: len(text)] = np.frombuffer(text, np.uint8)
     everyone = np.empty((len(ranks), FINGERPRINT_BYTES), np.uint8)
-    comm.Allgather([mine, MPI.BYTE], [everyone, MPI.BYTE])
+    exchange(mine, everyone)
     if (everyone == mine).all():
         return
     calls = {

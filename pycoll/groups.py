@@ -9,6 +9,7 @@ state lives in one object, :data:`STATE`.
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from datetime import timedelta
 from typing import Any, Dict, List, Optional
@@ -57,6 +58,13 @@ class ProcessGroup:
         "_seq",
         "_destroyed",
         "_children",
+        "_lock",
+        "_broken",
+        "_pending",
+        "_uid",
+        "_rec",
+        "_word",
+        "_timeout_s",
     )
 
     def __init__(
@@ -71,9 +79,20 @@ class ProcessGroup:
         self.group_name = group_name
         self.group_desc = group_desc or group_name
         self.timeout = timeout
+        self._timeout_s = timeout.total_seconds()
         self._seq = 0
         self._destroyed = False
         self._children = 0  # groups made from this one, for their names
+        self._lock = threading.Lock()  # one issue order per group (pycoll.watch)
+        self._broken: Any = None  # the DistTimeoutError that broke the group
+        self._pending: List[Any] = []  # requests abandoned by a timeout
+        # This group's record on the progress board (pycoll.progress).
+        from .progress import uid_of
+
+        self._uid = uid_of(group_name)
+        board = STATE.board
+        self._rec = board.rec if board is not None else None
+        self._word = board.claim(self._uid) if board is not None else 0
 
     def rank(self) -> int:
         """This process's rank within the group."""
@@ -126,6 +145,7 @@ class _State:
         self.groups: Dict[str, ProcessGroup] = {}
         self.local_rank: Optional[int] = None
         self.local_size: Optional[int] = None
+        self.board: Any = None  # pycoll.progress.Board, once initialized
 
 
 STATE = _State()
@@ -287,6 +307,9 @@ def init_process_group(
     node = own.Split_type(MPI.COMM_TYPE_SHARED, key=me)
     STATE.local_rank, STATE.local_size = node.Get_rank(), node.Get_size()
     node.Free()
+    from .progress import Board
+
+    STATE.board = Board(own, timeout.total_seconds())
     pg = ProcessGroup(own, list(range(size)), group_name or "default_pg", timeout)
     pg._backend = backend_name
     STATE.default = pg
@@ -306,9 +329,13 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
     if STATE.default is None:
         raise not_initialized("destroy_process_group")
     if group is None or group is STATE.default:
-        for pg in STATE.groups.values():
+        groups = list(STATE.groups.values())
+        for pg in groups:
             _free(pg)
         free_user_ops()
+        if STATE.board is not None:
+            STATE.board.close()
+        STATE.board = None
         STATE.default = None
         STATE.groups = {}
         STATE.local_rank = STATE.local_size = None
@@ -322,8 +349,10 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
 
 def _free(pg: ProcessGroup) -> None:
     if not pg._destroyed:
-        pg.comm.Free()
+        if pg._broken is None:  # a timed-out operation may still use the communicator
+            pg.comm.Free()
         pg._destroyed = True
+        pg._rec = None
 
 
 def is_initialized() -> bool:

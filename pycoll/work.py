@@ -6,10 +6,9 @@ a Work at once; the data is only valid after ``wait()`` (or once
 division of an AVG, unpacking a list of outputs) runs when the Work is
 observed complete, in the thread that observed it.
 
-All ranks must issue a given collective in the same form, all with
-``async_op=True`` or all without: the synchronous form is MPI's blocking
-collective (the fastest path), the asynchronous one MPI's nonblocking
-collective, and MPI never matches one with the other.
+Both forms start the same nonblocking MPI operation (see pycoll.watch), so
+one rank may call a collective with ``async_op=True`` while another calls
+it without. ``wait()`` is bounded by the group's timeout unless given one.
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ import threading
 import time
 from typing import Any, Callable, List, Optional
 
-from . import _mpi, debug
-from .errors import DistBackendError, DistTimeoutError
+from . import _mpi, debug, watch
+from .errors import DistBackendError
 
 __all__ = ["Work", "Future"]
 
@@ -134,7 +133,8 @@ class Work:
         "_exc",
         "_future",
         "_lock",
-        "_group_desc",
+        "_pg",
+        "_peer",
         "_nbytes",
         "_t0",
         "_status",
@@ -147,9 +147,10 @@ class Work:
         requests: List[Any],
         finish: Optional[Callable[[], None]] = None,
         result: Any = None,
-        group_desc: str = "",
+        pg: Any = None,
         nbytes: int = 0,
         status: Any = None,
+        peer: Optional[int] = None,
     ) -> None:
         self.op = op
         self.seq = seq
@@ -160,7 +161,8 @@ class Work:
         self._exc: Optional[BaseException] = None
         self._future: Optional[Future] = None
         self._lock = threading.Lock()
-        self._group_desc = group_desc
+        self._pg = pg
+        self._peer = peer
         self._nbytes = nbytes
         self._t0 = time.perf_counter() if debug.LEVEL else 0.0
         self._status = status
@@ -173,22 +175,19 @@ class Work:
         """Block until the operation completes; return True.
 
         Args:
-            timeout: seconds (or a timedelta) to wait at most; None waits until
-                MPI completes the operation.
+            timeout: seconds (or a timedelta) to wait at most; None means the
+                group's timeout.
 
         Raises:
-            DistTimeoutError: the timeout passed first. The operation is still
-                pending in MPI; the group should not be used for further
-                collectives.
+            DistTimeoutError: the timeout passed first, with the diagnosis of
+                pycoll.watch. The group is unusable afterwards.
             DistBackendError: MPI reported an error.
         """
         if not self._done:
-            if timeout is None:
-                with self._lock:
-                    if not self._done:
-                        self._drive(block=True)
-            else:
-                self._wait_until(to_seconds(timeout))
+            seconds = None if timeout is None else to_seconds(timeout)
+            with self._lock:
+                if not self._done:
+                    self._drive(True, seconds)
         if self._exc is not None:
             raise self._exc
         return True
@@ -233,39 +232,22 @@ class Work:
                     self._settle_future()
         return self._future
 
-    def _drive(self, block: bool) -> None:
+    def _drive(self, block: bool, timeout: Optional[float] = None) -> None:
         """Wait for (block) or test the requests; finish up once they are done."""
         MPI = _mpi.MPI
         statuses = None if self._status is None else self._status[1]
         try:
             if block:
-                MPI.Request.Waitall(self._requests, statuses)
+                watch.wait(
+                    self._pg, self.op, self.seq, self._requests, timeout, statuses, self._peer
+                )
             elif not MPI.Request.Testall(self._requests, statuses):
                 return
         except MPI.Exception as exc:
-            self._exc = DistBackendError(
-                f"{self.op} (seq {self.seq}) failed in MPI: {exc}", self.op, self.seq
-            )
+            self._exc = watch.backend_error(self.op, self.seq, exc)
+        except DistBackendError as exc:
+            self._exc = exc
         self._settle()
-
-    def _wait_until(self, seconds: float) -> None:
-        start = time.monotonic()
-        pause = 1e-6
-        while not self.is_completed():
-            elapsed = time.monotonic() - start
-            if elapsed >= seconds:
-                raise DistTimeoutError(
-                    f"{self.op} (seq {self.seq}) did not complete within {seconds:g} s "
-                    f"on group {self._group_desc!r}; the ranks of the group may not all "
-                    f"have called it, or one of them is stuck",
-                    self.op,
-                    self.seq,
-                    elapsed,
-                )
-            # Back off gradually so a long wait does not burn a core that
-            # another rank on this node may need.
-            time.sleep(pause)
-            pause = min(pause * 2, 1e-3)
 
     def _settle(self) -> None:
         if self._exc is None and self._finish is not None:
@@ -274,10 +256,12 @@ class Work:
             except Exception as exc:  # raised by wait(); Ctrl-C still propagates
                 self._exc = exc
         self._done = True
+        if self.seq is not None:
+            watch.end(self._pg, self.seq)
         if debug.LEVEL:
             debug.log_collective(
                 self.op,
-                self._group_desc,
+                self._pg.group_desc,
                 -1 if self.seq is None else self.seq,
                 self._nbytes,
                 time.perf_counter() - self._t0,

@@ -99,31 +99,45 @@ def test_future_wait_drives_the_work(rank, world_size):
     np.testing.assert_array_equal(x, world_size)
 
 
-def test_wait_with_timeout_and_is_completed_before_everyone_arrives(debug_off, rank, world_size):
-    """Rank 0 starts a barrier alone: it cannot complete, and wait(timeout)
-    says so. Then rank 0 tells the others (by message, no sleeping) to join,
-    and the same Work completes. Every rank uses the async form: MPI never
-    matches a blocking collective with a nonblocking one."""
+def test_wait_timeout_names_the_late_ranks_and_breaks_the_group(debug_off, rank, world_size):
+    """Rank 0 starts a barrier alone on a group of every rank: wait(timeout)
+    gives up, names the ranks that have not reached the barrier, and leaves
+    the group unusable. Then rank 0 tells the others (by message, no
+    sleeping) to join; their barrier completes with rank 0's abandoned one."""
     if world_size == 1:
         pytest.skip("needs a second rank to be late")
+    group = pycoll.new_group(group_desc="late")
     signal = MPI.COMM_WORLD
     if rank == 0:
-        work = pycoll.barrier(async_op=True)
+        work = pycoll.barrier(group, async_op=True)
         assert not work.is_completed()
+        late = ",".join(map(str, range(1, world_size)))
         with pytest.raises(
             DistTimeoutError,
-            match=r"barrier \(seq \d+\) did not complete "
-            r"within 0.2 s",
+            match=rf"barrier \(seq 1\) on group 'late' timed out after 0\.\d s on rank 0: "
+            rf"ranks? {late} of the group have not reached seq 1",
         ) as info:
             work.wait(timeout=0.2)
         assert info.value.op == "barrier" and info.value.elapsed >= 0.2
+        assert info.value.ranks == list(range(1, world_size))
         assert isinstance(info.value, RuntimeError)
+        with pytest.raises(DistTimeoutError, match="group 'late' is unusable"):
+            pycoll.all_reduce(np.ones(1), group=group)
         for r in range(1, world_size):
             signal.send("go", dest=r, tag=77)
-        assert work.wait(timeout=60) is True
     else:
         assert signal.recv(source=0, tag=77) == "go"
-        pycoll.barrier(async_op=True).wait()
+        assert pycoll.barrier(group, async_op=True).wait(timeout=60) is True
+
+
+def test_sync_and_async_forms_match(rank, world_size):
+    """Both forms are MPI's nonblocking collective, so ranks may mix them."""
+    x = np.full(3, rank + 1.0)
+    if rank % 2:
+        pycoll.all_reduce(x, async_op=True).wait()
+    else:
+        pycoll.all_reduce(x)
+    np.testing.assert_array_equal(x, world_size * (world_size + 1) / 2)
 
 
 def test_sync_calls_return_none(pg):

@@ -1,20 +1,23 @@
 """The pipeline shared by every collective.
 
 Each collective checks its arguments (pycoll.arrays), then calls :func:`run`,
-which counts the operation on its group, makes the MPI call (blocking, or
-nonblocking with a Work when ``async_op=True``), turns MPI errors into
-DistBackendError, finishes up (divisions, unpacking) and logs at INFO.
+which, under the group's lock, counts the operation, checks it at DETAIL and
+publishes it on the progress board, then starts MPI's nonblocking operation;
+it waits for it within the group's timeout (pycoll.watch) or hands back a
+Work when ``async_op=True``, turns MPI errors into DistBackendError,
+finishes up (divisions, unpacking) and logs at INFO.
 """
 
 from __future__ import annotations
 
 import operator
 import time
-from typing import Any, Callable, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional, Union
 
-from .. import _mpi, debug
-from ..errors import DistBackendError
+from .. import _mpi, debug, watch
 from ..groups import ProcessGroup
+from ..progress import CODE, LAST
 from ..work import Work
 
 DETAIL = debug.DebugLevel.DETAIL
@@ -25,40 +28,49 @@ RESERVED_TAG = 32767  # object messages (send_object_list / recv_object_list)
 MONITOR_TAG = 32766  # monitored_barrier
 
 
-def backend_error(op: str, seq: Optional[int], exc: BaseException) -> DistBackendError:
-    where = f"{op} (seq {seq})" if seq is not None else op
-    return DistBackendError(f"{where} failed in MPI: {exc}", op, seq)
-
-
 def run(
     pg: ProcessGroup,
     op: str,
     nbytes: int,
-    blocking: Callable,
-    nonblocking: Callable,
+    start: Callable,
     args: tuple,
     async_op: bool,
     finish: Optional[Callable[[], None]] = None,
     result: Any = None,
+    call: Union[str, Callable[[], str], None] = None,
+    prepare: Optional[Callable[[], None]] = None,
 ) -> Optional[Work]:
-    """Sequence and issue one MPI collective; return a Work if ``async_op``."""
-    pg._seq += 1
-    seq = pg._seq
-    if async_op:
+    """Sequence and start one nonblocking MPI collective; wait for it within the
+    group's timeout, or return a Work if ``async_op``.
+
+    ``call`` describes the call for the DETAIL check; ``prepare`` runs once
+    the check has passed, just before MPI is called (scaling the input of a
+    PREMUL_SUM, so a refused call leaves the caller's data alone).
+    """
+    with pg._lock:
+        seq = watch.begin(pg, op, call)
+        if prepare is not None:
+            try:
+                prepare()
+            except Exception:
+                if pg._broken is None:  # refused on every rank: as if never called
+                    pg._seq = seq - 1
+                watch.end(pg, seq)
+                raise
         try:
-            request = nonblocking(*args)
+            request = start(*args)
         except _mpi.MPI.Exception as exc:
-            raise backend_error(op, seq, exc) from None
-        return Work(op, seq, [request], finish, result, pg.group_name, nbytes)
+            watch.end(pg, seq)
+            raise watch.backend_error(op, seq, exc) from None
+    if async_op:
+        return Work(op, seq, [request], finish, result, pg, nbytes)
     t0 = time.perf_counter() if debug.LEVEL else 0.0
-    try:
-        blocking(*args)
-    except _mpi.MPI.Exception as exc:
-        raise backend_error(op, seq, exc) from None
+    watch.wait(pg, op, seq, [request])
+    watch.end(pg, seq)
     if finish is not None:
         finish()
     if debug.LEVEL:
-        debug.log_collective(op, pg.group_name, seq, nbytes, time.perf_counter() - t0)
+        debug.log_collective(op, pg.group_desc, seq, nbytes, time.perf_counter() - t0)
     return None
 
 
@@ -67,31 +79,41 @@ def sig(x: Any) -> str:
     return f"shape={x.shape}, {x.dtype}"
 
 
-def detail(pg: ProcessGroup, op: str, call: str, async_op: bool = False) -> None:
-    """At ``PYCOLL_DEBUG=DETAIL``, check that every member is about to make the
-    same call (``call`` names the arguments that must agree) before it is made."""
-    if async_op:
-        call += " [async_op=True]"
-    debug.check_fingerprint(pg.comm, pg._ranks, pg.group_name, op, pg._seq + 1, call)
-
-
-def plain(pg: ProcessGroup, op: str, call: Callable, *args: Any) -> None:
-    """The synchronous fast path: count the collective and call MPI directly.
+def plain(pg: ProcessGroup, op: str, start: Callable, *args: Any) -> None:
+    """The synchronous fast path: count the collective, start it, wait for it.
 
     For calls already known to need nothing else (checked arrays, debug OFF,
     no finishing step); everything else goes through :func:`run`.
     """
-    pg._seq += 1
-    try:
-        call(*args)
-    except _mpi.MPI.Exception as exc:
-        raise backend_error(op, pg._seq, exc) from None
+    with pg._lock:
+        if pg._broken is not None:
+            raise watch.broken(pg, op)
+        seq = pg._seq = pg._seq + 1
+        rec = pg._rec
+        if rec is not None:
+            rec[pg._word] = seq << 8 | CODE[op] << 1 | 1
+            rec[LAST] = pg._word
+        try:
+            request = start(*args)
+        except _mpi.MPI.Exception as exc:
+            raise watch.backend_error(op, seq, exc) from None
+    watch.wait(pg, op, seq, [request])
+    if rec is not None and rec[pg._word] >> 8 == seq:
+        rec[pg._word] = seq << 8 | CODE[op] << 1
 
 
-def done(pg: ProcessGroup, op: str, seq: int, nbytes: int, t0: float) -> None:
-    """Close an operation made of several blocking MPI calls (object collectives)."""
-    if debug.LEVEL:
-        debug.log_collective(op, pg.group_name, seq, nbytes, time.perf_counter() - t0)
+@contextmanager
+def sequenced(pg: ProcessGroup, op: str, call: Optional[str]) -> Iterator[int]:
+    """One collective made of several MPI operations (the object collectives):
+    hold the group's lock, count and publish it, and yield its sequence number.
+    Each MPI operation inside goes through ``watch.call``."""
+    with pg._lock:
+        seq = watch.begin(pg, op, call)
+        t0 = time.perf_counter() if debug.LEVEL else 0.0
+        yield seq
+        watch.end(pg, seq)
+        if debug.LEVEL:
+            debug.log_collective(op, pg.group_desc, seq, 0, time.perf_counter() - t0)
 
 
 def group_rank(pg: ProcessGroup, rank: Any, name: str, func: str) -> int:

@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from .. import _mpi, debug
+from .. import _mpi, debug, watch
 from ..arrays import (
     check_input,
     check_list,
@@ -26,7 +26,7 @@ from ..arrays import (
 )
 from ..groups import ProcessGroup, resolve
 from ..work import Work
-from ._common import DETAIL, detail, run, sig
+from ._common import DETAIL, run, sig
 
 __all__ = ["all_to_all", "all_to_all_single"]
 
@@ -40,12 +40,16 @@ def _displacements(counts: Sequence[int]) -> List[int]:
 
 
 def _agree(pg: ProcessGroup, func: str, send_counts: List[int], recv_counts: List[int]) -> None:
-    """Raise on every rank if any pair of ranks disagrees on what it exchanges."""
+    """Raise on every rank if any pair of ranks disagrees on what it exchanges.
+
+    Runs as part of the operation (under the group's lock, after its DETAIL
+    check), which is undone on every rank if this raises."""
     MPI = _mpi.MPI
     n = pg._size
     mine = np.array([send_counts, recv_counts], np.int64).T.copy()
     theirs = np.empty((n, 2), np.int64)
-    pg.comm.Alltoall([mine, MPI.INT64_T], [theirs, MPI.INT64_T])
+    seq = pg._seq
+    watch.call(pg, func, seq, pg.comm.Ialltoall, [mine, MPI.INT64_T], [theirs, MPI.INT64_T])
     problems = []
     for i in range(n):
         peer = pg._ranks[i]
@@ -60,7 +64,8 @@ def _agree(pg: ProcessGroup, func: str, send_counts: List[int], recv_counts: Lis
                 f"which expects {theirs[i, 1]}"
             )
     flags = np.empty(n, np.int64)
-    pg.comm.Allgather([np.array([len(problems)], np.int64), MPI.INT64_T], [flags, MPI.INT64_T])
+    count = np.array([len(problems)], np.int64)
+    watch.call(pg, func, seq, pg.comm.Iallgather, [count, MPI.INT64_T], [flags, MPI.INT64_T])
     if flags.any():
         if problems:
             raise ValueError(f"{func}: split sizes disagree between ranks: " + "; ".join(problems))
@@ -98,11 +103,9 @@ def all_to_all(
         for i, x in enumerate(check_list(func, "input_tensor_list", input_tensor_list, n))
     ]
     dtype = check_same_dtype(func, outs + ins)
-    if debug.LEVEL >= DETAIL:
-        detail(pg, func, f"{func}({n} arrays each way, {dtype})", async_op)
+    desc = f"{func}({n} arrays each way, {dtype})" if debug.LEVEL >= DETAIL else None
     scounts = [x.size for x in ins]
     rcounts = [x.size for x in outs]
-    _agree(pg, func, scounts, rcounts)
     send = np.concatenate([x.reshape(-1) for x in ins])
     recv = np.empty(sum(rcounts), dtype)
     rdispls = _displacements(rcounts)
@@ -117,12 +120,13 @@ def all_to_all(
         pg,
         func,
         send.nbytes,
-        comm.Alltoallv,
         comm.Ialltoallv,
         ([send, (scounts, _displacements(scounts)), mpitype], [recv, (rcounts, rdispls), mpitype]),
         async_op,
         finish,
         outs,
+        call=desc,
+        prepare=lambda: _agree(pg, func, scounts, rcounts),
     )
 
 
@@ -200,18 +204,17 @@ def all_to_all_single(
                 f"output_split_sizes"
             )
         check_size(func, "output", output, input.size, "the size of input")
-        if debug.LEVEL >= DETAIL:
-            detail(pg, func, f"{func}(even, {sig(input)})", async_op)
+        desc = f"{func}(even, {sig(input)})" if debug.LEVEL >= DETAIL else None
         return run(
             pg,
             func,
             input.nbytes,
-            comm.Alltoall,
             comm.Ialltoall,
             ([input, mpitype], [output, mpitype]),
             async_op,
             None,
             [output],
+            call=desc,
         )
     in_row = _row_size(func, "input", input)
     out_row = _row_size(func, "output", output)
@@ -224,15 +227,16 @@ def all_to_all_single(
     rcounts = [
         s * out_row for s in _splits(func, "output_split_sizes", output_split_sizes, output, n)
     ]
-    if debug.LEVEL >= DETAIL:  # sizes may differ by rank; _agree checks them
-        call = f"{func}(split sizes, rows of shape {input.shape[1:]}, {dtype})"
-        detail(pg, func, call, async_op)
-    _agree(pg, func, scounts, rcounts)
+    # Sizes may differ by rank, so DETAIL leaves them out; _agree checks them.
+    desc = (
+        f"{func}(split sizes, rows of shape {input.shape[1:]}, {dtype})"
+        if debug.LEVEL >= DETAIL
+        else None
+    )
     return run(
         pg,
         func,
         input.nbytes,
-        comm.Alltoallv,
         comm.Ialltoallv,
         (
             [input, (scounts, _displacements(scounts)), mpitype],
@@ -241,4 +245,6 @@ def all_to_all_single(
         async_op,
         None,
         [output],
+        call=desc,
+        prepare=lambda: _agree(pg, func, scounts, rcounts),
     )

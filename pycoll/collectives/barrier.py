@@ -8,11 +8,11 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from .. import _mpi, debug
+from .. import _mpi, watch
 from ..errors import DistTimeoutError
 from ..groups import ProcessGroup, resolve
 from ..work import Work, to_seconds
-from ._common import DETAIL, MONITOR_TAG, detail, run
+from ._common import MONITOR_TAG, run
 
 __all__ = ["barrier", "monitored_barrier"]
 
@@ -30,10 +30,7 @@ def barrier(
     pg = resolve(group, "barrier")
     if pg is None:
         return None
-    if debug.LEVEL >= DETAIL:
-        detail(pg, "barrier", "barrier()", async_op)
-    comm = pg.comm
-    return run(pg, "barrier", 0, comm.Barrier, comm.Ibarrier, (), async_op)
+    return run(pg, "barrier", 0, pg.comm.Ibarrier, (), async_op, call="barrier()")
 
 
 def monitored_barrier(
@@ -64,16 +61,16 @@ def monitored_barrier(
     if pg is None:
         return None
     seconds = to_seconds(pg.timeout if timeout is None else timeout)
-    # No DETAIL fingerprint here: exchanging it would wait for the very ranks
-    # this barrier exists to report.
-    pg._seq += 1
-    seq = pg._seq
-    if pg.size() == 1:
-        return None
-    if pg.rank() == 0:
-        _collect_arrivals(pg, seq, seconds, wait_all_ranks)
-    else:
-        _arrive(pg, seq, seconds)
+    # No DETAIL fingerprint here (call=None): exchanging it would wait for
+    # the very ranks this barrier exists to report.
+    with pg._lock:
+        seq = watch.begin(pg, func, None)
+        if pg.size() > 1:
+            if pg.rank() == 0:
+                _collect_arrivals(pg, seq, seconds, wait_all_ranks)
+            else:
+                _arrive(pg, seq, seconds)
+        watch.end(pg, seq)
     return None
 
 

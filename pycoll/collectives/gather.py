@@ -21,7 +21,7 @@ from ..arrays import (
 )
 from ..groups import STATE, ProcessGroup, resolve
 from ..work import Work
-from ._common import DETAIL, detail, group_rank, plain, run, sig
+from ._common import DETAIL, group_rank, plain, run, sig
 
 __all__ = ["all_gather", "all_gather_into_tensor", "all_gather_coalesced", "gather"]
 
@@ -72,8 +72,7 @@ def all_gather(
     n = pg._size
     tensor = check_input(func, "tensor", tensor)
     outs = _check_outputs(func, "tensor_list", tensor_list, tensor, n)
-    if debug.LEVEL >= DETAIL:
-        detail(pg, func, f"{func}({sig(tensor)})", async_op)
+    desc = f"{func}({sig(tensor)})" if debug.LEVEL >= DETAIL else None
     stacked = np.empty((n,) + tensor.shape, tensor.dtype)
     mpitype = mpi_datatype(tensor.dtype)
     comm = pg.comm
@@ -81,12 +80,12 @@ def all_gather(
         pg,
         func,
         stacked.nbytes,
-        comm.Allgather,
         comm.Iallgather,
         ([tensor, mpitype], [stacked, mpitype]),
         async_op,
         _unpacker(stacked, outs),
         outs,
+        call=desc,
     )
 
 
@@ -129,7 +128,7 @@ def all_gather_into_tensor(
         and not async_op
         and not debug.LEVEL
     ):
-        plain(pg, func, pg.comm.Allgather, [inp, datatype], [out, datatype])
+        plain(pg, func, pg.comm.Iallgather, [inp, datatype], [out, datatype])
         return None
     output_tensor = check_output(func, "output_tensor", output_tensor)
     input_tensor = check_input(func, "input_tensor", input_tensor)
@@ -141,9 +140,9 @@ def all_gather_into_tensor(
         input_tensor.size * n,
         "input_tensor.size x group size",
     )
+    desc = None
     if debug.LEVEL >= DETAIL:
-        call = f"{func}(output shape={output_tensor.shape}, input {sig(input_tensor)})"
-        detail(pg, func, call, async_op)
+        desc = f"{func}(output shape={output_tensor.shape}, input {sig(input_tensor)})"
     mpitype = mpi_datatype(input_tensor.dtype)
     if is_slot(input_tensor, output_tensor, pg._rank):
         send = _mpi.MPI.IN_PLACE  # the input already sits where its result goes
@@ -154,12 +153,12 @@ def all_gather_into_tensor(
         pg,
         func,
         output_tensor.nbytes,
-        comm.Allgather,
         comm.Iallgather,
         (send, [output_tensor, mpitype]),
         async_op,
         None,
         [output_tensor],
+        call=desc,
     )
 
 
@@ -201,9 +200,9 @@ def all_gather_coalesced(
                     f"{out.shape} but input_tensor_list[{i}] has {x.shape}"
                 )
         outputs.append(outs)
+    desc = None
     if debug.LEVEL >= DETAIL:
-        call = f"{func}(inputs={[(x.shape, str(x.dtype)) for x in inputs]})"
-        detail(pg, func, call, async_op)
+        desc = f"{func}(inputs={[(x.shape, str(x.dtype)) for x in inputs]})"
     # Pack as bytes so arrays of different dtypes travel in one message.
     send = np.concatenate([x.reshape(-1).view(np.uint8) for x in inputs] or [np.empty(0, np.uint8)])
     recv = np.empty((n, send.size), np.uint8)
@@ -221,12 +220,12 @@ def all_gather_coalesced(
         pg,
         func,
         recv.nbytes,
-        comm.Allgather,
         comm.Iallgather,
         ([send, byte], [recv, byte]),
         async_op,
         finish,
         outputs,
+        call=desc,
     )
 
 
@@ -265,29 +264,28 @@ def gather(
                 f"shaped like tensor"
             )
         outs = _check_outputs(func, "gather_list", gather_list, tensor, n)
-    if debug.LEVEL >= DETAIL:
-        detail(pg, func, f"{func}(dst={dst}, {sig(tensor)})", async_op)
+    desc = f"{func}(dst={dst}, {sig(tensor)})" if debug.LEVEL >= DETAIL else None
     if root != pg._rank:
         return run(
             pg,
             func,
             tensor.nbytes,
-            comm.Gather,
             comm.Igather,
             ([tensor, mpitype], None, root),
             async_op,
             None,
             [],
+            call=desc,
         )
     stacked = np.empty((n,) + tensor.shape, tensor.dtype)
     return run(
         pg,
         func,
         stacked.nbytes,
-        comm.Gather,
         comm.Igather,
         ([tensor, mpitype], [stacked, mpitype], root),
         async_op,
         _unpacker(stacked, outs),
         outs,
+        call=desc,
     )

@@ -11,16 +11,15 @@ object cannot be pickled still takes part in the size exchange (with size
 from __future__ import annotations
 
 import pickle
-import time
 from typing import Any, List, Optional, Tuple, cast
 
 import numpy as np
 
-from .. import _mpi, debug
+from .. import _mpi, watch
 from ..arrays import check_list
 from ..groups import ProcessGroup, resolve
-from ._common import DETAIL, RESERVED_TAG, detail, done, group_rank
-from .p2p import _peer, _source
+from ._common import RESERVED_TAG, group_rank, sequenced
+from .p2p import _p2p, _peer, _source
 
 __all__ = [
     "all_gather_object",
@@ -53,10 +52,19 @@ def _parts(buf: np.ndarray, nbytes: int) -> List[list]:
     return parts
 
 
-def _transfer(call: Any, buf: np.ndarray, nbytes: int, *args: Any) -> None:
-    """``call(spec, *args)`` (Bcast, Send or Recv) for each part of the payload."""
+def _transfer(
+    pg: ProcessGroup,
+    op: str,
+    seq: Optional[int],
+    start: Any,
+    buf: np.ndarray,
+    nbytes: int,
+    *args: Any,
+) -> None:
+    """``start(spec, *args)`` (Ibcast, Isend or Irecv) for each part of the
+    payload, each waited for within the group's timeout."""
     for spec in _parts(buf, nbytes):
-        call(spec, *args)
+        watch.call(pg, op, seq, start, spec, *args)
 
 
 def _pack(obj: Any) -> Tuple[np.ndarray, Optional[BaseException]]:
@@ -81,11 +89,6 @@ def _pickle_error(func: str, who: List[int], exc: Optional[BaseException]) -> Ty
     )
 
 
-def _begin(pg: ProcessGroup) -> Tuple[int, float]:
-    pg._seq += 1
-    return pg._seq, (time.perf_counter() if debug.LEVEL else 0.0)
-
-
 def _sizes(
     pg: ProcessGroup, func: str, payload: np.ndarray, exc: Optional[BaseException]
 ) -> np.ndarray:
@@ -93,7 +96,7 @@ def _sizes(
     MPI = _mpi.MPI
     sizes = np.empty(pg._size, np.int64)
     mine = np.array([-1 if exc is not None else payload.size], np.int64)
-    pg.comm.Allgather([mine, MPI.INT64_T], [sizes, MPI.INT64_T])
+    watch.call(pg, func, pg._seq, pg.comm.Iallgather, [mine, MPI.INT64_T], [sizes, MPI.INT64_T])
     if (sizes < 0).any():
         raise _pickle_error(func, [pg._ranks[i] for i in np.flatnonzero(sizes < 0)], exc)
     return sizes
@@ -127,24 +130,23 @@ def all_gather_object(
     _check_slots(func, "object_list", object_list, n)
     MPI = _mpi.MPI
     payload, exc = _pack(obj)
-    if debug.LEVEL >= DETAIL:
-        detail(pg, func, "all_gather_object()")
-    seq, t0 = _begin(pg)
-    sizes = _sizes(pg, func, payload, exc)
-    total = int(sizes.sum())
-    if total <= _INT_MAX:
-        recv = np.empty(total, np.uint8)
-        displs = _displs(sizes)
-        pg.comm.Allgatherv([payload, MPI.BYTE], [recv, (sizes.tolist(), displs), MPI.BYTE])
-        for i in range(n):
-            object_list[i] = _unpack(recv[displs[i] :], int(sizes[i]))
-    else:
-        for i in range(n):
-            size = int(sizes[i])
-            buf = payload if i == pg._rank else np.empty(size, np.uint8)
-            _transfer(pg.comm.Bcast, buf, size, i)
-            object_list[i] = _unpack(buf, size)
-    done(pg, func, seq, total, t0)
+    comm = pg.comm
+    with sequenced(pg, func, "all_gather_object()") as seq:
+        sizes = _sizes(pg, func, payload, exc)
+        total = int(sizes.sum())
+        if total <= _INT_MAX:
+            recv = np.empty(total, np.uint8)
+            displs = _displs(sizes)
+            rspec = [recv, (sizes.tolist(), displs), MPI.BYTE]
+            watch.call(pg, func, seq, comm.Iallgatherv, [payload, MPI.BYTE], rspec)
+            for i in range(n):
+                object_list[i] = _unpack(recv[displs[i] :], int(sizes[i]))
+        else:
+            for i in range(n):
+                size = int(sizes[i])
+                buf = payload if i == pg._rank else np.empty(size, np.uint8)
+                _transfer(pg, func, seq, comm.Ibcast, buf, size, i)
+                object_list[i] = _unpack(buf, size)
 
 
 def _check_slots(func: str, name: str, x: Any, n: Optional[int]) -> None:
@@ -186,33 +188,30 @@ def gather_object(
     MPI = _mpi.MPI
     comm = pg.comm
     payload, exc = _pack(obj)
-    if debug.LEVEL >= DETAIL:
-        detail(pg, func, f"gather_object(dst={dst})")
-    seq, t0 = _begin(pg)
-    sizes = _sizes(pg, func, payload, exc)
-    total = int(sizes.sum())
-    if not is_root:
+    with sequenced(pg, func, f"gather_object(dst={dst})") as seq:
+        sizes = _sizes(pg, func, payload, exc)
+        total = int(sizes.sum())
+        if not is_root:
+            if total <= _INT_MAX:
+                watch.call(pg, func, seq, comm.Igatherv, [payload, MPI.BYTE], None, root)
+            else:
+                _transfer(pg, func, seq, comm.Isend, payload, payload.size, root, RESERVED_TAG)
+            return None
+        slots = cast(List[Any], object_gather_list)  # checked above, on dst
         if total <= _INT_MAX:
-            comm.Gatherv([payload, MPI.BYTE], None, root)
+            recv = np.empty(total, np.uint8)
+            displs = _displs(sizes)
+            rspec = [recv, (sizes.tolist(), displs), MPI.BYTE]
+            watch.call(pg, func, seq, comm.Igatherv, [payload, MPI.BYTE], rspec, root)
+            for i in range(n):
+                slots[i] = _unpack(recv[displs[i] :], int(sizes[i]))
         else:
-            _transfer(comm.Send, payload, payload.size, root, RESERVED_TAG)
-        done(pg, func, seq, total, t0)
-        return None
-    slots = cast(List[Any], object_gather_list)  # checked above, on dst
-    if total <= _INT_MAX:
-        recv = np.empty(total, np.uint8)
-        displs = _displs(sizes)
-        comm.Gatherv([payload, MPI.BYTE], [recv, (sizes.tolist(), displs), MPI.BYTE], root)
-        for i in range(n):
-            slots[i] = _unpack(recv[displs[i] :], int(sizes[i]))
-    else:
-        for i in range(n):
-            size = int(sizes[i])
-            buf = payload if i == root else np.empty(size, np.uint8)
-            if i != root:
-                _transfer(comm.Recv, buf, size, i, RESERVED_TAG)
-            slots[i] = _unpack(buf, size)
-    done(pg, func, seq, total, t0)
+            for i in range(n):
+                size = int(sizes[i])
+                buf = payload if i == root else np.empty(size, np.uint8)
+                if i != root:
+                    _transfer(pg, func, seq, comm.Irecv, buf, size, i, RESERVED_TAG)
+                slots[i] = _unpack(buf, size)
 
 
 def broadcast_object_list(
@@ -236,16 +235,15 @@ def broadcast_object_list(
     comm = pg.comm
     is_root = root == pg._rank
     payload, exc = _pack(list(object_list)) if is_root else (np.empty(0, np.uint8), None)
-    if debug.LEVEL >= DETAIL:
-        detail(pg, func, f"broadcast_object_list(src={src}, {len(object_list)} objects)")
-    seq, t0 = _begin(pg)
-    size = np.array([-1 if exc is not None else payload.size], np.int64)
-    comm.Bcast([size, MPI.INT64_T], root)
-    nbytes = int(size[0])
-    if nbytes < 0:
-        raise _pickle_error(func, [src], exc)
-    buf = payload if is_root else np.empty(nbytes, np.uint8)
-    _transfer(comm.Bcast, buf, nbytes, root)
+    desc = f"broadcast_object_list(src={src}, {len(object_list)} objects)"
+    with sequenced(pg, func, desc) as seq:
+        size = np.array([-1 if exc is not None else payload.size], np.int64)
+        watch.call(pg, func, seq, comm.Ibcast, [size, MPI.INT64_T], root)
+        nbytes = int(size[0])
+        if nbytes < 0:
+            raise _pickle_error(func, [src], exc)
+        buf = payload if is_root else np.empty(nbytes, np.uint8)
+        _transfer(pg, func, seq, comm.Ibcast, buf, nbytes, root)
     if not is_root:
         objs = _unpack(buf, nbytes)
         if len(objs) != len(object_list):
@@ -254,7 +252,6 @@ def broadcast_object_list(
                 f"rank but {len(objs)} on src ({src}); make them the same length"
             )
         object_list[:] = objs
-    done(pg, func, seq, nbytes, t0)
 
 
 def scatter_object_list(
@@ -296,34 +293,32 @@ def scatter_object_list(
         sizes = np.array([-1 if exc else p.size for p in payloads], np.int64)
     else:
         sizes = np.empty(n, np.int64)
-    if debug.LEVEL >= DETAIL:
-        detail(pg, func, f"scatter_object_list(src={src})")
-    seq, t0 = _begin(pg)
-    comm.Bcast([sizes, MPI.INT64_T], root)
-    if (sizes < 0).any():
-        raise _pickle_error(func, [src], exc)
-    total = int(sizes.sum())
-    mine = int(sizes[pg._rank])
-    if total <= _INT_MAX:
-        send = None
-        if is_root:
-            send = [
-                np.concatenate(payloads) if payloads else np.empty(0, np.uint8),
-                (sizes.tolist(), _displs(sizes)),
-                MPI.BYTE,
-            ]
-        buf = np.empty(mine, np.uint8)
-        comm.Scatterv(send, [buf, MPI.BYTE], root)
-    elif is_root:
-        for i in range(n):
-            if i != root:
-                _transfer(comm.Send, payloads[i], int(sizes[i]), i, RESERVED_TAG)
-        buf = payloads[root]
-    else:
-        buf = np.empty(mine, np.uint8)
-        _transfer(comm.Recv, buf, mine, root, RESERVED_TAG)
+    with sequenced(pg, func, f"scatter_object_list(src={src})") as seq:
+        watch.call(pg, func, seq, comm.Ibcast, [sizes, MPI.INT64_T], root)
+        if (sizes < 0).any():
+            raise _pickle_error(func, [src], exc)
+        total = int(sizes.sum())
+        mine = int(sizes[pg._rank])
+        if total <= _INT_MAX:
+            send = None
+            if is_root:
+                send = [
+                    np.concatenate(payloads) if payloads else np.empty(0, np.uint8),
+                    (sizes.tolist(), _displs(sizes)),
+                    MPI.BYTE,
+                ]
+            buf = np.empty(mine, np.uint8)
+            watch.call(pg, func, seq, comm.Iscatterv, send, [buf, MPI.BYTE], root)
+        elif is_root:
+            for i in range(n):
+                if i != root:
+                    size = int(sizes[i])
+                    _transfer(pg, func, seq, comm.Isend, payloads[i], size, i, RESERVED_TAG)
+            buf = payloads[root]
+        else:
+            buf = np.empty(mine, np.uint8)
+            _transfer(pg, func, seq, comm.Irecv, buf, mine, root, RESERVED_TAG)
     out[0] = _unpack(buf, mine)
-    done(pg, func, seq, total, t0)
 
 
 def send_object_list(
@@ -348,8 +343,10 @@ def send_object_list(
     if exc is not None:
         raise _pickle_error(func, [], exc)
     MPI = _mpi.MPI
-    pg.comm.Send([np.array([payload.size], np.int64), MPI.INT64_T], peer, RESERVED_TAG)
-    _transfer(pg.comm.Send, payload, payload.size, peer, RESERVED_TAG)
+    size = np.array([payload.size], np.int64)
+    _p2p(pg, func, peer, pg.comm.Isend, [size, MPI.INT64_T], peer, RESERVED_TAG)
+    for spec in _parts(payload, payload.size):
+        _p2p(pg, func, peer, pg.comm.Isend, spec, peer, RESERVED_TAG)
 
 
 def recv_object_list(
@@ -376,11 +373,13 @@ def recv_object_list(
     MPI = _mpi.MPI
     size = np.empty(1, np.int64)
     status = MPI.Status()
-    pg.comm.Recv([size, MPI.INT64_T], source, RESERVED_TAG, status)
+    peer = None if source == MPI.ANY_SOURCE else source
+    _p2p(pg, func, peer, pg.comm.Irecv, [size, MPI.INT64_T], source, RESERVED_TAG, status=status)
     sender = status.Get_source()
     nbytes = int(size[0])
     buf = np.empty(nbytes, np.uint8)
-    _transfer(pg.comm.Recv, buf, nbytes, sender, RESERVED_TAG)
+    for spec in _parts(buf, nbytes):
+        _p2p(pg, func, sender, pg.comm.Irecv, spec, sender, RESERVED_TAG)
     objs = _unpack(buf, nbytes)
     if len(objs) != len(object_list):
         raise ValueError(

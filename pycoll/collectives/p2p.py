@@ -10,11 +10,11 @@ from typing import Any, Callable, List, Optional
 
 import numpy as np
 
-from .. import _mpi
+from .. import _mpi, watch
 from ..arrays import check_input, check_output, mpi_datatype
 from ..groups import ProcessGroup, resolve
 from ..work import Work
-from ._common import backend_error, check_tag, group_rank
+from ._common import check_tag, group_rank
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]
 
@@ -33,6 +33,20 @@ def _source(pg: ProcessGroup, src: Any, func: str) -> int:
     return _mpi.MPI.ANY_SOURCE if src is None else _peer(pg, src, "src", func)
 
 
+def _p2p(
+    pg: ProcessGroup, op: str, peer: Optional[int], start: Callable, *args: Any, status: Any = None
+) -> None:
+    """Start one point-to-point operation with group rank ``peer`` (None: any)
+    and wait for it within the group's timeout."""
+    if pg._broken is not None:
+        raise watch.broken(pg, op)
+    try:
+        request = start(*args)
+    except _mpi.MPI.Exception as exc:
+        raise watch.backend_error(op, None, exc) from None
+    watch.wait(pg, op, None, [request], None, None if status is None else [status], peer)
+
+
 def send(tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> None:
     """Send ``tensor`` to global rank ``dst``; returns once the buffer may be reused."""
     pg = resolve(group, "send")
@@ -41,10 +55,7 @@ def send(tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None, tag
     peer = _peer(pg, dst, "dst", "send")
     tensor = check_input("send", "tensor", tensor)
     tag = check_tag(tag, "send")
-    try:
-        pg.comm.Send([tensor, mpi_datatype(tensor.dtype)], peer, tag)
-    except _mpi.MPI.Exception as exc:
-        raise backend_error("send", None, exc) from None
+    _p2p(pg, "send", peer, pg.comm.Isend, [tensor, mpi_datatype(tensor.dtype)], peer, tag)
     return None
 
 
@@ -66,10 +77,9 @@ def recv(
     tensor = check_output("recv", "tensor", tensor)
     tag = check_tag(tag, "recv")
     status = _mpi.MPI.Status()
-    try:
-        pg.comm.Recv([tensor, mpi_datatype(tensor.dtype)], source, tag, status)
-    except _mpi.MPI.Exception as exc:
-        raise backend_error("recv", None, exc) from None
+    spec = [tensor, mpi_datatype(tensor.dtype)]
+    peer = None if source == _mpi.MPI.ANY_SOURCE else source
+    _p2p(pg, "recv", peer, pg.comm.Irecv, spec, source, tag, status=status)
     return pg._ranks[status.Get_source()]
 
 
@@ -104,20 +114,25 @@ def irecv(
 
 
 def _start_send(pg: ProcessGroup, tensor: np.ndarray, peer: int, tag: int) -> Work:
+    if pg._broken is not None:
+        raise watch.broken(pg, "isend")
     try:
         req = pg.comm.Isend([tensor, mpi_datatype(tensor.dtype)], peer, tag)
     except _mpi.MPI.Exception as exc:
-        raise backend_error("isend", None, exc) from None
-    return Work("isend", None, [req], None, [tensor], pg.group_name, tensor.nbytes)
+        raise watch.backend_error("isend", None, exc) from None
+    return Work("isend", None, [req], None, [tensor], pg, tensor.nbytes, None, peer)
 
 
 def _start_recv(pg: ProcessGroup, tensor: np.ndarray, source: int, tag: int) -> Work:
+    if pg._broken is not None:
+        raise watch.broken(pg, "irecv")
     try:
         req = pg.comm.Irecv([tensor, mpi_datatype(tensor.dtype)], source, tag)
     except _mpi.MPI.Exception as exc:
-        raise backend_error("irecv", None, exc) from None
+        raise watch.backend_error("irecv", None, exc) from None
     status = (pg._ranks.__getitem__, [_mpi.MPI.Status()])
-    return Work("irecv", None, [req], None, [tensor], pg.group_name, tensor.nbytes, status)
+    peer = None if source == _mpi.MPI.ANY_SOURCE else source
+    return Work("irecv", None, [req], None, [tensor], pg, tensor.nbytes, status, peer)
 
 
 class P2POp:

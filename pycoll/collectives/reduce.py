@@ -7,7 +7,7 @@ for the dtype (MPI op, pre-scaling, averaging) comes from pycoll.ops.
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from ..arrays import (
 from ..groups import STATE, ProcessGroup, resolve
 from ..ops import Plan, ReduceOp, plan
 from ..work import Work
-from ._common import DETAIL, detail, group_rank, plain, run, sig
+from ._common import group_rank, plain, run, sig
 
 __all__ = [
     "all_reduce",
@@ -47,6 +47,17 @@ def _scaled(x: np.ndarray, scale: complex) -> np.ndarray:
     out = np.empty_like(x)
     np.multiply(x, scale, out=out, casting="unsafe")
     return out
+
+
+def _prescaler(x: np.ndarray, scale: Optional[complex]) -> Optional[Callable[[], None]]:
+    """Scale an in-place buffer once the call is known to go ahead."""
+    if scale is None:
+        return None
+
+    def prepare() -> None:
+        np.multiply(x, scale, out=x, casting="unsafe")
+
+    return prepare
 
 
 def _averager(out: np.ndarray, n: int):
@@ -95,25 +106,22 @@ def all_reduce(
         how = plan(op, tensor.dtype, "all_reduce")
     if how.plain and not async_op and not debug.LEVEL:
         plain(
-            pg, "all_reduce", pg.comm.Allreduce, _mpi.IN_PLACE, [tensor, how.datatype], how.mpi_op
+            pg, "all_reduce", pg.comm.Iallreduce, _mpi.IN_PLACE, [tensor, how.datatype], how.mpi_op
         )
         return None
-    if debug.LEVEL >= DETAIL:
-        detail(pg, "all_reduce", f"all_reduce({op.name}, {sig(tensor)})", async_op)
-    if how.prescale is not None:
-        np.multiply(tensor, how.prescale, out=tensor, casting="unsafe")
     finish = _averager(tensor, pg._size) if how.average else None
     comm = pg.comm
     return run(
         pg,
         "all_reduce",
         tensor.nbytes,
-        comm.Allreduce,
         comm.Iallreduce,
         (_mpi.IN_PLACE, [tensor, how.datatype], how.mpi_op),
         async_op,
         finish,
         [tensor],
+        lambda: f"all_reduce({op.name}, {sig(tensor)})",
+        _prescaler(tensor, how.prescale),
     )
 
 
@@ -140,9 +148,6 @@ def all_reduce_coalesced(
         raise ValueError(f"{func}: tensors is empty; pass at least one array")
     dtype = check_same_dtype(func, tensors)
     how = _plan(op, dtype, func)
-    if debug.LEVEL >= DETAIL:
-        shapes = [t.shape for t in tensors]
-        detail(pg, func, f"{func}({op.name}, shapes={shapes}, {dtype})", async_op)
     flat = np.concatenate([t.reshape(-1) for t in tensors])
     if how.prescale is not None:
         np.multiply(flat, how.prescale, out=flat, casting="unsafe")
@@ -161,12 +166,12 @@ def all_reduce_coalesced(
         pg,
         func,
         flat.nbytes,
-        comm.Allreduce,
         comm.Iallreduce,
         (_mpi.MPI.IN_PLACE, [flat, how.datatype], how.mpi_op),
         async_op,
         finish,
         tensors,
+        lambda: f"{func}({op.name}, shapes={[t.shape for t in tensors]}, {dtype})",
     )
 
 
@@ -193,25 +198,40 @@ def reduce(
     check = check_output if is_root else check_input  # only dst writes
     tensor = check(func, "tensor", tensor)
     how = _plan(op, tensor.dtype, func)
-    if debug.LEVEL >= DETAIL:
-        detail(pg, func, f"{func}({op.name}, dst={dst}, {sig(tensor)})", async_op)
     mpitype = how.datatype
     comm = pg.comm
     args: tuple
+    prepare = None
     if is_root:
-        if how.prescale is not None:
-            np.multiply(tensor, how.prescale, out=tensor, casting="unsafe")
+        prepare = _prescaler(tensor, how.prescale)
         args = (_mpi.MPI.IN_PLACE, [tensor, mpitype], how.mpi_op, root)
         finish = _averager(tensor, pg._size) if how.average else None
     else:
         send = tensor if how.prescale is None else _scaled(tensor, how.prescale)
         args = ([send, mpitype], None, how.mpi_op, root)
         finish = None
-    return run(pg, func, tensor.nbytes, comm.Reduce, comm.Ireduce, args, async_op, finish, [tensor])
+    return run(
+        pg,
+        func,
+        tensor.nbytes,
+        comm.Ireduce,
+        args,
+        async_op,
+        finish,
+        [tensor],
+        lambda: f"{func}({op.name}, dst={dst}, {sig(tensor)})",
+        prepare,
+    )
 
 
 def _reduce_scatter_block(
-    pg: ProcessGroup, func: str, send: np.ndarray, output: np.ndarray, how: Plan, async_op: bool
+    pg: ProcessGroup,
+    func: str,
+    send: np.ndarray,
+    output: np.ndarray,
+    how: Plan,
+    async_op: bool,
+    call: Callable[[], str],
 ) -> Optional[Work]:
     """Reduce ``send`` (group size x output.size elements, already scaled if
     need be) and leave this rank's part in ``output``."""
@@ -220,12 +240,12 @@ def _reduce_scatter_block(
         pg,
         func,
         send.nbytes,
-        comm.Reduce_scatter_block,
         comm.Ireduce_scatter_block,
         ([send, how.datatype], [output, how.datatype], how.mpi_op),
         async_op,
         _averager(output, pg._size) if how.average else None,
         [output],
+        call,
     )
 
 
@@ -255,12 +275,12 @@ def reduce_scatter(
     dtype = check_same_dtype(func, [output] + inputs)
     check_same_shape(func, "input_list", inputs, output.shape, "output")
     how = _plan(op, dtype, func)
-    if debug.LEVEL >= DETAIL:
-        detail(pg, func, f"{func}({op.name}, output {sig(output)})", async_op)
     send = np.concatenate([x.reshape(-1) for x in inputs])
     if how.prescale is not None:
         np.multiply(send, how.prescale, out=send, casting="unsafe")
-    return _reduce_scatter_block(pg, func, send, output, how, async_op)
+    return _reduce_scatter_block(
+        pg, func, send, output, how, async_op, lambda: f"{func}({op.name}, output {sig(output)})"
+    )
 
 
 def reduce_scatter_tensor(
@@ -288,8 +308,13 @@ def reduce_scatter_tensor(
     dtype = check_same_dtype(func, [output, input])
     check_size(func, "input", input, output.size * n, "output.size x group size")
     how = _plan(op, dtype, func)
-    if debug.LEVEL >= DETAIL:
-        call = f"{func}({op.name}, output shape={output.shape}, input {sig(input)})"
-        detail(pg, func, call, async_op)
     send = detach(input, output) if how.prescale is None else _scaled(input, how.prescale)
-    return _reduce_scatter_block(pg, func, send, output, how, async_op)
+    return _reduce_scatter_block(
+        pg,
+        func,
+        send,
+        output,
+        how,
+        async_op,
+        lambda: f"{func}({op.name}, output shape={output.shape}, input {sig(input)})",
+    )

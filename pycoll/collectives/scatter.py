@@ -18,7 +18,7 @@ from ..arrays import (
 )
 from ..groups import STATE, ProcessGroup, resolve
 from ..work import Work
-from ._common import DETAIL, detail, group_rank, plain, run, sig
+from ._common import DETAIL, group_rank, plain, run, sig
 
 __all__ = ["broadcast", "scatter"]
 
@@ -51,25 +51,24 @@ def broadcast(
         and not async_op
         and not debug.LEVEL
     ):
-        plain(pg, func, pg.comm.Bcast, [tensor, datatype], root)
+        plain(pg, func, pg.comm.Ibcast, [tensor, datatype], root)
         return None
     if root == pg._rank:
         tensor = check_input(func, "tensor", tensor)
     else:
         tensor = check_output(func, "tensor", tensor)
-    if debug.LEVEL >= DETAIL:
-        detail(pg, func, f"{func}(src={src}, {sig(tensor)})", async_op)
+    desc = f"{func}(src={src}, {sig(tensor)})" if debug.LEVEL >= DETAIL else None
     comm = pg.comm
     return run(
         pg,
         func,
         tensor.nbytes,
-        comm.Bcast,
         comm.Ibcast,
         ([tensor, mpi_datatype(tensor.dtype)], root),
         async_op,
         None,
         [tensor],
+        call=desc,
     )
 
 
@@ -115,17 +114,16 @@ def scatter(
                 f"{func}: scatter_list must be None on ranks other than src ({src}); only src sends"
             )
         send = None
-    if debug.LEVEL >= DETAIL:
-        detail(pg, func, f"{func}(src={src}, {sig(tensor)})", async_op)
+    desc = f"{func}(src={src}, {sig(tensor)})" if debug.LEVEL >= DETAIL else None
     comm = pg.comm
     return run(
         pg,
         func,
         tensor.nbytes,
-        comm.Scatter,
         comm.Iscatter,
         (send, [tensor, mpitype], root),
         async_op,
         None,
         [tensor],
+        call=desc,
     )

@@ -1,0 +1,209 @@
+"""The progress board: the side channel that turns a hang into a diagnosis.
+
+Every rank publishes, in memory exposed to the others through an MPI
+one-sided window over the default group, how far it has got on each group it
+uses: the sequence number of the last collective it started there, which
+operation it was, and whether it is still in progress. When an operation
+times out, the rank that timed out reads its peers' records with MPI_Rget,
+which needs nothing from the rank being read: it works while that rank
+computes, sleeps, waits in another MPI call, or has exited (on one node the
+window is shared memory that outlives the process's use of it).
+
+The writer side is three stores into local memory per collective; nothing is
+sent until a diagnosis is needed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import time
+import zlib
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from . import _mpi
+
+# Operation names as stored in the records. The order is part of the format:
+# every rank must agree on it, so add names at the end only.
+OPS = (
+    "?",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "scatter",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_coalesced",
+    "gather",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "monitored_barrier",
+    "all_gather_object",
+    "gather_object",
+    "broadcast_object_list",
+    "scatter_object_list",
+    "send",
+    "recv",
+    "send_object_list",
+    "recv_object_list",
+)
+CODE = {name: i for i, name in enumerate(OPS)}
+
+SLOTS = 64  # groups a rank can be followed on at once (the oldest slot is reused)
+PID, HOST, LAST, _SPARE = 0, 1, 2, 3
+HEADER = 4
+WORDS = HEADER + 2 * SLOTS
+BUSY = 1
+READ_TIMEOUT = 2.0  # seconds to wait for one peer's record
+EXIT_WAIT = 5.0  # at exit, seconds to wait for the other ranks to free the board
+
+
+def uid_of(name: str) -> int:
+    """A group's identity on the board, the same on every member (names are)."""
+    return zlib.crc32(name.encode()) << 31 | zlib.adler32(name.encode()) >> 1 | 1
+
+
+def pack(seq: int, op: str, busy: bool) -> int:
+    return seq << 8 | CODE.get(op, 0) << 1 | (BUSY if busy else 0)
+
+
+def _host_id() -> int:
+    return zlib.crc32(socket.gethostname().encode())
+
+
+class Board:
+    """This rank's record, and read access to every other rank's.
+
+    Attributes:
+        rec: this rank's record as a writeable memoryview of int64 words:
+            pid, host id, the word index of the last operation started, then
+            per group slot its id and ``seq << 8 | op code << 1 | busy``.
+    """
+
+    def __init__(self, comm: Any, timeout: float) -> None:
+        MPI = _mpi.MPI
+        self.comm = comm.Dup()  # for the window and for agreeing to free it
+        self.timeout = timeout
+        self.win = MPI.Win.Allocate(WORDS * 8, 8, comm=self.comm)
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        self.rec = memoryview(self.win.tomemory()).cast("B").cast("q")
+        for i in range(WORDS):
+            self.rec[i] = 0
+        self.rec[PID] = os.getpid()
+        self.rec[HOST] = _host_id()
+        self._next = 0
+        self.closed = False
+        atexit.register(self._end_epoch)
+
+    def _end_epoch(self) -> None:
+        """At exit without destroy_process_group: free the window if every
+        rank gets here within a few seconds (MPI would complain about it at
+        MPI_Finalize), else just close the read epoch."""
+        self.close(EXIT_WAIT)
+
+    def claim(self, uid: int) -> int:
+        """A slot for a new group; returns the index of its state word."""
+        rec = self.rec
+        for i in range(SLOTS):  # forget an earlier group of the same name
+            if rec[HEADER + 2 * i] == uid:
+                rec[HEADER + 2 * i] = 0
+        i = self._next % SLOTS
+        self._next += 1
+        rec[HEADER + 2 * i] = uid
+        rec[HEADER + 2 * i + 1] = 0
+        return HEADER + 2 * i + 1
+
+    def read(self, rank: int, timeout: float = READ_TIMEOUT) -> Optional[np.ndarray]:
+        """Rank ``rank``'s record (its default-group rank), or None if it
+        cannot be read within ``timeout`` seconds."""
+        MPI = _mpi.MPI
+        out = np.zeros(WORDS, np.int64)
+        try:
+            req = self.win.Rget([out, MPI.INT64_T], rank, (0, WORDS, MPI.INT64_T))
+            end = time.monotonic() + timeout
+            while not req.Test():
+                if time.monotonic() > end:
+                    return None
+                time.sleep(1e-4)
+        except MPI.Exception:
+            return None
+        return out
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Free the window (collective over the default group).
+
+        Freeing synchronizes every rank, so the ranks first check, within the
+        timeout (default: the default group's), that all of them are here;
+        otherwise the window is left to MPI_Finalize, as a rank may be stuck
+        or gone.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        atexit.unregister(self._end_epoch)
+        req = self.comm.Ibarrier()
+        end = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while not req.Test():
+            if time.monotonic() > end:
+                self.win.Unlock_all()
+                return
+            time.sleep(1e-4)
+        self.win.Unlock_all()
+        self.rec.release()
+        self.win.Free()
+        self.comm.Free()
+
+
+def describe(ranks: List[int], uid: int, seq: int, board: Board, names: Dict[int, str]) -> Any:
+    """What each member of a group is doing, for a timeout at ``seq``.
+
+    Returns (missing, text): the global ranks that have not started the
+    operation at ``seq`` on the group, and one line per rank saying what it
+    last started.
+    """
+    missing: List[int] = []
+    lines: List[str] = []
+    here = _host_id()
+    for rank in ranks:
+        rec = board.read(rank)
+        if rec is None:
+            missing.append(rank)
+            lines.append(f"rank {rank}: its progress record could not be read (no answer)")
+            continue
+        reached = 0
+        for i in range(SLOTS):
+            if rec[HEADER + 2 * i] == uid:
+                reached = int(rec[HEADER + 2 * i + 1]) >> 8
+        status = "reached it" if reached >= seq else f"has not reached it (at seq {reached})"
+        if reached < seq:
+            missing.append(rank)
+        last = int(rec[LAST])
+        if last:
+            word = int(rec[last])
+            where = names.get(int(rec[last - 1]), "another group")
+            state = "still in progress" if word & BUSY else "completed"
+            op = OPS[(word >> 1) & 0x7F] if (word >> 1) & 0x7F < len(OPS) else "?"
+            status += f"; last started {op} (seq {word >> 8}) on {where}, {state}"
+        else:
+            status += "; has started no collective"
+        if int(rec[HOST]) == here and rec[PID] and not _alive(int(rec[PID])):
+            status += f"; its process (pid {int(rec[PID])}) has exited"
+        lines.append(f"rank {rank}: {status}")
+    return missing, lines
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

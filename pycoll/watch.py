@@ -1,0 +1,190 @@
+"""Bounded waits: every wait on MPI in pycoll ends by a deadline, with a diagnosis.
+
+A blocking MPI call cannot be interrupted, so pycoll never makes one on a
+group: each operation is started with MPI's nonblocking call and completed
+by :func:`wait`, which polls it until it completes or the group's timeout
+passes. On a timeout the rank reads every member's record on the progress
+board (pycoll.progress) and raises DistTimeoutError naming the ranks that
+have not reached the operation and what each of them last started. The group
+is then *broken*: its MPI state is unknown, so every later call on it raises
+at once with the same diagnosis. With ``PYCOLL_ABORT_ON_TIMEOUT=1`` the
+diagnosis goes to stderr and the whole job is aborted instead, so a batch job
+ends rather than burning its allocation.
+
+Every operation on a group is issued under the group's lock (sequence number,
+DETAIL check, progress record and the MPI call together), so threads sharing
+a group cannot interleave their calls on it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Callable, List, Optional, Union
+
+from . import _mpi, debug, progress
+from .errors import DistBackendError, DistTimeoutError
+from .groups import STATE, ProcessGroup
+
+ABORT_ENV = "PYCOLL_ABORT_ON_TIMEOUT"
+ABORT_CODE = 124  # what `timeout` returns: a job killed for running out of time
+DETAIL = debug.DebugLevel.DETAIL
+
+_yield = os.sched_yield
+_now = time.monotonic
+SPIN_S = 0.05  # poll flat out this long, then pause between polls
+PAUSE_S = 2e-4
+
+
+def backend_error(op: str, seq: Optional[int], exc: BaseException) -> DistBackendError:
+    where = f"{op} (seq {seq})" if seq is not None else op
+    return DistBackendError(f"{where} failed in MPI: {exc}", op, seq)
+
+
+def broken(pg: ProcessGroup, op: str) -> DistTimeoutError:
+    """The error for any use of a group after one of its operations timed out."""
+    first = pg._broken
+    assert first is not None
+    return DistTimeoutError(
+        f"{op}: group {pg.group_desc!r} is unusable: an earlier operation on it timed "
+        f"out and may still be pending in MPI. Make a new group (or restart the job). "
+        f"The timeout was: {first}",
+        first.op,
+        first.seq,
+        first.elapsed,
+        first.ranks,
+    )
+
+
+def begin(pg: ProcessGroup, op: str, call: Union[str, Callable[[], str], None]) -> int:
+    """Count a collective on ``pg`` and publish it; return its sequence number.
+
+    The caller holds ``pg._lock``. At DETAIL, ``call()`` describes the call and
+    the members compare descriptions first (see debug.check_fingerprint).
+    """
+    if pg._broken is not None:
+        raise broken(pg, op)
+    seq = pg._seq + 1
+    if call is not None and debug.LEVEL >= DETAIL:
+        text = call if isinstance(call, str) else call()
+        debug.check_fingerprint(pg._ranks, pg.group_name, op, seq, text, _exchanger(pg, op, seq))
+    pg._seq = seq
+    rec = pg._rec
+    if rec is not None:
+        rec[pg._word] = seq << 8 | progress.CODE.get(op, 0) << 1 | progress.BUSY
+        rec[progress.LAST] = pg._word
+    return seq
+
+
+def end(pg: ProcessGroup, seq: int) -> None:
+    """Publish that the collective at ``seq`` completed (unless a later one started)."""
+    rec = pg._rec
+    if rec is not None:
+        word = rec[pg._word]
+        if word >> 8 == seq:
+            rec[pg._word] = word & ~progress.BUSY
+
+
+def _exchanger(pg: ProcessGroup, op: str, seq: int) -> Callable[[Any, Any], None]:
+    def exchange(mine: Any, everyone: Any) -> None:
+        MPI = _mpi.MPI
+        call(pg, op, seq, pg.comm.Iallgather, [mine, MPI.BYTE], [everyone, MPI.BYTE])
+
+    return exchange
+
+
+def call(pg: ProcessGroup, op: str, seq: Optional[int], start: Callable, *args: Any) -> Any:
+    """Start one nonblocking MPI operation and wait for it, within the group's timeout."""
+    try:
+        request = start(*args)
+    except _mpi.MPI.Exception as exc:
+        raise backend_error(op, seq, exc) from None
+    wait(pg, op, seq, [request])
+    return request
+
+
+def wait(
+    pg: ProcessGroup,
+    op: str,
+    seq: Optional[int],
+    requests: List[Any],
+    timeout: Optional[float] = None,
+    statuses: Optional[List[Any]] = None,
+    peer: Optional[int] = None,
+) -> None:
+    """Wait for ``requests`` to complete, at most ``timeout`` seconds (default:
+    the group's timeout); raise DistTimeoutError (or abort) when they do not.
+
+    ``peer`` (a group rank) narrows the diagnosis of a point-to-point operation
+    to the other side.
+    """
+    MPI = _mpi.MPI
+    testall = MPI.Request.Testall
+    try:
+        if testall(requests, statuses):
+            return
+        start = _now()
+        limit = pg._timeout_s if timeout is None else timeout
+        spins = 0
+        while not testall(requests, statuses):
+            spins += 1
+            if spins & 31:
+                _yield()  # give the core to a rank that shares it
+                continue
+            elapsed = _now() - start
+            if elapsed >= limit:
+                raise timed_out(pg, op, seq, elapsed, requests, peer)
+            if elapsed > SPIN_S:
+                time.sleep(PAUSE_S)  # a long wait: poll gently
+    except MPI.Exception as exc:
+        raise backend_error(op, seq, exc) from None
+
+
+def timed_out(
+    pg: ProcessGroup,
+    op: str,
+    seq: Optional[int],
+    elapsed: float,
+    requests: List[Any],
+    peer: Optional[int] = None,
+) -> DistTimeoutError:
+    """Diagnose a timeout, mark ``pg`` broken, and return the error to raise
+    (or abort the job under PYCOLL_ABORT_ON_TIMEOUT=1)."""
+    me = pg._ranks[pg._rank]
+    what = f"{op} (seq {seq})" if seq is not None else op
+    head = f"{what} on group {pg.group_desc!r} timed out after {elapsed:.1f} s on rank {me}"
+    board = STATE.board
+    if peer is not None:
+        members = [pg._ranks[peer]]
+    else:
+        members = [r for r in pg._ranks if r != me]
+    missing: List[int] = []
+    if board is None:
+        lines = ["(no progress board: the ranks' states are unknown)"]
+    else:
+        names = {g._uid: f"group {g.group_desc!r}" for g in STATE.groups.values()}
+        if seq is None:  # point-to-point: report what the peer is doing
+            missing, lines = progress.describe(members, pg._uid, pg._seq + 1, board, names)
+            missing = []
+        else:
+            missing, lines = progress.describe(members, pg._uid, seq, board, names)
+    if seq is None:
+        summary = f"rank {members[0]} did not match it" if members else ""
+    elif missing:
+        who = "rank" if len(missing) == 1 else "ranks"
+        summary = f"{who} {','.join(map(str, missing))} of the group have not reached seq {seq}"
+    else:
+        summary = (
+            f"every rank of the group has started seq {seq}: a rank is stuck inside it "
+            f"or the ranks called different collectives (PYCOLL_DEBUG=DETAIL checks)"
+        )
+    message = f"{head}: {summary}.\n  " + "\n  ".join(lines)
+    error = DistTimeoutError(message, op, seq, elapsed, missing)
+    pg._broken = error
+    pg._pending.extend(requests)  # MPI may still write into their buffers
+    if os.environ.get(ABORT_ENV, "").strip() == "1":
+        sys.stderr.write(f"pycoll: {message}\npycoll: {ABORT_ENV}=1: aborting the job\n")
+        sys.stderr.flush()
+        _mpi.MPI.COMM_WORLD.Abort(ABORT_CODE)
+    return error
