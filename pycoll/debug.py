@@ -49,13 +49,13 @@ def set_debug_level(level: DebugLevel) -> None:
 
 
 def set_debug_level_from_env() -> None:
-    """Set the debug level from ``PYCOLL_DEBUG`` (OFF when it is not set).
+    """Set the debug level from ``PYCOLL_DEBUG`` (OFF when it is unset or empty).
 
     Raises:
         ValueError: the variable holds anything but OFF, INFO or DETAIL.
     """
     raw = os.environ.get(ENV_VAR)
-    if raw is None:
+    if raw is None or not raw.strip():
         set_debug_level(DebugLevel.OFF)
         return
     try:

@@ -100,8 +100,23 @@ def call(pg: ProcessGroup, op: str, seq: Optional[int], start: Callable, *args: 
         request = start(*args)
     except _mpi.MPI.Exception as exc:
         raise backend_error(op, seq, exc) from None
-    wait(pg, op, seq, [request])
+    wait1(pg, op, seq, request)
     return request
+
+
+def wait1(pg: ProcessGroup, op: str, seq: Optional[int], request: Any) -> None:
+    """:func:`wait` for a single request: the hot path of every synchronous call."""
+    test = request.Test
+    try:
+        if test():
+            return
+        for _ in range(31):
+            _yield()
+            if test():
+                return
+    except _mpi.MPI.Exception as exc:
+        raise backend_error(op, seq, exc) from None
+    wait(pg, op, seq, [request])
 
 
 def wait(
@@ -172,8 +187,8 @@ def timed_out(
     if seq is None:
         summary = f"rank {members[0]} did not match it" if members else ""
     elif missing:
-        who = "rank" if len(missing) == 1 else "ranks"
-        summary = f"{who} {','.join(map(str, missing))} of the group have not reached seq {seq}"
+        who = "rank {} has" if len(missing) == 1 else "ranks {} have"
+        summary = f"{who.format(','.join(map(str, missing)))} not reached seq {seq}"
     else:
         summary = (
             f"every rank of the group has started seq {seq}: a rank is stuck inside it "

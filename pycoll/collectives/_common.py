@@ -65,7 +65,7 @@ def run(
     if async_op:
         return Work(op, seq, [request], finish, result, pg, nbytes)
     t0 = time.perf_counter() if debug.LEVEL else 0.0
-    watch.wait(pg, op, seq, [request])
+    watch.wait1(pg, op, seq, request)
     watch.end(pg, seq)
     if finish is not None:
         finish()
@@ -90,16 +90,17 @@ def plain(pg: ProcessGroup, op: str, start: Callable, *args: Any) -> None:
             raise watch.broken(pg, op)
         seq = pg._seq = pg._seq + 1
         rec = pg._rec
+        word = pg._word
         if rec is not None:
-            rec[pg._word] = seq << 8 | CODE[op] << 1 | 1
-            rec[LAST] = pg._word
+            rec[word] = busy = seq << 8 | CODE[op] << 1 | 1
+            rec[LAST] = word
         try:
             request = start(*args)
         except _mpi.MPI.Exception as exc:
             raise watch.backend_error(op, seq, exc) from None
-    watch.wait(pg, op, seq, [request])
-    if rec is not None and rec[pg._word] >> 8 == seq:
-        rec[pg._word] = seq << 8 | CODE[op] << 1
+    watch.wait1(pg, op, seq, request)
+    if rec is not None and rec[word] == busy:
+        rec[word] = busy - 1
 
 
 @contextmanager

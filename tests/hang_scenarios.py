@@ -1,0 +1,79 @@
+"""Jobs that hang on purpose, run by tests/test_hangs.py under mpiexec.
+
+Usage: mpiexec -n 4 python tests/hang_scenarios.py SCENARIO
+
+Every rank prints one JSON line saying what happened to it, so the test can
+check the diagnosis on every surviving rank.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import timedelta
+
+import numpy as np
+
+import pycoll
+from pycoll import CollectiveMismatchError, DistTimeoutError
+
+TIMEOUT = timedelta(seconds=1.5)
+
+
+def report(rank: int, **facts: object) -> None:
+    print(json.dumps({"rank": rank, **facts}), flush=True)
+
+
+def attempt(rank: int, call) -> None:
+    """Run ``call`` and report how it ended."""
+    start = time.monotonic()
+    try:
+        call()
+    except (DistTimeoutError, CollectiveMismatchError) as exc:
+        report(
+            rank,
+            error=type(exc).__name__,
+            ranks=getattr(exc, "ranks", None),
+            calls=sorted(getattr(exc, "calls", {}) or {}),
+            message=str(exc),
+            seconds=time.monotonic() - start,
+        )
+    else:
+        report(rank, error=None, seconds=time.monotonic() - start)
+
+
+def main(scenario: str) -> None:
+    pycoll.init_process_group(timeout=TIMEOUT)
+    rank = pycoll.get_rank()
+    x = np.ones(4, np.float32)
+    pycoll.all_reduce(x)  # seq 1: everyone
+    if scenario in ("skip", "abort"):
+        if rank == 2:
+            report(rank, skipped=True)
+        else:
+            attempt(rank, lambda: pycoll.all_reduce(x))  # seq 2, without rank 2
+    elif scenario == "order":
+        first = pycoll.new_group([0, 1, 2], group_desc="first")
+        second = pycoll.new_group([1, 2, 3], group_desc="second")
+        # Rank 1 goes first then second, rank 2 second then first: a cycle.
+        mine = {0: first, 1: first, 2: second, 3: second}[rank]
+        attempt(rank, lambda: pycoll.all_reduce(x, group=mine))
+    elif scenario == "sleep":
+        if rank == 3:
+            time.sleep(4 * TIMEOUT.total_seconds())
+        attempt(rank, lambda: pycoll.all_reduce(x))
+    elif scenario == "exit":
+        if rank == 3:
+            report(rank, exited=True)
+            sys.exit(0)
+        attempt(rank, lambda: pycoll.all_reduce(x))
+    elif scenario == "shape":
+        y = np.ones(3 if rank == 1 else 4, np.float32)
+        attempt(rank, lambda: pycoll.all_reduce(y))
+    else:
+        raise SystemExit(f"unknown scenario {scenario!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,169 @@
+"""Hangs turned into diagnoses: real 4-rank jobs that hang on purpose.
+
+Each scenario of tests/hang_scenarios.py runs as its own MPI job (a hang or
+an abort cannot be contained in the job running the suite), launched with the
+mpiexec next to this Python. The test checks, on every surviving rank, that
+the job ended in bounded time and that the error names the right ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("hang_scenarios.py")
+RANKS = 4
+TIMEOUT_S = 1.5  # hang_scenarios.TIMEOUT
+JOB_LIMIT_S = 90
+
+# Launcher variables of the job running this test must not leak into the
+# nested job (under mpiexec this process is itself a rank of another job).
+_LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID", "OMPI_COMM_WORLD", "PRTE_JOB")
+
+
+@pytest.fixture(autouse=True)
+def one_rank(world_size):
+    if world_size != 1:
+        pytest.skip("launches its own 4-rank jobs; runs in the single-rank pass")
+
+
+def run_job(scenario: str, **env: str) -> Tuple[int, List[Dict], str, float]:
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    if not mpiexec.exists():
+        pytest.skip(f"no mpiexec next to {sys.executable}")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
+    environ.pop("PYCOLL_DEBUG", None)
+    environ.update(env)
+    start = time.monotonic()
+    proc = subprocess.run(
+        [str(mpiexec), "-n", str(RANKS), sys.executable, str(SCRIPT), scenario],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=JOB_LIMIT_S,
+    )
+    elapsed = time.monotonic() - start
+    return proc.returncode, _reports(proc.stdout), proc.stderr, elapsed
+
+
+def _reports(out: str) -> List[Dict]:
+    """The ranks' JSON reports (launchers may glue lines of different ranks)."""
+    decoder = json.JSONDecoder()
+    found, i = [], 0
+    while (i := out.find('{"rank"', i)) >= 0:
+        obj, end = decoder.raw_decode(out, i)
+        found.append(obj)
+        i = end
+    return found
+
+
+def by_rank(reports: List[Dict]) -> Dict[int, Dict]:
+    ranks = {r["rank"]: r for r in reports}
+    assert sorted(ranks) == list(range(RANKS)), reports
+    return ranks
+
+
+def assert_timed_out(report: Dict, op: str, seq: int, missing: List[int]) -> None:
+    assert report["error"] == "DistTimeoutError", report
+    assert report["ranks"] == missing, report
+    who = f"rank {missing[0]} has" if len(missing) == 1 else f"ranks {missing} have"
+    head = (
+        rf"^{op} \(seq {seq}\) on group '[^']+' timed out after 1\.\d s on rank {report['rank']}: "
+    )
+    assert re.match(head + re.escape(f"{who} not reached seq {seq}."), report["message"]), report
+    assert TIMEOUT_S <= report["seconds"] < TIMEOUT_S + 10, report
+    for rank in missing:
+        assert re.search(rf"\n  rank {rank}: has not reached it \(at seq \d+\)", report["message"])
+
+
+def test_a_rank_skips_a_collective():
+    rc, reports, err, _ = run_job("skip")
+    ranks = by_rank(reports)
+    assert rc == 0, err
+    assert ranks[2] == {"rank": 2, "skipped": True}
+    for r in (0, 1, 3):
+        assert_timed_out(ranks[r], "all_reduce", 2, [2])
+        assert (
+            "rank 2: has not reached it (at seq 1); last started all_reduce (seq 1)"
+            in (ranks[r]["message"])
+        )
+
+
+def test_ranks_call_overlapping_groups_in_different_orders():
+    """Groups [0,1,2] ('first') and [1,2,3] ('second'): rank 1 enters first,
+    rank 2 second, so each waits for the other."""
+    rc, reports, err, _ = run_job("order")
+    ranks = by_rank(reports)
+    assert rc == 0, err
+    assert_timed_out(ranks[0], "all_reduce", 1, [2])
+    assert_timed_out(ranks[1], "all_reduce", 1, [2])
+    assert_timed_out(ranks[2], "all_reduce", 1, [1])
+    assert_timed_out(ranks[3], "all_reduce", 1, [1])
+    # Each side sees where the other one is stuck (a group it belongs to).
+    assert (
+        "rank 2: has not reached it (at seq 0); last started all_reduce (seq 1) on group "
+        "'second', still in progress" in ranks[1]["message"]
+    )
+    assert (
+        "rank 1: has not reached it (at seq 0); last started all_reduce (seq 1) on group "
+        "'first', still in progress" in ranks[2]["message"]
+    )
+
+
+def test_a_rank_sleeps_past_the_timeout():
+    rc, reports, err, _ = run_job("sleep")
+    ranks = by_rank(reports)
+    assert rc == 0, err
+    for r in (0, 1, 2):
+        assert_timed_out(ranks[r], "all_reduce", 2, [3])
+        assert (
+            "rank 3: has not reached it (at seq 1); last started all_reduce (seq 1) on "
+            "group 'default_pg', completed" in ranks[r]["message"]
+        )
+    # The sleeper arrives late and finds the others' abandoned operations.
+    assert ranks[3]["error"] is None
+
+
+def test_a_rank_exits_early():
+    rc, reports, err, _ = run_job("exit")
+    ranks = by_rank(reports)
+    assert rc == 0, err
+    assert ranks[3] == {"rank": 3, "exited": True}
+    for r in (0, 1, 2):
+        assert_timed_out(ranks[r], "all_reduce", 2, [3])
+
+
+def test_shape_mismatch_under_detail():
+    rc, reports, err, elapsed = run_job("shape", PYCOLL_DEBUG="DETAIL")
+    ranks = by_rank(reports)
+    assert rc == 0, err
+    for r in range(RANKS):
+        assert ranks[r]["error"] == "CollectiveMismatchError", ranks[r]
+        assert ranks[r]["calls"] == [0, 1, 2, 3]
+        assert (
+            "rank 1 called all_reduce(SUM, shape=(3,), float32) at seq 2 while ranks 0,2,3 "
+            "called all_reduce(SUM, shape=(4,), float32) at seq 2" in ranks[r]["message"]
+        )
+        assert ranks[r]["seconds"] < TIMEOUT_S  # found before anything could hang
+
+
+def test_abort_on_timeout_ends_the_job():
+    rc, reports, err, elapsed = run_job("abort", PYCOLL_ABORT_ON_TIMEOUT="1")
+    assert rc != 0
+    assert elapsed < JOB_LIMIT_S
+    assert re.search(
+        r"pycoll: all_reduce \(seq 2\) on group 'default_pg' timed out after 1\.\d s on rank "
+        r"[013]: rank 2 has not reached seq 2\.",
+        err,
+    ), err
+    assert "PYCOLL_ABORT_ON_TIMEOUT=1: aborting the job" in err
+    # No survivor went on to report: the job ended at the timeout.
+    assert not [r for r in reports if "error" in r], reports

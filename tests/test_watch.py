@@ -1,0 +1,132 @@
+"""pycoll.watch and pycoll.progress in a healthy job: bounded waits, broken
+groups, the per-group issue order. Jobs that really hang are in test_hangs.py."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import pycoll
+from pycoll import DistTimeoutError
+from pycoll.groups import STATE
+from pycoll.progress import CODE, LAST
+
+
+def test_threads_sharing_a_group_do_not_interleave(rank, world_size):
+    """Three threads per rank issue all_reduce on one group at once: every
+    call is counted once and every result is right (identical calls, so any
+    cross-rank pairing of the threads' calls is a correct one)."""
+    group = pycoll.new_group(group_desc="threads")
+    calls, threads = 150, 3
+    errors: list = []
+
+    def work() -> None:
+        try:
+            for _ in range(calls):
+                x = np.ones(8)
+                pycoll.all_reduce(x, group=group)
+                assert (x == world_size).all(), x
+                y = np.ones(8)
+                pycoll.all_reduce(y, group=group, async_op=True).wait()
+                assert (y == world_size).all(), y
+        except BaseException as exc:  # re-raised in the main thread
+            errors.append(exc)
+
+    pool = [threading.Thread(target=work) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(timeout=120)
+    assert not [t for t in pool if t.is_alive()], "a thread is stuck"
+    assert not errors, errors
+    assert group.sequence_number() == 2 * calls * threads
+    pycoll.destroy_process_group(group)
+
+
+def test_progress_record_follows_the_group(pg, rank):
+    """This rank's record names the last collective started and whether it ended."""
+    rec = STATE.board.rec
+    pycoll.broadcast(np.zeros(3), src=0)
+    word = rec[pg._word]
+    assert rec[LAST] == pg._word
+    assert word >> 8 == pg.sequence_number()
+    assert (word >> 1) & 0x7F == CODE["broadcast"] and not word & 1
+    other = STATE.board.read((rank + 1) % pg.size())
+    assert other is not None and other[0] > 0  # a peer's pid, read one-sidedly
+
+
+def test_group_timeout_bounds_a_blocking_call(rank, world_size):
+    """On a group made with a 0.5 s timeout, rank 0's barrier gives up, names
+    the others, and leaves the group unusable; the others arrive afterwards
+    (told by message, not by sleeping) and complete with rank 0's abandoned call."""
+    if world_size == 1:
+        pytest.skip("needs a second rank to be late")
+    group = pycoll.new_group(timeout=timedelta(seconds=0.5), group_desc="short")
+    signal = MPI.COMM_WORLD
+    if rank == 0:
+        others = list(range(1, world_size))
+        try:
+            with pytest.raises(DistTimeoutError) as info:
+                pycoll.barrier(group=group)
+            error = info.value
+            assert error.op == "barrier" and error.seq == 1 and error.ranks == others
+            assert 0.5 <= error.elapsed < 5
+            assert str(error).startswith(
+                "barrier (seq 1) on group 'short' timed out after 0.5 s on rank 0: "
+            )
+            for r in others:
+                assert f"rank {r}: has not reached it (at seq 0)" in str(error)
+            with pytest.raises(DistTimeoutError, match="group 'short' is unusable") as again:
+                pycoll.broadcast(np.zeros(1), src=0, group=group)
+            assert again.value.ranks == others and again.value.seq == 1
+        finally:  # release the others even if an assertion failed here
+            for r in others:
+                signal.send("go", dest=r, tag=78)
+    else:
+        assert signal.recv(source=0, tag=78) == "go"
+        pycoll.barrier(group=group)
+        assert group.sequence_number() == 1
+    pycoll.destroy_process_group(group)
+
+
+def test_recv_timeout_names_the_peer(rank, world_size):
+    if world_size == 1:
+        pytest.skip("needs a peer")
+    group = pycoll.new_group(timeout=timedelta(seconds=0.3), group_desc="p2p")
+    if rank == 0:
+        with pytest.raises(DistTimeoutError) as info:
+            pycoll.recv(np.zeros(2), src=1, group=group)
+        assert str(info.value).startswith(
+            "recv on group 'p2p' timed out after 0.3 s on rank 0: rank 1 did not match it."
+        )
+        assert "\n  rank 1: " in str(info.value) and info.value.seq is None
+        with pytest.raises(DistTimeoutError, match="unusable"):
+            pycoll.send(np.zeros(2), dst=1, group=group)
+    pycoll.destroy_process_group(group)
+
+
+def test_work_wait_timeout_overrides_the_group(rank, world_size):
+    """wait(timeout) shorter than the group's: bounded by the Work's own."""
+    if world_size == 1:
+        pytest.skip("needs a second rank to be late")
+    group = pycoll.new_group(group_desc="override")  # 30 min by default
+    signal = MPI.COMM_WORLD
+    if rank == 0:
+        try:
+            work = pycoll.all_reduce(np.ones(2), group=group, async_op=True)
+            with pytest.raises(DistTimeoutError, match=r"timed out after 0\.2 s") as info:
+                work.wait(timeout=timedelta(milliseconds=200))
+            assert info.value.elapsed < 5
+        finally:  # release the others even if an assertion failed here
+            for r in range(1, world_size):
+                signal.send("go", dest=r, tag=79)
+    else:
+        assert signal.recv(source=0, tag=79) == "go"
+        x = np.ones(2)
+        pycoll.all_reduce(x, group=group)
+        np.testing.assert_array_equal(x, world_size)
+    pycoll.destroy_process_group(group)
