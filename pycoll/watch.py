@@ -202,4 +202,7 @@ def timed_out(
         sys.stderr.write(f"pycoll: {message}\npycoll: {ABORT_ENV}=1: aborting the job\n")
         sys.stderr.flush()
         _mpi.MPI.COMM_WORLD.Abort(ABORT_CODE)
+        # MPICH's MPI_Abort can return before the launcher ends the job: make
+        # sure this rank goes no further.
+        os._exit(ABORT_CODE)
     return error

@@ -59,7 +59,7 @@ def test_progress_record_follows_the_group(pg, rank):
     assert other is not None and other[0] > 0  # a peer's pid, read one-sidedly
 
 
-def test_group_timeout_bounds_a_blocking_call(rank, world_size):
+def test_group_timeout_bounds_a_blocking_call(debug_off, rank, world_size):
     """On a group made with a 0.5 s timeout, rank 0's barrier gives up, names
     the others, and leaves the group unusable; the others arrive afterwards
     (told by message, not by sleeping) and complete with rank 0's abandoned call."""
@@ -109,7 +109,7 @@ def test_recv_timeout_names_the_peer(rank, world_size):
     pycoll.destroy_process_group(group)
 
 
-def test_work_wait_timeout_overrides_the_group(rank, world_size):
+def test_work_wait_timeout_overrides_the_group(debug_off, rank, world_size):
     """wait(timeout) shorter than the group's: bounded by the Work's own."""
     if world_size == 1:
         pytest.skip("needs a second rank to be late")
