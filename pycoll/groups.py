@@ -284,6 +284,9 @@ def init_process_group(
     if timeout.total_seconds() <= 0:
         raise ValueError(f"init_process_group: timeout must be positive, got {timeout}")
     debug.set_debug_level_from_env()
+    from . import watch
+
+    watch.set_wait_mode_from_env()
     MPI = _mpi.load()
     if comm is None:
         comm = MPI.COMM_WORLD

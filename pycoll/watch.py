@@ -20,21 +20,85 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
-from typing import Any, Callable, List, Optional, Union
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 from . import _mpi, debug, progress
 from .errors import DistBackendError, DistTimeoutError
 from .groups import STATE, ProcessGroup
 
 ABORT_ENV = "PYCOLL_ABORT_ON_TIMEOUT"
+WAIT_ENV = "PYCOLL_WAIT"
 ABORT_CODE = 124  # what `timeout` returns: a job killed for running out of time
 DETAIL = debug.DebugLevel.DETAIL
 
 _yield = os.sched_yield
 _now = time.monotonic
+WATCHDOG_TICK_S = 0.25
 SPIN_S = 0.05  # poll flat out this long, then pause between polls
 PAUSE_S = 2e-4
+
+
+# PYCOLL_WAIT=blocking: the synchronous fast paths (pycoll.collectives._common.
+# plain) call MPI's blocking collectives, and the watchdog thread ends the job
+# if one of them outlives its group's timeout.
+BLOCKING = False
+# The blocking call in flight: (group, op, seq, start time), or None.
+inflight: Optional[Tuple[ProcessGroup, str, int, float]] = None
+_watchdog: Optional[threading.Thread] = None
+
+
+def set_wait_mode_from_env() -> None:
+    """Read ``PYCOLL_WAIT`` (``poll``, the default, or ``blocking``)."""
+    global BLOCKING
+    raw = os.environ.get(WAIT_ENV, "").strip().lower()
+    if raw not in ("", "poll", "blocking"):
+        raise ValueError(
+            f"The value of {WAIT_ENV} must be 'poll' (the default: every wait is "
+            f"bounded and a timeout raises DistTimeoutError) or 'blocking' (fast "
+            f"blocking MPI calls; a timeout aborts the job), got {raw!r}"
+        )
+    BLOCKING = raw == "blocking"
+    if BLOCKING:
+        _start_watchdog()
+
+
+def _start_watchdog() -> None:
+    global _watchdog
+    if _watchdog is None or not _watchdog.is_alive():
+        _watchdog = threading.Thread(target=_watch_blocking, name="pycoll-watchdog", daemon=True)
+        _watchdog.start()
+
+
+def _watch_blocking() -> None:
+    """Abort the job when a blocking call outlives its group's timeout: it
+    cannot be interrupted, so ending the job is the only bounded outcome."""
+    while True:
+        current = inflight
+        if current is None:
+            time.sleep(WATCHDOG_TICK_S)
+            continue
+        pg, op, seq, start = current
+        left = start + pg._timeout_s - _now()
+        if left > 0:
+            time.sleep(min(left, WATCHDOG_TICK_S))
+            continue
+        if inflight is current:
+            error = timed_out(pg, op, seq, _now() - start, [], abort=True)
+            raise AssertionError(f"unreachable: {error}")  # timed_out exits
+
+
+def blocking_call(pg: ProcessGroup, op: str, seq: int, call: Callable, *args: Any) -> None:
+    """Make one blocking MPI call under the watchdog's eye."""
+    global inflight
+    inflight = (pg, op, seq, _now())
+    try:
+        call(*args)
+    except _mpi.MPI.Exception as exc:
+        raise backend_error(op, seq, exc) from None
+    finally:
+        inflight = None
 
 
 def backend_error(op: str, seq: Optional[int], exc: BaseException) -> DistBackendError:
@@ -163,9 +227,10 @@ def timed_out(
     elapsed: float,
     requests: List[Any],
     peer: Optional[int] = None,
+    abort: bool = False,
 ) -> DistTimeoutError:
     """Diagnose a timeout, mark ``pg`` broken, and return the error to raise
-    (or abort the job under PYCOLL_ABORT_ON_TIMEOUT=1)."""
+    (or abort the job, under PYCOLL_ABORT_ON_TIMEOUT=1 or if ``abort``)."""
     me = pg._ranks[pg._rank]
     what = f"{op} (seq {seq})" if seq is not None else op
     head = f"{what} on group {pg.group_desc!r} timed out after {elapsed:.1f} s on rank {me}"
@@ -198,8 +263,9 @@ def timed_out(
     error = DistTimeoutError(message, op, seq, elapsed, missing)
     pg._broken = error
     pg._pending.extend(requests)  # MPI may still write into their buffers
-    if os.environ.get(ABORT_ENV, "").strip() == "1":
-        sys.stderr.write(f"pycoll: {message}\npycoll: {ABORT_ENV}=1: aborting the job\n")
+    if abort or os.environ.get(ABORT_ENV, "").strip() == "1":
+        why = f"{WAIT_ENV}=blocking" if abort else f"{ABORT_ENV}=1"
+        sys.stderr.write(f"pycoll: {message}\npycoll: {why}: aborting the job\n")
         sys.stderr.flush()
         _mpi.MPI.COMM_WORLD.Abort(ABORT_CODE)
         # MPICH's MPI_Abort can return before the launcher ends the job: make

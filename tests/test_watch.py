@@ -31,7 +31,10 @@ def test_threads_sharing_a_group_do_not_interleave(rank, world_size):
                 pycoll.all_reduce(x, group=group)
                 assert (x == world_size).all(), x
                 y = np.ones(8)
-                pycoll.all_reduce(y, group=group, async_op=True).wait()
+                # (PYCOLL_WAIT=blocking: the forms must not mix, stay synchronous)
+                work = pycoll.all_reduce(y, group=group, async_op=not pycoll.watch.BLOCKING)
+                if work is not None:
+                    work.wait()
                 assert (y == world_size).all(), y
         except BaseException as exc:  # re-raised in the main thread
             errors.append(exc)
@@ -127,6 +130,6 @@ def test_work_wait_timeout_overrides_the_group(debug_off, rank, world_size):
     else:
         assert signal.recv(source=0, tag=79) == "go"
         x = np.ones(2)
-        pycoll.all_reduce(x, group=group)
+        pycoll.all_reduce(x, group=group, async_op=True).wait()
         np.testing.assert_array_equal(x, world_size)
     pycoll.destroy_process_group(group)

@@ -79,12 +79,28 @@ def sig(x: Any) -> str:
     return f"shape={x.shape}, {x.dtype}"
 
 
-def plain(pg: ProcessGroup, op: str, start: Callable, *args: Any) -> None:
+def plain(pg: ProcessGroup, op: str, start: Callable, blocking: Callable, *args: Any) -> None:
     """The synchronous fast path: count the collective, start it, wait for it.
 
     For calls already known to need nothing else (checked arrays, debug OFF,
-    no finishing step); everything else goes through :func:`run`.
+    no finishing step); everything else goes through :func:`run`. Under
+    ``PYCOLL_WAIT=blocking`` it makes MPI's blocking call instead (watched by
+    the watchdog thread).
     """
+    if watch.BLOCKING:
+        with pg._lock:
+            if pg._broken is not None:
+                raise watch.broken(pg, op)
+            seq = pg._seq = pg._seq + 1
+            rec = pg._rec
+            word = pg._word
+            if rec is not None:
+                rec[word] = busy = seq << 8 | CODE[op] << 1 | 1
+                rec[LAST] = word
+            watch.blocking_call(pg, op, seq, blocking, *args)
+            if rec is not None and rec[word] == busy:
+                rec[word] = busy - 1
+        return
     with pg._lock:
         if pg._broken is not None:
             raise watch.broken(pg, op)

@@ -128,7 +128,7 @@ def all_gather_into_tensor(
         and not async_op
         and not debug.LEVEL
     ):
-        plain(pg, func, pg.comm.Iallgather, [inp, datatype], [out, datatype])
+        plain(pg, func, pg.comm.Iallgather, pg.comm.Allgather, [inp, datatype], [out, datatype])
         return None
     output_tensor = check_output(func, "output_tensor", output_tensor)
     input_tensor = check_input(func, "input_tensor", input_tensor)

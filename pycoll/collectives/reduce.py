@@ -106,7 +106,13 @@ def all_reduce(
         how = plan(op, tensor.dtype, "all_reduce")
     if how.plain and not async_op and not debug.LEVEL:
         plain(
-            pg, "all_reduce", pg.comm.Iallreduce, _mpi.IN_PLACE, [tensor, how.datatype], how.mpi_op
+            pg,
+            "all_reduce",
+            pg.comm.Iallreduce,
+            pg.comm.Allreduce,
+            _mpi.IN_PLACE,
+            [tensor, how.datatype],
+            how.mpi_op,
         )
         return None
     finish = _averager(tensor, pg._size) if how.average else None

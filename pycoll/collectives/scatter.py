@@ -51,7 +51,7 @@ def broadcast(
         and not async_op
         and not debug.LEVEL
     ):
-        plain(pg, func, pg.comm.Ibcast, [tensor, datatype], root)
+        plain(pg, func, pg.comm.Ibcast, pg.comm.Bcast, [tensor, datatype], root)
         return None
     if root == pg._rank:
         tensor = check_input(func, "tensor", tensor)
