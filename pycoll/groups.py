@@ -91,7 +91,7 @@ class ProcessGroup:
 
         self._uid = uid_of(group_name)
         board = STATE.board
-        self._rec = board.rec if board is not None else None
+        self._rec: Any = board.rec if board is not None else None
         self._word = board.claim(self._uid) if board is not None else 0
 
     def rank(self) -> int:

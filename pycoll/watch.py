@@ -44,8 +44,9 @@ PAUSE_S = 2e-4
 # plain) call MPI's blocking collectives, and the watchdog thread ends the job
 # if one of them outlives its group's timeout.
 BLOCKING = False
-# The blocking call in flight: (group, op, seq, start time), or None.
-inflight: Optional[Tuple[ProcessGroup, str, int, float]] = None
+# The blocking call in flight: (group, op, seq), or None. The watchdog times
+# it from when it first sees it, which saves a clock read per call.
+inflight: Optional[Tuple[ProcessGroup, str, int]] = None
 _watchdog: Optional[threading.Thread] = None
 
 
@@ -74,31 +75,21 @@ def _start_watchdog() -> None:
 def _watch_blocking() -> None:
     """Abort the job when a blocking call outlives its group's timeout: it
     cannot be interrupted, so ending the job is the only bounded outcome."""
+    seen: Any = None
+    since = 0.0
     while True:
+        time.sleep(WATCHDOG_TICK_S)
         current = inflight
+        if current is not seen:
+            seen, since = current, _now()
+            continue
         if current is None:
-            time.sleep(WATCHDOG_TICK_S)
             continue
-        pg, op, seq, start = current
-        left = start + pg._timeout_s - _now()
-        if left > 0:
-            time.sleep(min(left, WATCHDOG_TICK_S))
-            continue
-        if inflight is current:
-            error = timed_out(pg, op, seq, _now() - start, [], abort=True)
+        pg, op, seq = current
+        elapsed = _now() - since + WATCHDOG_TICK_S / 2  # seen first mid-tick, on average
+        if elapsed >= pg._timeout_s:
+            error = timed_out(pg, op, seq, elapsed, [], abort=True)
             raise AssertionError(f"unreachable: {error}")  # timed_out exits
-
-
-def blocking_call(pg: ProcessGroup, op: str, seq: int, call: Callable, *args: Any) -> None:
-    """Make one blocking MPI call under the watchdog's eye."""
-    global inflight
-    inflight = (pg, op, seq, _now())
-    try:
-        call(*args)
-    except _mpi.MPI.Exception as exc:
-        raise backend_error(op, seq, exc) from None
-    finally:
-        inflight = None
 
 
 def backend_error(op: str, seq: Optional[int], exc: BaseException) -> DistBackendError:

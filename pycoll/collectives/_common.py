@@ -84,38 +84,31 @@ def plain(pg: ProcessGroup, op: str, start: Callable, blocking: Callable, *args:
 
     For calls already known to need nothing else (checked arrays, debug OFF,
     no finishing step); everything else goes through :func:`run`. Under
-    ``PYCOLL_WAIT=blocking`` it makes MPI's blocking call instead (watched by
-    the watchdog thread).
+    ``PYCOLL_WAIT=blocking`` it makes MPI's blocking call instead, watched by
+    the watchdog thread. (This is :func:`run` inlined: every step counts here.)
     """
-    if watch.BLOCKING:
-        with pg._lock:
-            if pg._broken is not None:
-                raise watch.broken(pg, op)
-            seq = pg._seq = pg._seq + 1
-            rec = pg._rec
-            word = pg._word
-            if rec is not None:
-                rec[word] = busy = seq << 8 | CODE[op] << 1 | 1
-                rec[LAST] = word
-            watch.blocking_call(pg, op, seq, blocking, *args)
-            if rec is not None and rec[word] == busy:
-                rec[word] = busy - 1
-        return
     with pg._lock:
         if pg._broken is not None:
             raise watch.broken(pg, op)
         seq = pg._seq = pg._seq + 1
         rec = pg._rec
         word = pg._word
-        if rec is not None:
-            rec[word] = busy = seq << 8 | CODE[op] << 1 | 1
-            rec[LAST] = word
+        busy = seq << 8 | CODE[op] << 1 | 1
+        rec[word] = busy
+        rec[LAST] = word
         try:
-            request = start(*args)
+            if watch.BLOCKING:
+                watch.inflight = (pg, op, seq)
+                blocking(*args)
+                watch.inflight = None
+            else:
+                request = start(*args)
         except _mpi.MPI.Exception as exc:
+            watch.inflight = None
             raise watch.backend_error(op, seq, exc) from None
-    watch.wait1(pg, op, seq, request)
-    if rec is not None and rec[word] == busy:
+    if not watch.BLOCKING:
+        watch.wait1(pg, op, seq, request)
+    if rec[word] == busy:
         rec[word] = busy - 1
 
 
