@@ -19,6 +19,7 @@ a group cannot interleave their calls on it.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
@@ -235,13 +236,17 @@ def timed_out(
         lines = ["(no progress board: the ranks' states are unknown)"]
     else:
         names = {g._uid: f"group {g.group_desc!r}" for g in STATE.groups.values()}
-        if seq is None:  # point-to-point: report what the peer is doing
-            missing, lines = progress.describe(members, pg._uid, pg._seq + 1, board, names)
-            missing = []
+        if seq is None:  # point-to-point: only what the peer last started matters
+            _, lines = progress.describe(members, pg._uid, pg._seq + 1, board, names)
+            lines = [re.sub(r"^(rank \d+: )[^;]*; ", r"\1", line) for line in lines]
         else:
             missing, lines = progress.describe(members, pg._uid, seq, board, names)
     if seq is None:
-        summary = f"rank {members[0]} did not match it" if members else ""
+        summary = (
+            f"rank {members[0]} did not match it"
+            if peer is not None
+            else "no rank of the group matched it"
+        )
     elif missing:
         who = "rank {} has" if len(missing) == 1 else "ranks {} have"
         summary = f"{who.format(','.join(map(str, missing)))} not reached seq {seq}"
@@ -250,7 +255,7 @@ def timed_out(
             f"every rank of the group has started seq {seq}: a rank is stuck inside it "
             f"or the ranks called different collectives (PYCOLL_DEBUG=DETAIL checks)"
         )
-    message = f"{head}: {summary}.\n  " + "\n  ".join(lines)
+    message = f"{head}: {summary}." + "".join(f"\n  {line}" for line in lines)
     error = DistTimeoutError(message, op, seq, elapsed, missing)
     pg._broken = error
     pg._pending.extend(requests)  # MPI may still write into their buffers
