@@ -133,3 +133,23 @@ def test_work_wait_timeout_overrides_the_group(debug_off, rank, world_size):
         pycoll.all_reduce(x, group=group, async_op=True).wait()
         np.testing.assert_array_equal(x, world_size)
     pycoll.destroy_process_group(group)
+
+
+@pytest.mark.parametrize("value", ["block", "1", "POLLING"])
+def test_bad_wait_mode_is_refused(pg, monkeypatch, value):
+    before = pycoll.watch.BLOCKING
+    monkeypatch.setenv("PYCOLL_WAIT", value)
+    with pytest.raises(ValueError, match="^The value of PYCOLL_WAIT must be 'poll'"):
+        pycoll.watch.set_wait_mode_from_env()
+    assert pycoll.watch.BLOCKING is before
+
+
+@pytest.mark.parametrize("value,blocking", [("", False), ("Poll", False), (" blocking ", True)])
+def test_wait_modes_from_env(pg, monkeypatch, value, blocking):
+    before = pycoll.watch.BLOCKING
+    monkeypatch.setenv("PYCOLL_WAIT", value)
+    try:
+        pycoll.watch.set_wait_mode_from_env()
+        assert pycoll.watch.BLOCKING is blocking
+    finally:
+        pycoll.watch.BLOCKING = before
