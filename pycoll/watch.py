@@ -32,6 +32,7 @@ from .groups import STATE, ProcessGroup
 ABORT_ENV = "PYCOLL_ABORT_ON_TIMEOUT"
 WAIT_ENV = "PYCOLL_WAIT"
 ABORT_CODE = 124  # what `timeout` returns: a job killed for running out of time
+ABORT_GRACE_S = 1.0
 DETAIL = debug.DebugLevel.DETAIL
 
 _yield = os.sched_yield
@@ -263,6 +264,10 @@ def timed_out(
         why = f"{WAIT_ENV}=blocking" if abort else f"{ABORT_ENV}=1"
         sys.stderr.write(f"pycoll: {message}\npycoll: {why}: aborting the job\n")
         sys.stderr.flush()
+        # Give the launcher time to forward it: MPICH's Hydra was seen to drop
+        # a rank's last lines of stderr (1 run in 8) when the job was aborted
+        # right after they were written. The job is ending; a second is cheap.
+        time.sleep(ABORT_GRACE_S)
         _mpi.MPI.COMM_WORLD.Abort(ABORT_CODE)
         # MPICH's MPI_Abort can return before the launcher ends the job: make
         # sure this rank goes no further.
