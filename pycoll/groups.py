@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any, Dict, List, Optional
 
 from . import _mpi, debug
+from .progress import Board, uid_of
 
 __all__ = [
     "ProcessGroup",
@@ -87,8 +88,6 @@ class ProcessGroup:
         self._broken: Any = None  # the DistTimeoutError that broke the group
         self._pending: List[Any] = []  # requests abandoned by a timeout
         # This group's record on the progress board (pycoll.progress).
-        from .progress import uid_of
-
         self._uid = uid_of(group_name)
         board = STATE.board
         self._rec: Any = board.rec if board is not None else None
@@ -310,8 +309,6 @@ def init_process_group(
     node = own.Split_type(MPI.COMM_TYPE_SHARED, key=me)
     STATE.local_rank, STATE.local_size = node.Get_rank(), node.Get_size()
     node.Free()
-    from .progress import Board
-
     STATE.board = Board(own, timeout.total_seconds())
     pg = ProcessGroup(own, list(range(size)), group_name or "default_pg", timeout)
     pg._backend = backend_name

@@ -129,7 +129,7 @@ def begin(pg: ProcessGroup, op: str, call: Union[str, Callable[[], str], None]) 
     pg._seq = seq
     rec = pg._rec
     if rec is not None:
-        rec[pg._word] = seq << 8 | progress.CODE.get(op, 0) << 1 | progress.BUSY
+        rec[pg._word] = progress.pack(seq, op, busy=True)
         rec[progress.LAST] = pg._word
     return seq
 

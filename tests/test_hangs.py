@@ -155,8 +155,10 @@ def test_shape_mismatch_under_detail():
         assert ranks[r]["seconds"] < TIMEOUT_S  # found before anything could hang
 
 
-def test_abort_on_timeout_ends_the_job():
-    rc, reports, err, elapsed = run_job("abort", PYCOLL_ABORT_ON_TIMEOUT="1")
+def assert_job_aborted(why: str, **env: str) -> None:
+    """Run the skip scenario (rank 2 skips seq 2) with ``env``; the job must end
+    at the timeout with the diagnosis and ``why`` on stderr."""
+    rc, reports, err, elapsed = run_job("skip", **env)
     assert rc != 0
     assert elapsed < JOB_LIMIT_S
     assert re.search(
@@ -164,21 +166,16 @@ def test_abort_on_timeout_ends_the_job():
         r"[013]: rank 2 has not reached seq 2\.",
         err,
     ), err
-    assert "PYCOLL_ABORT_ON_TIMEOUT=1: aborting the job" in err
+    assert f"{why}: aborting the job" in err
     # No survivor went on to report: the job ended at the timeout.
     assert not [r for r in reports if "error" in r], reports
+
+
+def test_abort_on_timeout_ends_the_job():
+    assert_job_aborted("PYCOLL_ABORT_ON_TIMEOUT=1", PYCOLL_ABORT_ON_TIMEOUT="1")
 
 
 def test_blocking_mode_watchdog_ends_the_job():
     """PYCOLL_WAIT=blocking: the stuck blocking all_reduce cannot raise, so the
     watchdog writes the diagnosis and aborts at the timeout."""
-    rc, reports, err, elapsed = run_job("skip", PYCOLL_WAIT="blocking")
-    assert rc != 0
-    assert elapsed < JOB_LIMIT_S
-    assert re.search(
-        r"pycoll: all_reduce \(seq 2\) on group 'default_pg' timed out after 1\.\d s on rank "
-        r"[013]: rank 2 has not reached seq 2\.",
-        err,
-    ), err
-    assert "PYCOLL_WAIT=blocking: aborting the job" in err
-    assert not [r for r in reports if "error" in r], reports
+    assert_job_aborted("PYCOLL_WAIT=blocking", PYCOLL_WAIT="blocking")

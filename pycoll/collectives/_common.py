@@ -93,7 +93,7 @@ def plain(pg: ProcessGroup, op: str, start: Callable, blocking: Callable, *args:
         seq = pg._seq = pg._seq + 1
         rec = pg._rec
         word = pg._word
-        busy = seq << 8 | CODE[op] << 1 | 1
+        busy = seq << 8 | CODE[op] << 1 | 1  # progress.pack(seq, op, True), inlined
         rec[word] = busy
         rec[LAST] = word
         try:
