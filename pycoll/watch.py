@@ -90,7 +90,7 @@ def _watch_blocking() -> None:
         pg, op, seq = current
         elapsed = _now() - since + WATCHDOG_TICK_S / 2  # seen first mid-tick, on average
         if elapsed >= pg._timeout_s:
-            error = timed_out(pg, op, seq, elapsed, [], abort=True)
+            error = timed_out(pg, op, seq, elapsed, pg._timeout_s, [], abort=True)
             raise AssertionError(f"unreachable: {error}")  # timed_out exits
 
 
@@ -206,7 +206,7 @@ def wait(
                 continue
             elapsed = _now() - start
             if elapsed >= limit:
-                raise timed_out(pg, op, seq, elapsed, requests, peer)
+                raise timed_out(pg, op, seq, elapsed, limit, requests, peer)
             if elapsed > SPIN_S:
                 time.sleep(PAUSE_S)  # a long wait: poll gently
     except MPI.Exception as exc:
@@ -218,15 +218,22 @@ def timed_out(
     op: str,
     seq: Optional[int],
     elapsed: float,
+    limit: float,
     requests: List[Any],
     peer: Optional[int] = None,
     abort: bool = False,
 ) -> DistTimeoutError:
     """Diagnose a timeout, mark ``pg`` broken, and return the error to raise
-    (or abort the job, under PYCOLL_ABORT_ON_TIMEOUT=1 or if ``abort``)."""
+    (or abort the job, under PYCOLL_ABORT_ON_TIMEOUT=1 or if ``abort``).
+
+    The message gives both the measured wait (``elapsed``, a little longer than
+    the timeout on a busy machine) and the timeout that was armed (``limit``)."""
     me = pg._ranks[pg._rank]
     what = f"{op} (seq {seq})" if seq is not None else op
-    head = f"{what} on group {pg.group_desc!r} timed out after {elapsed:.1f} s on rank {me}"
+    head = (
+        f"{what} on group {pg.group_desc!r} timed out after {elapsed:.1f} s "
+        f"(timeout {limit:g} s) on rank {me}"
+    )
     board = STATE.board
     if peer is not None:
         members = [pg._ranks[peer]]

@@ -76,7 +76,8 @@ def assert_timed_out(report: Dict, op: str, seq: int, missing: List[int]) -> Non
     assert report["ranks"] == missing, report
     who = f"rank {missing[0]} has" if len(missing) == 1 else f"ranks {missing} have"
     head = (
-        rf"^{op} \(seq {seq}\) on group '[^']+' timed out after 1\.\d s on rank {report['rank']}: "
+        rf"^{op} \(seq {seq}\) on group '[^']+' timed out after \d+\.\d s "
+        rf"\(timeout 1\.5 s\) on rank {report['rank']}: "
     )
     assert re.match(head + re.escape(f"{who} not reached seq {seq}."), report["message"]), report
     assert TIMEOUT_S <= report["seconds"] < TIMEOUT_S + 10, report
@@ -162,7 +163,8 @@ def assert_job_aborted(why: str, **env: str) -> None:
     assert rc != 0
     assert elapsed < JOB_LIMIT_S
     assert re.search(
-        r"pycoll: all_reduce \(seq 2\) on group 'default_pg' timed out after 1\.\d s on rank "
+        r"pycoll: all_reduce \(seq 2\) on group 'default_pg' timed out after \d+\.\d s "
+        r"\(timeout 1\.5 s\) on rank "
         r"[013]: rank 2 has not reached seq 2\.",
         err,
     ), err
