@@ -1,0 +1,101 @@
+"""Runs a rank's Python target (a script or ``-m module``) the way ``python``
+would, with two additions for pycoll-run. faulthandler: SIGUSR1 (sent on
+--timeout) prints every thread's stack, and a crash prints where it
+happened. An exception hook: it hands an uncaught exception's traceback to
+the rank wrapper (printed once, labelled, by pycoll-run) and ends the
+process at once instead of letting MPI's finalisation wait for ranks that
+will never come. A non-zero ``sys.exit`` ends the process at once for the
+same reason (atexit handlers do not run), as ``python -m mpi4py`` does.
+
+    python -m pycoll.launch.boot script.py args...
+    python -m pycoll.launch.boot -m package.module args...
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import runpy
+import signal
+import sys
+import traceback
+from types import TracebackType
+from typing import List, Optional, Type
+
+TRACEBACK_FD = "PYCOLL_RUN_TRACEBACK_FD"  # as in wire.py (not imported: boot stays standalone)
+
+
+def _user_frames(tb: Optional[TracebackType]) -> Optional[TracebackType]:
+    """Drop the leading frames of this module and runpy: the user's code first."""
+    here = os.path.abspath(__file__)
+    while tb is not None and (
+        os.path.abspath(tb.tb_frame.f_code.co_filename) == here
+        or tb.tb_frame.f_globals.get("__name__") == "runpy"
+    ):
+        tb = tb.tb_next
+    return tb
+
+
+def _hook(fd: int):
+    def hook(kind: Type[BaseException], value: BaseException, tb: Optional[TracebackType]) -> None:
+        text = "".join(traceback.format_exception(kind, value, _user_frames(tb)))
+        _flush()
+        data = text.encode("utf-8", "replace")
+        while data:
+            data = data[os.write(fd, data) :]
+        os.close(fd)
+        # Exit now: MPI's finalisation at exit could wait forever for ranks
+        # that are still inside a collective this rank will never join.
+        os._exit(1)
+
+    return hook
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
+def _exit_status(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)  # sys.exit("message"), as the interpreter does
+    return 1
+
+
+def main(argv: List[str]) -> None:
+    try:
+        _run(argv)
+    except SystemExit as exc:
+        status = _exit_status(exc.code)
+        if status:
+            _flush()
+            os._exit(status)
+        raise
+
+
+def _run(argv: List[str]) -> None:
+    faulthandler.enable(all_threads=True)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    fd = os.environ.pop(TRACEBACK_FD, None)
+    if fd is not None:
+        sys.excepthook = _hook(int(fd))
+    if argv[:1] == ["-m"] and len(argv) >= 2:
+        sys.argv = [argv[1], *argv[2:]]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    elif argv:
+        script = argv[0]
+        sys.argv = list(argv)
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        runpy.run_path(script, run_name="__main__")
+    else:
+        sys.exit("usage: python -m pycoll.launch.boot (script.py | -m module) [args...]")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

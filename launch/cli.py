@@ -1,0 +1,237 @@
+"""The ``pycoll-run`` command line.
+
+pycoll-run -n 4 [options] script.py args...
+pycoll-run -n 4 [options] -m package.module args...
+pycoll-run -n 4 [options] -- command args...
+pycoll-run batch --scheduler slurm --nodes 2 --ppn 4 --time 01:00:00 [...] -- script.py args...
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import socket
+import sys
+from typing import List, Optional, Sequence, Tuple
+
+from . import batch as batch_mod
+from .families import BINDINGS, FAMILIES, Job, LauncherError, choose
+from .hosts import Host, HostError, allocation, merge, parse_host_list, parse_hostfile
+from .supervisor import Options, Supervisor
+from .wire import ADDR_ENV, FAMILY_ENV, TOKEN_ENV
+
+PROG = "pycoll-run"
+# Options that take no value; every other option takes exactly one.
+_FLAGS = {"-h", "--help", "--dry-run", "--no-tag", "--submit"}
+
+
+class UsageError(ValueError):
+    pass
+
+
+def _launch_options(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("launch")
+    g.add_argument(
+        "-n",
+        "--np",
+        type=int,
+        metavar="N",
+        help="number of ranks (default: the allocation's task count, or the hosts' slots)",
+    )
+    g.add_argument("--hosts", metavar="H1:N,H2:N", help="hosts and their slots")
+    g.add_argument(
+        "--hostfile",
+        metavar="FILE",
+        help="hostfile: 'host:N' (MPICH), 'host slots=N' (Open MPI, DeepSpeed)",
+    )
+    g.add_argument("--ppn", type=int, metavar="N", help="ranks per node")
+    g.add_argument("--bind", choices=BINDINGS, help="bind each rank to a core or socket")
+    g.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="set K=V on every rank (repeatable)",
+    )
+    g.add_argument(
+        "--env-forward",
+        action="append",
+        default=[],
+        metavar="K",
+        help="pass this variable's value here on to every rank (repeatable)",
+    )
+    g.add_argument(
+        "--gpus-per-rank", metavar="N|auto", help="set CUDA_VISIBLE_DEVICES per local rank"
+    )
+    g.add_argument("--no-tag", action="store_true", help="do not prefix output lines with [rank]")
+    g.add_argument("--output-dir", metavar="DIR", help="also write one log per rank into DIR")
+    g.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="end the job after this long, printing every rank's Python stack",
+    )
+    g.add_argument(
+        "--start-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long ranks may take to start (default 120)",
+    )
+    g.add_argument(
+        "--launcher", choices=sorted(FAMILIES), help="the MPI launcher family (default: detected)"
+    )
+    g.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the command and environment it would run, and nothing else",
+    )
+
+
+def _split(argv: Sequence[str]) -> Tuple[List[str], List[str], str]:
+    """Options, then the target: ('script', [script, args]), ('module', [mod, args])
+    or ('command', [cmd, args])."""
+    options: List[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return options, list(argv[i + 1 :]), "command"
+        if token == "-m":
+            return options, list(argv[i + 1 :]), "module"
+        if not token.startswith("-") or token == "-":
+            return options, list(argv[i:]), "script"
+        options.append(token)
+        if token not in _FLAGS and "=" not in token and i + 1 < len(argv):
+            options.append(argv[i + 1])
+            i += 1
+        i += 1
+    return options, [], "script"
+
+
+def target_argv(kind: str, target: List[str]) -> List[str]:
+    """What each rank runs after the wrapper: Python targets go through boot."""
+    if not target:
+        raise UsageError(
+            "nothing to run: give a script (pycoll-run -n 4 train.py), a module "
+            "(-m package.module) or a command after --"
+        )
+    if kind == "command":
+        return target
+    boot = [sys.executable, "-m", "pycoll.launch.boot"]
+    return boot + (["-m"] if kind == "module" else []) + target
+
+
+def _env_pairs(items: List[str], forward: List[str]) -> dict:
+    env = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env {item!r}: write --env KEY=VALUE")
+        env[key] = value
+    for key in forward:
+        if key not in os.environ:
+            raise UsageError(f"--env-forward {key}: {key} is not set here")
+        env[key] = os.environ[key]
+    return env
+
+
+def _local(hosts: Optional[List[Host]]) -> bool:
+    names = {"localhost", "127.0.0.1", socket.gethostname(), socket.gethostname().split(".")[0]}
+    return hosts is None or all(h.name in names for h in hosts)
+
+
+def plan(args: argparse.Namespace, kind: str, target: List[str]):
+    """The family, launcher, job and supervisor options the arguments ask for."""
+    family, launcher, srun_mpi = choose(args.launcher, os.environ)
+    hosts: Optional[List[Host]] = None
+    if args.hosts and args.hostfile:
+        raise UsageError("give --hosts or --hostfile, not both")
+    if args.hosts:
+        hosts = merge(parse_host_list(args.hosts))
+    elif args.hostfile:
+        hosts = merge(parse_hostfile(args.hostfile))
+    alloc = allocation()
+    nprocs = args.np
+    if nprocs is None:
+        if hosts is not None:
+            nprocs = args.ppn * len(hosts) if args.ppn else sum(h.slots for h in hosts)
+        elif alloc is not None:
+            nprocs = args.ppn * len(alloc.hosts) if args.ppn else alloc.ntasks
+        else:
+            raise UsageError("how many ranks? give -n N (or --hosts/--hostfile)")
+    if nprocs < 1:
+        raise UsageError(f"-n {nprocs}: need at least one rank")
+    if args.ppn is not None and args.ppn < 1:
+        raise UsageError(f"--ppn {args.ppn}: need at least one rank per node")
+    if hosts is None and alloc is not None and family.name != "srun":
+        hosts = alloc.hosts  # the allocation, handed to mpiexec explicitly
+    if args.gpus_per_rank is not None and args.gpus_per_rank != "auto":
+        if not args.gpus_per_rank.isdigit() or int(args.gpus_per_rank) < 1:
+            raise UsageError(f"--gpus-per-rank {args.gpus_per_rank!r}: give a count or 'auto'")
+    program = [sys.executable, "-m", "pycoll.launch.rank", *target_argv(kind, target)]
+    job = Job(
+        nprocs=nprocs,
+        program=program,
+        hosts=hosts,
+        ppn=args.ppn,
+        bind=args.bind,
+        env=_env_pairs(args.env, args.env_forward),
+        srun_mpi=srun_mpi,
+    )
+    advertise = "127.0.0.1" if _local(hosts) else socket.getfqdn()
+    options = Options(
+        tag=not args.no_tag,
+        output_dir=args.output_dir,
+        timeout=args.timeout,
+        start_timeout=args.start_timeout,
+        gpus_per_rank=args.gpus_per_rank,
+        advertise=advertise,
+    )
+    return family, launcher, job, options
+
+
+def dry_run(family, launcher: str, job: Job) -> str:
+    """The exact command and the variables pycoll-run would add, as text."""
+    env = dict(family.defaults())
+    env.update(job.env)
+    lines = [
+        f"# {family.label}. At start pycoll-run also sets {ADDR_ENV} (where it listens)",
+        f"# and {TOKEN_ENV} (this job's key), and passes them the same way.",
+    ]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    lines.append(shlex.join(family.command(launcher, job)))
+    return "\n".join(lines)
+
+
+def launch_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        usage=f"{PROG} [-n N] [options] (script.py | -m module | -- command) [args...]\n"
+        f"       {PROG} batch --scheduler {{slurm,pbs}} ... -- script.py [args...]",
+        description="Run a Python script, module or command on the ranks of an MPI job, "
+        "with tagged output, torch-style environment variables, and a failed rank "
+        "ending the whole job.",
+    )
+    _launch_options(parser)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["batch"]:
+        return batch_mod.main(argv[1:], _launch_options, _split)
+    parser = launch_parser()
+    options, target, kind = _split(argv)
+    args = parser.parse_args(options)
+    try:
+        family, launcher, job, sup_options = plan(args, kind, target)
+        if args.dry_run:
+            job.env.setdefault(FAMILY_ENV, family.name)
+            print(dry_run(family, launcher, job))
+            return 0
+        return Supervisor(family, launcher, job, sup_options).run()
+    except (UsageError, HostError, LauncherError) as exc:
+        parser.exit(2, f"{PROG}: error: {exc}\n")
+    return 2

@@ -1,0 +1,424 @@
+"""pycoll-run's side of a job: start the MPI launcher, hear from every rank,
+print their output, and end the job the moment something goes wrong.
+
+The launcher runs in its own session with its output captured; every rank's
+wrapper connects back over TCP. That one channel carries each rank's output
+(printed whole-line, tagged with the rank), its uncaught traceback, and its
+exit status, and lets pycoll-run order a stack dump or a stop. The first
+rank that fails decides the exit status; the others are stopped within
+seconds rather than left in a collective until the wall-clock limit.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Dict, List, Optional, Tuple
+
+from . import wire
+from .families import Family, Job
+from .wire import ADDR_ENV, FAMILY_ENV, TOKEN_ENV
+
+STOP_GRACE_S = 5.0  # from "stop" to killing the launcher
+DUMP_GRACE_S = 5.0  # from "dump" to "stop"
+EXIT_TIMEOUT = 124
+EXIT_START = 1
+
+
+@dataclass
+class Options:
+    tag: bool = True
+    output_dir: Optional[str] = None
+    timeout: Optional[float] = None
+    start_timeout: float = 120.0
+    gpus_per_rank: Optional[str] = None  # "N" or "auto"
+    advertise: str = "127.0.0.1"  # the address ranks reach pycoll-run at
+
+
+@dataclass
+class RankState:
+    rank: int
+    conn: socket.socket
+    reader: wire.Reader
+    host: str = "?"
+    port: int = 0
+    gpus: int = 0
+    exit_code: Optional[int] = None
+    log: Optional[IO[str]] = None
+    lines: List[str] = field(default_factory=list)
+
+
+def _exit_status(code: int) -> int:
+    return 128 - code if code < 0 else code
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
+    return f"exited with code {code}"
+
+
+class Supervisor:
+    def __init__(self, family: Family, launcher: str, job: Job, options: Options) -> None:
+        self.family = family
+        self.launcher = launcher
+        self.job = job
+        self.options = options
+        self.n = job.nprocs
+        self.ranks: Dict[int, RankState] = {}
+        self.conns: Dict[socket.socket, RankState] = {}
+        self.unknown: Dict[socket.socket, wire.Reader] = {}  # connected, no hello yet
+        self.sel = selectors.DefaultSelector()
+        self.token = secrets.token_hex(16)
+        self.failure: Optional[Tuple[int, int]] = None  # (rank, raw exit code)
+        self.reported: set = set()
+        self.stop_at: Optional[float] = None  # when to order every rank to stop
+        self.kill_at: Optional[float] = None  # when to kill the launcher itself
+        self.interrupted: Optional[int] = None
+        self.timed_out = False
+        self.started = False
+        self.launcher_log: List[str] = []
+        self.out_dir = Path(options.output_dir) if options.output_dir else None
+        self.drain_until: Optional[float] = None
+
+    # -- output ---------------------------------------------------------------
+
+    def emit(self, rank: Optional[int], stream: int, line: str) -> None:
+        prefix = f"[{rank}] " if rank is not None and self.options.tag else ""
+        out = sys.stdout if stream == 1 else sys.stderr
+        try:
+            out.write(f"{prefix}{line}\n")
+            out.flush()
+        except (BrokenPipeError, ValueError):
+            # The reader went away (| head): keep supervising, print no more there.
+            devnull = open(os.devnull, "w")
+            if stream == 1:
+                sys.stdout = devnull
+            else:
+                sys.stderr = devnull
+        state = self.ranks.get(rank) if rank is not None else None
+        if state is not None and state.log is not None:
+            state.log.write(line + "\n")
+            state.log.flush()
+
+    def note(self, text: str) -> None:
+        self.emit(None, 2, f"pycoll-run: {text}")
+
+    # -- the job --------------------------------------------------------------
+
+    def launch_env(self, listener: socket.socket) -> Dict[str, str]:
+        port = listener.getsockname()[1]
+        env = dict(os.environ)
+        for key, value in self.family.defaults().items():
+            env.setdefault(key, value)
+        env.update(self.job.env)
+        env[ADDR_ENV] = f"{self.options.advertise}:{port}"
+        env[TOKEN_ENV] = self.token
+        env[FAMILY_ENV] = self.family.name
+        return env
+
+    def run(self) -> int:
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1" if self.options.advertise == "127.0.0.1" else "", 0))
+        listener.listen(max(self.n, 128))
+        env = self.launch_env(listener)
+        for key in (ADDR_ENV, TOKEN_ENV, FAMILY_ENV):  # on the command line too: remote ranks
+            self.job.env[key] = env[key]
+        command = self.family.command(self.launcher, self.job)
+        try:
+            proc = subprocess.Popen(
+                command,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C reaches pycoll-run, which ends the job
+            )
+        except OSError as exc:
+            self.note(f"cannot start {command[0]}: {exc.strerror}")
+            return 127
+        self.proc = proc
+        assert proc.stdout is not None
+        os.set_blocking(proc.stdout.fileno(), False)
+        launcher_reader = wire.Reader(raw=True)
+        self.sel.register(listener, selectors.EVENT_READ, "listen")
+        self.sel.register(proc.stdout, selectors.EVENT_READ, "launcher")
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        start = time.monotonic()
+        launcher_open = True
+        try:
+            while launcher_open or self._waiting_for_ranks(proc):
+                now = time.monotonic()
+                self._check_deadlines(now, start, proc)
+                for event, _ in self.sel.select(timeout=0.2):
+                    if event.data == "listen":
+                        conn, _ = listener.accept()
+                        conn.setblocking(False)
+                        self.unknown[conn] = wire.Reader()
+                        self.sel.register(conn, selectors.EVENT_READ, "rank")
+                    elif event.data == "launcher":
+                        data = os.read(proc.stdout.fileno(), 65536)
+                        if not data:
+                            self.sel.unregister(proc.stdout)
+                            launcher_open = False
+                            rest = launcher_reader.rest()
+                            if rest:
+                                self.launcher_log.append(rest.decode("utf-8", "replace"))
+                        for line in launcher_reader.feed(data):
+                            self.launcher_log.append(line.decode("utf-8", "replace"))
+                    else:
+                        self._read_rank(event.fileobj)  # type: ignore[arg-type]
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+            self._kill_launcher(proc)
+            for conn in [*self.conns, *self.unknown]:
+                conn.close()
+            listener.close()
+            self._write_launcher_log()
+        return self._status(proc.wait())
+
+    def _waiting_for_ranks(self, proc: subprocess.Popen) -> bool:
+        """After the launcher ended: connections still draining, briefly."""
+        if proc.poll() is None:
+            return True
+        if not self.conns:
+            return False
+        if self.drain_until is None:
+            self.drain_until = time.monotonic() + 2.0
+        return time.monotonic() < self.drain_until
+
+    def _check_deadlines(self, now: float, start: float, proc: subprocess.Popen) -> None:
+        if self.interrupted is not None and self.kill_at is None:
+            self.note(f"{signal.Signals(self.interrupted).name}: stopping every rank")
+            self._stop_all(now)
+        if not self.started and self.kill_at is None and now - start > self.options.start_timeout:
+            missing = sorted(set(range(self.n)) - set(self.ranks))
+            self.note(
+                f"ranks {','.join(map(str, missing))} did not start within "
+                f"{self.options.start_timeout:g} s; ending the job. The launcher said:"
+            )
+            self._dump_launcher_log()
+            self.failure = self.failure or (missing[0] if missing else 0, EXIT_START)
+            self._stop_all(now)
+        timeout = self.options.timeout
+        if timeout is not None and not self.timed_out and now - start > timeout:
+            self.timed_out = True
+            if self.kill_at is None:
+                self.note(
+                    f"the job ran past --timeout {timeout:g} s; every rank's Python stack follows"
+                )
+                self._broadcast({"t": "dump"})  # SIGABRT: faulthandler prints, the rank dies
+                self.stop_at = now + DUMP_GRACE_S
+        if self.stop_at is not None and now >= self.stop_at:
+            self._stop_all(now)
+        if self.kill_at is not None and now >= self.kill_at:
+            self._kill_launcher(proc)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.interrupted = signum
+
+    def _broadcast(self, message: Dict[str, Any]) -> None:
+        data = wire.encode(message)
+        for state in self.ranks.values():
+            if state.exit_code is None:
+                try:
+                    state.conn.setblocking(True)
+                    state.conn.sendall(data)
+                    state.conn.setblocking(False)
+                except OSError:
+                    pass
+
+    def _stop_all(self, now: float) -> None:
+        if self.kill_at is None:
+            self.stop_at = None
+            self.kill_at = now + STOP_GRACE_S
+            self._broadcast({"t": "stop"})
+
+    def _kill_launcher(self, proc: subprocess.Popen) -> None:
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(3)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def _read_rank(self, conn: socket.socket) -> None:
+        try:
+            data = conn.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        state = self.conns.get(conn)
+        if not data:
+            self._drop(conn)
+            if state is not None and state.exit_code is None:
+                # The wrapper vanished without a word (killed by the launcher).
+                self._on_exit(state, -signal.SIGKILL, silent=self.kill_at is not None)
+            return
+        if state is None:
+            reader = self.unknown[conn]
+            for message in reader.feed(data):
+                if state is not None:
+                    self._on_message(state, message)
+                elif message.get("t") == "hello" and message.get("token") == self.token:
+                    del self.unknown[conn]
+                    state = self._on_hello(conn, message, reader)
+                else:
+                    self._drop(conn)  # not one of this job's ranks
+                    return
+            return
+        for message in state.reader.feed(data):
+            self._on_message(state, message)
+
+    def _drop(self, conn: socket.socket) -> None:
+        self.sel.unregister(conn)
+        self.conns.pop(conn, None)
+        self.unknown.pop(conn, None)
+        conn.close()
+
+    def _on_hello(
+        self, conn: socket.socket, hello: Dict[str, Any], reader: wire.Reader
+    ) -> RankState:
+        rank = int(hello["rank"])
+        state = RankState(rank, conn, reader, hello["host"], int(hello["port"]))
+        state.gpus = int(hello.get("gpus", 0))
+        if self.out_dir is not None:
+            state.log = open(self.out_dir / f"rank.{rank}.log", "w")
+        self.ranks[rank] = state
+        self.conns[conn] = state
+        if int(hello["size"]) != self.n:
+            self.note(
+                f"rank {rank} reports a world of {hello['size']} ranks, not {self.n}: "
+                f"the launcher did not start the job asked for"
+            )
+        if len(self.ranks) == self.n and not self.started:
+            self.started = True
+            for state_ in self.ranks.values():
+                message = {"t": "env", "env": self.rank_env(state_.rank)}
+                state_.conn.setblocking(True)
+                state_.conn.sendall(wire.encode(message))
+                state_.conn.setblocking(False)
+            if self.kill_at is not None:
+                self._broadcast({"t": "stop"})
+        return state
+
+    def rank_env(self, rank: int) -> Dict[str, str]:
+        """RANK, LOCAL_RANK... as torchrun sets them, from where ranks landed."""
+        order = sorted(self.ranks)
+        hosts: List[str] = []
+        for r in order:
+            if self.ranks[r].host not in hosts:
+                hosts.append(self.ranks[r].host)
+        me = self.ranks[rank]
+        local = [r for r in order if self.ranks[r].host == me.host]
+        zero = self.ranks[order[0]]
+        env = {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(self.n),
+            "LOCAL_RANK": str(local.index(rank)),
+            "LOCAL_WORLD_SIZE": str(len(local)),
+            "NODE_RANK": str(hosts.index(me.host)),
+            "GROUP_RANK": str(hosts.index(me.host)),
+            "MASTER_ADDR": os.environ.get(
+                "MASTER_ADDR", "127.0.0.1" if len(hosts) == 1 else zero.host
+            ),
+            "MASTER_PORT": os.environ.get("MASTER_PORT", str(zero.port)),
+        }
+        gpus = self.options.gpus_per_rank
+        if gpus is not None:
+            per = int(gpus) if gpus != "auto" else me.gpus // len(local)
+            if per > 0:
+                visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+                ids = (
+                    [d.strip() for d in visible.split(",") if d.strip()]
+                    if visible and gpus == "auto"
+                    else [str(i) for i in range(per * len(local))]
+                )
+                first = local.index(rank) * per
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[first : first + per])
+        return env
+
+    def _on_message(self, state: RankState, message: Dict[str, Any]) -> None:
+        kind = message["t"]
+        if kind == "out":
+            self.emit(state.rank, int(message["s"]), message["line"])
+        elif kind == "exc":
+            if state.rank not in self.reported:
+                self.reported.add(state.rank)
+                self.note(f"rank {state.rank} on {state.host} raised an uncaught exception:")
+                for line in message["text"].rstrip("\n").split("\n"):
+                    self.emit(state.rank, 2, line)
+        elif kind == "exit":
+            self._on_exit(state, int(message["code"]))
+
+    def _on_exit(self, state: RankState, code: int, silent: bool = False) -> None:
+        state.exit_code = code
+        if state.log is not None:
+            state.log.close()
+            state.log = None
+        if code == 0 or self.timed_out or self.interrupted is not None:
+            return
+        if self.failure is None:
+            self.failure = (state.rank, code)
+            if not silent:
+                self.note(
+                    f"rank {state.rank} on {state.host} {_describe_exit(code)}; "
+                    f"stopping the other ranks"
+                )
+            self._stop_all(time.monotonic())
+
+    def _dump_launcher_log(self) -> None:
+        for line in self.launcher_log:
+            self.emit(None, 2, f"  {line}")
+
+    def _write_launcher_log(self) -> None:
+        if self.out_dir is not None:
+            (self.out_dir / "launcher.log").write_text(
+                "".join(line + "\n" for line in self.launcher_log)
+            )
+
+    def _status(self, launcher_code: int) -> int:
+        if self.interrupted is not None:
+            return 128 + self.interrupted
+        if self.timed_out:
+            return EXIT_TIMEOUT
+        if self.failure is not None:
+            return _exit_status(self.failure[1])
+        missing = [
+            r for r in range(self.n) if r not in self.ranks or self.ranks[r].exit_code is None
+        ]
+        if launcher_code != 0 or missing:
+            if not self.ranks:
+                self.note(
+                    f"the launcher {self.launcher} {_describe_exit(launcher_code)} before any "
+                    f"rank started. It said:"
+                )
+            else:
+                self.note(
+                    f"the launcher {_describe_exit(launcher_code)}"
+                    + (f"; ranks {','.join(map(str, missing))} never reported" if missing else "")
+                    + ". It said:"
+                )
+            self._dump_launcher_log()
+            return _exit_status(launcher_code) or 1
+        return 0

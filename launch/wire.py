@@ -1,0 +1,46 @@
+"""The messages between pycoll-run and its rank wrappers: one JSON object per
+line over TCP, so the supervisor can read many ranks with one selector."""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any, Dict, Iterator, Optional
+
+Message = Dict[str, Any]
+
+ADDR_ENV = "PYCOLL_RUN_ADDR"  # host:port of pycoll-run, for the rank wrappers
+TOKEN_ENV = "PYCOLL_RUN_TOKEN"  # proves a connection comes from this job
+FAMILY_ENV = "PYCOLL_RUN_FAMILY"  # which launcher's variables name the rank
+TRACEBACK_FD = "PYCOLL_RUN_TRACEBACK_FD"  # where boot writes an uncaught traceback
+
+
+def encode(message: Message) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+class Reader:
+    """Splits a byte stream into messages (or raw lines, with ``raw=True``)."""
+
+    def __init__(self, raw: bool = False) -> None:
+        self._buffer = b""
+        self._raw = raw
+
+    def feed(self, data: bytes) -> Iterator[Any]:
+        self._buffer += data
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for line in lines:
+            yield line if self._raw else json.loads(line)
+
+    def rest(self) -> Optional[bytes]:
+        """What is left after the stream ended (a last line with no newline)."""
+        rest, self._buffer = self._buffer, b""
+        return rest or None
+
+
+def receive(sock: socket.socket, reader: Reader) -> Iterator[Message]:
+    """Block for the next batch of messages; yields nothing at end of stream."""
+    data = sock.recv(65536)
+    if not data:
+        return
+    yield from reader.feed(data)

@@ -1,0 +1,158 @@
+"""pycoll-run on real 4-rank jobs, under each MPI family installed here."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+
+import pytest
+from launch_support import (
+    HERE,
+    PYTHONS,
+    TARGET,
+    clean_env,
+    family_params,
+    pycoll_run,
+    reports,
+    still_alive,
+)
+
+pytestmark = pytest.mark.parametrize("family", family_params())
+HOST = socket.gethostname()
+
+
+@pytest.fixture(autouse=True)
+def one_rank(world_size):
+    if world_size != 1:
+        pytest.skip("launches its own jobs; runs in the single-rank pass")
+
+
+def test_four_ranks_tagged_output_and_variables(family):
+    proc, _ = pycoll_run(family, "-n", "4", "--env", "PYCOLL_TEST_VALUE=a b", TARGET, "ok", "x")
+    assert proc.returncode == 0, proc.stderr
+    for line in proc.stdout.splitlines():
+        assert re.match(r"^\[[0-3]\] ", line), f"untagged line: {line!r}"
+    seen = reports(proc.stdout)
+    assert sorted(seen) == [0, 1, 2, 3]
+    ports = {r["MASTER_PORT"] for r in seen.values()}
+    assert len(ports) == 1 and ports.pop().isdigit()
+    for rank, r in seen.items():
+        assert r["mpi_size"] == 4
+        assert (r["RANK"], r["WORLD_SIZE"]) == (str(rank), "4")
+        assert (r["LOCAL_RANK"], r["LOCAL_WORLD_SIZE"], r["NODE_RANK"]) == (str(rank), "4", "0")
+        assert r["MASTER_ADDR"] == "127.0.0.1"
+        assert r["PYCOLL_TEST_VALUE"] == "a b"
+        assert r["argv"] == ["ok", "x"]
+        assert f"[{rank}] stderr line of {rank}" in proc.stderr.splitlines()
+    assert still_alive([r["pid"] for r in seen.values()]) == []
+
+
+def test_a_raising_rank_ends_the_job_with_its_traceback(family):
+    proc, elapsed = pycoll_run(family, "-n", "4", TARGET, "raise", "2")
+    assert proc.returncode == 1, proc.stderr
+    err = proc.stderr
+    assert err.count(f"pycoll-run: rank 2 on {HOST} raised an uncaught exception:") == 1, err
+    assert err.count("Traceback (most recent call last):") == 1, err
+    assert "[2] Traceback (most recent call last):" in err
+    assert "[2] ValueError: rank 2 refuses" in err
+    assert re.search(r'\[2\]   File "[^"]*rank_target\.py", line \d+, in main', err), err
+    assert "boot.py" not in err and "runpy" not in err  # the user's frames only
+    seen = reports(proc.stdout)
+    assert sorted(seen) == [0, 1, 2, 3]
+    assert elapsed < 20, elapsed  # start-up, then the others end within seconds
+    assert still_alive([r["pid"] for r in seen.values()]) == []
+
+
+def test_exit_status_is_the_failing_ranks(family):
+    proc, _ = pycoll_run(family, "-n", "4", TARGET, "exit", "1", "3")
+    assert proc.returncode == 3, proc.stderr
+    assert f"pycoll-run: rank 1 on {HOST} exited with code 3; stopping the other ranks" in (
+        proc.stderr
+    )
+    assert "Traceback" not in proc.stderr
+    assert still_alive([r["pid"] for r in reports(proc.stdout).values()]) == []
+
+
+def test_timeout_dumps_every_ranks_stack_then_ends_the_job(family):
+    proc, elapsed = pycoll_run(family, "-n", "4", "--timeout", "4", TARGET, "hang", "1")
+    assert proc.returncode == 124, proc.stderr
+    err = proc.stderr
+    assert "pycoll-run: the job ran past --timeout 4 s; every rank's Python stack follows" in err
+    assert re.search(r"^\[1\]   File \"[^\"]*rank_target\.py\", line \d+ in stuck_here$", err, re.M)
+    for rank in range(4):  # each rank's stack, labelled with its rank
+        assert re.search(rf"^\[{rank}\] (Current thread|Thread) 0x", err, re.M), err
+        assert re.search(
+            rf"^\[{rank}\]   File \"[^\"]*rank_target\.py\", line \d+ in main$", err, re.M
+        )
+    assert elapsed < 4 + 20, elapsed
+    assert still_alive([r["pid"] for r in reports(proc.stdout).values()]) == []
+
+
+def test_module_form(family):
+    proc, _ = pycoll_run(family, "-n", "2", "-m", "rank_target", "ok", "--flag")
+    assert proc.returncode == 0, proc.stderr
+    seen = reports(proc.stdout)
+    assert sorted(seen) == [0, 1] and seen[1]["argv"] == ["ok", "--flag"]
+
+
+def test_command_form(family):
+    proc, _ = pycoll_run(family, "-n", "2", "--", PYTHONS[family], TARGET, "ok")
+    assert proc.returncode == 0, proc.stderr
+    seen = reports(proc.stdout)
+    assert sorted(seen) == [0, 1] and seen[0]["RANK"] == "0" and seen[1]["RANK"] == "1"
+
+
+def test_a_command_that_cannot_start(family):
+    proc, _ = pycoll_run(family, "-n", "2", "--", "/nonexistent/program")
+    assert proc.returncode == 127, proc.stderr
+    assert "cannot run /nonexistent/program: No such file or directory" in proc.stderr
+
+
+def test_no_tag_and_output_dir(family, tmp_path):
+    logs = tmp_path / "logs"
+    proc, _ = pycoll_run(family, "-n", "2", "--no-tag", "--output-dir", str(logs), TARGET, "ok")
+    assert proc.returncode == 0, proc.stderr
+    assert all(line.startswith("REPORT ") for line in proc.stdout.splitlines()), proc.stdout
+    for rank in (0, 1):
+        text = (logs / f"rank.{rank}.log").read_text()
+        assert reports(text)[rank]["RANK"] == str(rank)
+        assert f"stderr line of {rank}\n" in text
+        assert "[" not in text.split("REPORT")[0]
+    assert (logs / "launcher.log").exists()
+
+
+def test_gpus_per_rank(family):
+    proc, _ = pycoll_run(family, "-n", "3", "--gpus-per-rank", "2", TARGET, "ok")
+    assert proc.returncode == 0, proc.stderr
+    seen = reports(proc.stdout)
+    assert [seen[r]["CUDA_VISIBLE_DEVICES"] for r in range(3)] == ["0,1", "2,3", "4,5"]
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_to_pycoll_run_ends_every_rank(family, signum, status):
+    proc = subprocess.Popen(
+        [PYTHONS[family], "-m", "pycoll.launch", "-n", "3", TARGET, "hang", "0"],
+        cwd=HERE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(),
+    )
+    try:
+        assert proc.stdout is not None
+        lines = []
+        while len(reports("\n".join(lines))) < 3:  # every rank is running
+            line = proc.stdout.readline()
+            assert line, "pycoll-run ended before every rank reported"
+            lines.append(line.rstrip("\n"))
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == status, err
+    assert f"pycoll-run: {signal.Signals(signum).name}: stopping every rank" in err
+    pids = [r["pid"] for r in reports("\n".join(lines) + "\n" + out).values()]
+    assert still_alive(pids) == []
