@@ -7,8 +7,11 @@ process at once instead of letting MPI's finalisation wait for ranks that
 will never come. A non-zero ``sys.exit`` ends the process at once for the
 same reason (atexit handlers do not run), as ``python -m mpi4py`` does.
 
-    python -m pycoll.launch.boot script.py args...
-    python -m pycoll.launch.boot -m package.module args...
+    python .../pycoll/launch/boot.py script.py args...
+    python .../pycoll/launch/boot.py -m package.module args...
+
+Standalone and run by path, so the target's process imports nothing of
+pycoll's that the target does not.
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ def _run(argv: List[str]) -> None:
     if fd is not None:
         sys.excepthook = _hook(int(fd))
     if argv[:1] == ["-m"] and len(argv) >= 2:
+        sys.path[0] = os.getcwd()  # as python -m puts it, instead of this folder
         sys.argv = [argv[1], *argv[2:]]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     elif argv:
@@ -94,7 +98,7 @@ def _run(argv: List[str]) -> None:
         sys.path[0] = os.path.dirname(os.path.abspath(script))
         runpy.run_path(script, run_name="__main__")
     else:
-        sys.exit("usage: python -m pycoll.launch.boot (script.py | -m module) [args...]")
+        sys.exit("usage: boot.py (script.py | -m module) [args...]")
 
 
 if __name__ == "__main__":

@@ -13,15 +13,17 @@ import os
 import shlex
 import socket
 import sys
+from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from . import batch as batch_mod
 from .families import BINDINGS, FAMILIES, Job, LauncherError, choose
 from .hosts import Host, HostError, allocation, merge, parse_host_list, parse_hostfile
 from .supervisor import Options, Supervisor
-from .wire import ADDR_ENV, FAMILY_ENV, TOKEN_ENV
+from .wire import ADDR_ENV, RANK_VARS_ENV, TOKEN_ENV
 
 PROG = "pycoll-run"
+HERE = Path(__file__).resolve().parent  # rank.py and boot.py run by path on the ranks
 # Options that take no value; every other option takes exactly one.
 _FLAGS = {"-h", "--help", "--dry-run", "--no-tag", "--submit"}
 
@@ -119,7 +121,7 @@ def target_argv(kind: str, target: List[str]) -> List[str]:
         )
     if kind == "command":
         return target
-    boot = [sys.executable, "-m", "pycoll.launch.boot"]
+    boot = [sys.executable, str(HERE / "boot.py")]
     return boot + (["-m"] if kind == "module" else []) + target
 
 
@@ -170,7 +172,7 @@ def plan(args: argparse.Namespace, kind: str, target: List[str]):
     if args.gpus_per_rank is not None and args.gpus_per_rank != "auto":
         if not args.gpus_per_rank.isdigit() or int(args.gpus_per_rank) < 1:
             raise UsageError(f"--gpus-per-rank {args.gpus_per_rank!r}: give a count or 'auto'")
-    program = [sys.executable, "-m", "pycoll.launch.rank", *target_argv(kind, target)]
+    program = [sys.executable, str(HERE / "rank.py"), *target_argv(kind, target)]
     job = Job(
         nprocs=nprocs,
         program=program,
@@ -228,7 +230,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         family, launcher, job, sup_options = plan(args, kind, target)
         if args.dry_run:
-            job.env.setdefault(FAMILY_ENV, family.name)
+            job.env.setdefault(RANK_VARS_ENV, f"{family.rank_var},{family.size_var}")
             print(dry_run(family, launcher, job))
             return 0
         return Supervisor(family, launcher, job, sup_options).run()

@@ -10,7 +10,11 @@ Python target run through boot, SIGABRT to any other command, which Python
 answers with a stack dump under PYTHONFAULTHANDLER) and ``stop``. If
 pycoll-run goes away, the child is ended: no rank outlives its job.
 
-    python -m pycoll.launch.rank <target argv...>
+    python .../pycoll/launch/rank.py <target argv...>
+
+The launcher runs this file by path, not as ``pycoll.launch.rank``: importing
+it through the package would import pycoll (and numpy) on every rank before
+the target starts, a quarter of a second per rank for nothing.
 """
 
 from __future__ import annotations
@@ -24,9 +28,13 @@ import sys
 import threading
 from typing import IO, Any, Dict, List, Optional
 
-from . import wire
-from .families import FAMILIES
-from .wire import ADDR_ENV, FAMILY_ENV, TOKEN_ENV, TRACEBACK_FD
+if __package__:  # imported as pycoll.launch.rank (tests, tools)
+    from . import wire
+else:  # run by path, as the launcher does
+    import wire  # type: ignore[no-redef]
+
+ADDR_ENV, TOKEN_ENV = wire.ADDR_ENV, wire.TOKEN_ENV
+RANK_VARS_ENV, TRACEBACK_FD = wire.RANK_VARS_ENV, wire.TRACEBACK_FD
 
 STOP_GRACE_S = 3.0
 DUMP_WAIT_S = 1.0  # for the stacks to be written before the child is stopped
@@ -40,10 +48,17 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         pass
 
 
-def _gpus_here() -> int:
+def _visible() -> Optional[List[str]]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return None
+    return [d.strip() for d in visible.split(",") if d.strip()]
+
+
+def _gpus_here() -> int:
+    visible = _visible()
     if visible is not None:
-        return len([d for d in visible.split(",") if d.strip()])
+        return len(visible)
     try:
         return len(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:
@@ -143,16 +158,16 @@ class Wrapper:
 
 def main(argv: List[str]) -> int:
     if not argv:
-        print("usage: python -m pycoll.launch.rank command [args...]", file=sys.stderr)
+        print("usage: rank.py command [args...] (started by pycoll-run)", file=sys.stderr)
         return 2
-    family = FAMILIES[os.environ.get(FAMILY_ENV, "mpich")]
+    rank_var, _, size_var = os.environ.get(RANK_VARS_ENV, "PMI_RANK,PMI_SIZE").partition(",")
     try:
-        rank = int(os.environ[family.rank_var])
-        size = int(os.environ[family.size_var])
+        rank = int(os.environ[rank_var])
+        size = int(os.environ[size_var])
     except (KeyError, ValueError):
         print(
-            f"pycoll.launch.rank: {family.rank_var} and {family.size_var} are not set: "
-            f"was this started by {family.label}'s launcher?",
+            f"pycoll-run's rank wrapper: {rank_var} and {size_var} are not set: was this "
+            f"started by the launcher pycoll-run chose?",
             file=sys.stderr,
         )
         return 2
@@ -169,6 +184,7 @@ def main(argv: List[str]) -> int:
             "pid": os.getpid(),
             "port": _free_port(),
             "gpus": _gpus_here(),
+            "visible": _visible(),
         }
     )
     reader = wire.Reader()
@@ -180,16 +196,18 @@ def main(argv: List[str]) -> int:
         if not batch:
             return 1  # pycoll-run ended the job before it started
         for message in batch:
+            if message["t"] == "stop":
+                return 1  # the job ends before this rank started
             if message["t"] == "env" and setup is None:
                 setup = message
             else:
                 pending.append(message)
     env = dict(os.environ)
-    for key in (ADDR_ENV, TOKEN_ENV, FAMILY_ENV):
+    for key in (ADDR_ENV, TOKEN_ENV, RANK_VARS_ENV):
         env.pop(key, None)
     env.update(setup["env"])
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a Python command dumps its stacks on SIGABRT
-    wrapper.booted = "pycoll.launch.boot" in argv[:3]
+    wrapper.booted = len(argv) > 1 and os.path.basename(argv[1]) == "boot.py"
     read_tb, write_tb = os.pipe()
     os.set_inheritable(write_tb, True)
     env[TRACEBACK_FD] = str(write_tb)

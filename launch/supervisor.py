@@ -25,7 +25,7 @@ from typing import IO, Any, Dict, List, Optional, Tuple
 
 from . import wire
 from .families import Family, Job
-from .wire import ADDR_ENV, FAMILY_ENV, TOKEN_ENV
+from .wire import ADDR_ENV, RANK_VARS_ENV, TOKEN_ENV
 
 STOP_GRACE_S = 5.0  # from "stop" to killing the launcher
 DUMP_GRACE_S = 5.0  # from "dump" to "stop"
@@ -51,6 +51,7 @@ class RankState:
     host: str = "?"
     port: int = 0
     gpus: int = 0
+    visible: Optional[List[str]] = None  # the host's CUDA_VISIBLE_DEVICES, if set
     exit_code: Optional[int] = None
     log: Optional[IO[str]] = None
     lines: List[str] = field(default_factory=list)
@@ -126,7 +127,7 @@ class Supervisor:
         env.update(self.job.env)
         env[ADDR_ENV] = f"{self.options.advertise}:{port}"
         env[TOKEN_ENV] = self.token
-        env[FAMILY_ENV] = self.family.name
+        env[RANK_VARS_ENV] = f"{self.family.rank_var},{self.family.size_var}"
         return env
 
     def run(self) -> int:
@@ -137,7 +138,7 @@ class Supervisor:
         listener.bind(("127.0.0.1" if self.options.advertise == "127.0.0.1" else "", 0))
         listener.listen(max(self.n, 128))
         env = self.launch_env(listener)
-        for key in (ADDR_ENV, TOKEN_ENV, FAMILY_ENV):  # on the command line too: remote ranks
+        for key in (ADDR_ENV, TOKEN_ENV, RANK_VARS_ENV):  # on the command line: remote ranks
             self.job.env[key] = env[key]
         command = self.family.command(self.launcher, self.job)
         try:
@@ -302,6 +303,7 @@ class Supervisor:
         rank = int(hello["rank"])
         state = RankState(rank, conn, reader, hello["host"], int(hello["port"]))
         state.gpus = int(hello.get("gpus", 0))
+        state.visible = hello.get("visible")
         if self.out_dir is not None:
             state.log = open(self.out_dir / f"rank.{rank}.log", "w")
         self.ranks[rank] = state
@@ -313,10 +315,16 @@ class Supervisor:
             )
         if len(self.ranks) == self.n and not self.started:
             self.started = True
+            try:
+                envs = {r: self.rank_env(r) for r in self.ranks}
+            except ValueError as exc:
+                self.note(f"{exc}; ending the job")
+                self.failure = (rank, EXIT_START)
+                self._stop_all(time.monotonic())
+                return state
             for state_ in self.ranks.values():
-                message = {"t": "env", "env": self.rank_env(state_.rank)}
                 state_.conn.setblocking(True)
-                state_.conn.sendall(wire.encode(message))
+                state_.conn.sendall(wire.encode({"t": "env", "env": envs[state_.rank]}))
                 state_.conn.setblocking(False)
             if self.kill_at is not None:
                 self._broadcast({"t": "stop"})
@@ -348,13 +356,17 @@ class Supervisor:
         if gpus is not None:
             per = int(gpus) if gpus != "auto" else me.gpus // len(local)
             if per > 0:
-                visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-                ids = (
-                    [d.strip() for d in visible.split(",") if d.strip()]
-                    if visible and gpus == "auto"
-                    else [str(i) for i in range(per * len(local))]
-                )
+                # Indices into what the host lets this job see (a scheduler may
+                # already have narrowed CUDA_VISIBLE_DEVICES), else from 0.
+                visible = me.visible
+                ids = visible if visible is not None else [str(i) for i in range(per * len(local))]
                 first = local.index(rank) * per
+                if first + per > len(ids):
+                    raise ValueError(
+                        f"--gpus-per-rank {gpus}: rank {rank} needs {per} GPU(s) after the "
+                        f"first {first}, but {me.host} shows {len(ids)} "
+                        f"(CUDA_VISIBLE_DEVICES={','.join(ids)})"
+                    )
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[first : first + per])
         return env
 

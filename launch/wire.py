@@ -1,5 +1,7 @@
 """The messages between pycoll-run and its rank wrappers: one JSON object per
-line over TCP, so the supervisor can read many ranks with one selector."""
+line over TCP, so the supervisor can read many ranks with one selector.
+
+Standalone (no pycoll import): the rank wrapper loads it by path."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ Message = Dict[str, Any]
 
 ADDR_ENV = "PYCOLL_RUN_ADDR"  # host:port of pycoll-run, for the rank wrappers
 TOKEN_ENV = "PYCOLL_RUN_TOKEN"  # proves a connection comes from this job
-FAMILY_ENV = "PYCOLL_RUN_FAMILY"  # which launcher's variables name the rank
+RANK_VARS_ENV = "PYCOLL_RUN_RANK_VARS"  # the launcher's variables for rank and size
 TRACEBACK_FD = "PYCOLL_RUN_TRACEBACK_FD"  # where boot writes an uncaught traceback
 
 

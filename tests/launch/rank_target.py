@@ -7,11 +7,15 @@ and later check that its process is gone. Then, by MODE:
 - ``ok``: an all-reduce across the job, then exit 0;
 - ``raise R``: rank R raises ValueError; the others wait in a barrier;
 - ``exit R CODE``: rank R exits with CODE; the others wait in a barrier;
-- ``hang R``: rank R sleeps in ``stuck_here``; the others wait in a barrier.
+- ``hang R``: rank R sleeps in ``stuck_here``; the others wait in a barrier;
+- ``kill R``: rank R kills itself with SIGKILL; the others wait in a barrier;
+- ``spam LINES WIDTH``: every rank writes LINES long lines at once, each
+  ``<rank>:<i>:`` then WIDTH copies of the rank's digit, in small pieces.
 """
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -38,6 +42,15 @@ def main(argv):
         print(f"stderr line of {world.Get_rank()}", file=sys.stderr, flush=True)
         assert world.allreduce(1) == world.Get_size()
         return
+    if mode == "spam":
+        lines, width = int(argv[1]), int(argv[2])
+        digit = str(world.Get_rank() % 10)
+        for i in range(lines):
+            line = f"{world.Get_rank()}:{i}:" + digit * width + "\n"
+            for start in range(0, len(line), 1000):  # a line in several writes
+                sys.stdout.write(line[start : start + 1000])
+                sys.stdout.flush()
+        return
     target = int(argv[1])
     if world.Get_rank() == target:
         if mode == "raise":
@@ -46,6 +59,8 @@ def main(argv):
             sys.exit(int(argv[2]))
         if mode == "hang":
             stuck_here()
+        if mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
     world.Barrier()
 
 

@@ -10,13 +10,17 @@ from pathlib import Path
 
 import pytest
 
+import pycoll.launch
 from pycoll.launch.cli import main
 from pycoll.launch.families import family_of_mpiexec
 
 PY = sys.executable
-RANK = [PY, "-m", "pycoll.launch.rank"]
-BOOT = [PY, "-m", "pycoll.launch.boot"]
+LAUNCH = Path(pycoll.launch.__file__).resolve().parent  # where pycoll.launch is installed
+RANK = [PY, str(LAUNCH / "rank.py")]
+BOOT = [PY, str(LAUNCH / "boot.py")]
 ROOT_FLAG = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+HYDRA_VARS = ["-genv", "PYCOLL_RUN_RANK_VARS", "PMI_RANK,PMI_SIZE"]
+OMPI_VARS = ["-x", "PYCOLL_RUN_RANK_VARS=OMPI_COMM_WORLD_RANK,OMPI_COMM_WORLD_SIZE"]
 
 
 @pytest.fixture(autouse=True)
@@ -42,11 +46,11 @@ def test_mpich(capsys):
     cmd, env = dry_run(capsys, "--launcher", "mpich", *COMMON, "train.py", "--lr", "3")
     assert Path(cmd[0]).name == "mpiexec"
     assert cmd[1:] == [
-        "-bind-to", "core", "-genv", "X", "1 2", "-genv", "PYCOLL_RUN_FAMILY", "mpich",
+        "-bind-to", "core", "-genv", "X", "1 2", *HYDRA_VARS,
         "-n", "8", "-hosts", "a:4,b:4", "-ppn", "4",
         *RANK, *BOOT, "train.py", "--lr", "3",
     ]  # fmt: skip
-    assert env == {"X": "1 2", "PYCOLL_RUN_FAMILY": "mpich"}
+    assert env == {"X": "1 2", "PYCOLL_RUN_RANK_VARS": "PMI_RANK,PMI_SIZE"}
 
 
 def test_open_mpi(capsys):
@@ -54,7 +58,7 @@ def test_open_mpi(capsys):
     assert Path(cmd[0]).name == "mpiexec"
     assert cmd[1:] == [
         "-n", "8", *ROOT_FLAG, "--host", "a:4,b:4", "--map-by", "ppr:4:node:OVERSUBSCRIBE",
-        "--bind-to", "core", "-x", "X=1 2", "-x", "PYCOLL_RUN_FAMILY=openmpi",
+        "--bind-to", "core", "-x", "X=1 2", *OMPI_VARS,
         *RANK, *BOOT, "train.py",
     ]  # fmt: skip
     assert env["OMPI_MCA_osc"] == "^ucx" and env["X"] == "1 2"
@@ -64,14 +68,14 @@ def test_open_mpi_local_oversubscribes_and_socket_is_package(capsys):
     cmd, _ = dry_run(capsys, "--launcher", "openmpi", "-n", "64", "--bind", "socket", "t.py")
     assert cmd[1:] == [
         "-n", "64", *ROOT_FLAG, "--map-by", "slot:OVERSUBSCRIBE", "--bind-to", "package",
-        "-x", "PYCOLL_RUN_FAMILY=openmpi", *RANK, *BOOT, "t.py",
+        *OMPI_VARS, *RANK, *BOOT, "t.py",
     ]  # fmt: skip
 
 
 def test_intel_mpi(capsys):
     cmd, _ = dry_run(capsys, "--launcher", "intel", *COMMON, "-m", "pkg.train")
     assert cmd[1:] == [
-        "-genv", "X", "1 2", "-genv", "PYCOLL_RUN_FAMILY", "intel",
+        "-genv", "X", "1 2", *HYDRA_VARS,
         "-genv", "I_MPI_PIN", "1", "-genv", "I_MPI_PIN_DOMAIN", "core",
         "-n", "8", "-hosts", "a,b", "-ppn", "4", *RANK, *BOOT, "-m", "pkg.train",
     ]  # fmt: skip
@@ -81,7 +85,7 @@ def test_intel_mpi_uneven_hosts_use_one_argument_set_per_host(capsys):
     cmd, _ = dry_run(capsys, "--launcher", "intel", "-n", "5", "--hosts", "a:4,b:2", "t.py")
     program = [*RANK, *BOOT, "t.py"]
     assert cmd[1:] == [
-        "-genv", "PYCOLL_RUN_FAMILY", "intel",
+        *HYDRA_VARS,
         "-host", "a", "-n", "4", *program, ":", "-host", "b", "-n", "1", *program,
     ]  # fmt: skip
 
@@ -94,7 +98,10 @@ def test_srun(capsys):
         "-n", "8", "--kill-on-bad-exit=1", "--nodelist", "a,b", "--ntasks-per-node", "4",
         "--cpu-bind=cores", f"--mpi={mpi}", *RANK, "./a.out", "-v",
     ]  # fmt: skip
-    assert env == {"X": "1 2", "PYCOLL_RUN_FAMILY": "srun"}  # srun passes its environment on
+    assert env == {
+        "X": "1 2",
+        "PYCOLL_RUN_RANK_VARS": "SLURM_PROCID,SLURM_NTASKS",
+    }  # srun passes its environment on
 
 
 def test_hostfile_gives_hosts_and_rank_count(capsys, tmp_path):

@@ -75,6 +75,30 @@ def test_exit_status_is_the_failing_ranks(family):
     assert still_alive([r["pid"] for r in reports(proc.stdout).values()]) == []
 
 
+def test_a_rank_killed_by_a_signal(family):
+    proc, _ = pycoll_run(family, "-n", "3", TARGET, "kill", "2")
+    assert proc.returncode == 128 + 9, proc.stderr
+    assert f"pycoll-run: rank 2 on {HOST} was killed by SIGKILL; stopping the other ranks" in (
+        proc.stderr
+    )
+    assert still_alive([r["pid"] for r in reports(proc.stdout).values()]) == []
+
+
+def test_lines_are_never_cut_by_another_ranks(family):
+    lines, width = 200, 5000
+    proc, _ = pycoll_run(family, "-n", "4", TARGET, "spam", str(lines), str(width))
+    assert proc.returncode == 0, proc.stderr
+    counts = {r: 0 for r in range(4)}
+    for line in proc.stdout.splitlines():
+        if " REPORT " in line:
+            continue
+        m = re.fullmatch(r"\[(\d)\] (\d):(\d+):(\d+)", line)
+        assert m and m[1] == m[2], line[:80]
+        assert m[4] == m[1] * width, f"line {m[3]} of rank {m[1]} is cut or mixed"
+        counts[int(m[1])] += 1
+    assert counts == {r: lines for r in range(4)}
+
+
 def test_timeout_dumps_every_ranks_stack_then_ends_the_job(family):
     proc, elapsed = pycoll_run(family, "-n", "4", "--timeout", "4", TARGET, "hang", "1")
     assert proc.returncode == 124, proc.stderr
@@ -128,6 +152,25 @@ def test_gpus_per_rank(family):
     assert proc.returncode == 0, proc.stderr
     seen = reports(proc.stdout)
     assert [seen[r]["CUDA_VISIBLE_DEVICES"] for r in range(3)] == ["0,1", "2,3", "4,5"]
+
+
+def test_gpus_per_rank_auto_shares_out_the_visible_devices(family):
+    env = clean_env(CUDA_VISIBLE_DEVICES="4,5,6,7")  # as a scheduler would restrict them
+    proc, _ = pycoll_run(family, "-n", "2", "--gpus-per-rank", "auto", TARGET, "ok", env=env)
+    assert proc.returncode == 0, proc.stderr
+    seen = reports(proc.stdout)
+    assert [seen[r]["CUDA_VISIBLE_DEVICES"] for r in range(2)] == ["4,5", "6,7"]
+
+
+def test_more_gpus_asked_than_visible_ends_the_job_before_it_starts(family):
+    env = clean_env(CUDA_VISIBLE_DEVICES="0,1,2")
+    proc, _ = pycoll_run(family, "-n", "2", "--gpus-per-rank", "2", TARGET, "ok", env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert (
+        f"pycoll-run: --gpus-per-rank 2: rank 1 needs 2 GPU(s) after the first 2, but {HOST} "
+        f"shows 3 (CUDA_VISIBLE_DEVICES=0,1,2); ending the job"
+    ) in proc.stderr
+    assert reports(proc.stdout) == {}  # no rank ran the target
 
 
 @pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
