@@ -19,7 +19,7 @@ import tempfile
 import time
 from typing import Dict, List
 
-from .families import choose
+from .families import Job, choose
 
 PROGRAM = "from mpi4py import MPI\nMPI.COMM_WORLD.Barrier()\n"
 
@@ -34,7 +34,7 @@ def main(argv: List[str] = sys.argv[1:]) -> int:
         f.write(PROGRAM)
     n = str(args.n)
     run = [sys.executable, "-m", "pycoll.launch", "-n", n]
-    bare = family.command(launcher, _bare_job(args.n, [sys.executable, f.name]))
+    bare = family.command(launcher, Job(nprocs=args.n, program=[sys.executable, f.name]))
     ways: Dict[str, List[str]] = {
         f"{family.label} alone": bare,
         "pycoll-run -- python prog.py": run + ["--", sys.executable, f.name],
@@ -55,12 +55,6 @@ def main(argv: List[str] = sys.argv[1:]) -> int:
     for name, ts in times.items():
         print(f"{name:36s} {statistics.median(ts):9.3f} {min(ts):7.3f}")
     return 0
-
-
-def _bare_job(nprocs: int, program: List[str]):
-    from .families import Job
-
-    return Job(nprocs=nprocs, program=program)
 
 
 if __name__ == "__main__":

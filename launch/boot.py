@@ -83,8 +83,11 @@ def main(argv: List[str]) -> None:
 
 
 def _run(argv: List[str]) -> None:
-    faulthandler.enable(all_threads=True)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # A private copy of stderr: the target may redirect descriptor 2 (pytest's
+    # output capture does), and the stacks must still reach the wrapper.
+    stacks = os.fdopen(os.dup(2), "w")
+    faulthandler.enable(file=stacks, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     fd = os.environ.pop(TRACEBACK_FD, None)
     if fd is not None:
         sys.excepthook = _hook(int(fd))

@@ -21,13 +21,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Dict, List, Optional, Tuple
+from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
 from . import wire
 from .families import Family, Job
 from .wire import ADDR_ENV, RANK_VARS_ENV, TOKEN_ENV
 
 STOP_GRACE_S = 5.0  # from "stop" to killing the launcher
+EXIT_GRACE_S = 1.0  # after a plain non-zero exit, for ranks finishing the same way
 DUMP_GRACE_S = 5.0  # from "dump" to "stop"
 EXIT_TIMEOUT = 124
 EXIT_START = 1
@@ -41,6 +42,12 @@ class Options:
     start_timeout: float = 120.0
     gpus_per_rank: Optional[str] = None  # "N" or "auto"
     advertise: str = "127.0.0.1"  # the address ranks reach pycoll-run at
+    # Where output goes instead of stdout/stderr: sink(rank or None, stream, line).
+    # pycoll.testing collects a job's output this way.
+    sink: Optional[Callable[[Optional[int], int, str], None]] = None
+    # A moving time limit: called often, returns a time.monotonic() deadline (or
+    # None); pycoll.testing gives each test of a job its own timeout this way.
+    deadline: Optional[Callable[[], Optional[float]]] = None
 
 
 @dataclass
@@ -97,6 +104,16 @@ class Supervisor:
     # -- output ---------------------------------------------------------------
 
     def emit(self, rank: Optional[int], stream: int, line: str) -> None:
+        if self.options.sink is not None:
+            self.options.sink(rank, stream, line)
+        else:
+            self._print(rank, stream, line)
+        state = self.ranks.get(rank) if rank is not None else None
+        if state is not None and state.log is not None:
+            state.log.write(line + "\n")
+            state.log.flush()
+
+    def _print(self, rank: Optional[int], stream: int, line: str) -> None:
         prefix = f"[{rank}] " if rank is not None and self.options.tag else ""
         out = sys.stdout if stream == 1 else sys.stderr
         try:
@@ -109,10 +126,6 @@ class Supervisor:
                 sys.stdout = devnull
             else:
                 sys.stderr = devnull
-        state = self.ranks.get(rank) if rank is not None else None
-        if state is not None and state.log is not None:
-            state.log.write(line + "\n")
-            state.log.flush()
 
     def note(self, text: str) -> None:
         self.emit(None, 2, f"pycoll-run: {text}")
@@ -218,12 +231,19 @@ class Supervisor:
             self.failure = self.failure or (missing[0] if missing else 0, EXIT_START)
             self._stop_all(now)
         timeout = self.options.timeout
-        if timeout is not None and not self.timed_out and now - start > timeout:
+        limit = None if timeout is None else start + timeout
+        moving = self.options.deadline() if self.options.deadline is not None else None
+        if moving is not None and (limit is None or moving < limit):
+            limit = moving
+        if limit is not None and not self.timed_out and now > limit:
             self.timed_out = True
             if self.kill_at is None:
-                self.note(
-                    f"the job ran past --timeout {timeout:g} s; every rank's Python stack follows"
+                why = (
+                    f"the job ran past --timeout {timeout:g} s"
+                    if moving is None or limit != moving
+                    else "the job ran past its time limit"
                 )
+                self.note(f"{why}; every rank's Python stack follows")
                 self._broadcast({"t": "dump"})  # SIGABRT: faulthandler prints, the rank dies
                 self.stop_at = now + DUMP_GRACE_S
         if self.stop_at is not None and now >= self.stop_at:
@@ -397,7 +417,13 @@ class Supervisor:
                     f"rank {state.rank} on {state.host} {_describe_exit(code)}; "
                     f"stopping the other ranks"
                 )
-            self._stop_all(time.monotonic())
+            now = time.monotonic()
+            if code > 0 and state.rank not in self.reported and self.kill_at is None:
+                # A plain exit(1): the others may be ending the same way (pytest
+                # in place prints its summary on rank 0 last); give them a moment.
+                self.stop_at = now + EXIT_GRACE_S if self.stop_at is None else self.stop_at
+            else:
+                self._stop_all(now)
 
     def _dump_launcher_log(self) -> None:
         for line in self.launcher_log:
