@@ -1,8 +1,9 @@
 """pycoll: collective communication on MPI, with torch.distributed's API.
 
 Arrays are numpy arrays (any dtype in ``pycoll.arrays.SUPPORTED_DTYPES``,
-bfloat16 included). Importing pycoll does not start MPI;
-:func:`init_process_group` does.
+bfloat16 included). Importing pycoll does not start MPI, nor import numpy
+or the collectives (they load on first use); :func:`init_process_group`
+starts MPI.
 
     import numpy as np, pycoll
     pycoll.init_process_group()                # under mpiexec -n N
@@ -10,47 +11,51 @@ bfloat16 included). Importing pycoll does not start MPI;
     pycoll.all_reduce(x, op=pycoll.ReduceOp.SUM)
 """
 
-from .collectives.alltoall import all_to_all, all_to_all_single
-from .collectives.barrier import barrier, monitored_barrier
-from .collectives.gather import all_gather, all_gather_coalesced, all_gather_into_tensor, gather
-from .collectives.objects import (
-    all_gather_object,
-    broadcast_object_list,
-    gather_object,
-    recv_object_list,
-    scatter_object_list,
-    send_object_list,
-)
-from .collectives.p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
-from .collectives.reduce import (
-    all_reduce,
-    all_reduce_coalesced,
-    reduce,
-    reduce_scatter,
-    reduce_scatter_tensor,
-)
-from .collectives.scatter import broadcast, scatter
-from .debug import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
-from .errors import CollectiveMismatchError, DistBackendError, DistError, DistTimeoutError
-from .groups import (
-    GroupMember,
-    ProcessGroup,
-    destroy_process_group,
-    get_backend,
-    get_global_rank,
-    get_group_rank,
-    get_node_local_rank,
-    get_process_group_ranks,
-    get_rank,
-    get_world_size,
-    group,
-    init_process_group,
-    is_initialized,
-    is_mpi_available,
-)
-from .ops import ReduceOp, make_premul_sum
-from .subgroups import new_group, new_subgroups, new_subgroups_by_enumeration, split_group
-from .work import Future, Work
+import importlib
+from typing import TYPE_CHECKING, Any, List
+
+if TYPE_CHECKING:  # the names, for type checkers; at run time they load on first use
+    from .collectives.alltoall import all_to_all, all_to_all_single
+    from .collectives.barrier import barrier, monitored_barrier
+    from .collectives.gather import all_gather, all_gather_coalesced, all_gather_into_tensor, gather
+    from .collectives.objects import (
+        all_gather_object,
+        broadcast_object_list,
+        gather_object,
+        recv_object_list,
+        scatter_object_list,
+        send_object_list,
+    )
+    from .collectives.p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
+    from .collectives.reduce import (
+        all_reduce,
+        all_reduce_coalesced,
+        reduce,
+        reduce_scatter,
+        reduce_scatter_tensor,
+    )
+    from .collectives.scatter import broadcast, scatter
+    from .debug import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
+    from .errors import CollectiveMismatchError, DistBackendError, DistError, DistTimeoutError
+    from .groups import (
+        GroupMember,
+        ProcessGroup,
+        destroy_process_group,
+        get_backend,
+        get_global_rank,
+        get_group_rank,
+        get_node_local_rank,
+        get_process_group_ranks,
+        get_rank,
+        get_world_size,
+        group,
+        init_process_group,
+        is_initialized,
+        is_mpi_available,
+    )
+    from .ops import ReduceOp, make_premul_sum
+    from .subgroups import new_group, new_subgroups, new_subgroups_by_enumeration, split_group
+    from .work import Future, Work
 
 __version__ = "0.1.0"
 
@@ -118,3 +123,79 @@ __all__ = [
     "DistTimeoutError",
     "CollectiveMismatchError",
 ]
+
+# Which module defines each public name. ``import pycoll`` loads none of them
+# (nor numpy): pycoll-run and the pytest plugin, which live inside the package,
+# start without that cost, and a program pays for the modules it uses.
+_EXPORTS = {
+    "all_to_all": "collectives.alltoall",
+    "all_to_all_single": "collectives.alltoall",
+    "barrier": "collectives.barrier",
+    "monitored_barrier": "collectives.barrier",
+    "all_gather": "collectives.gather",
+    "all_gather_coalesced": "collectives.gather",
+    "all_gather_into_tensor": "collectives.gather",
+    "gather": "collectives.gather",
+    "all_gather_object": "collectives.objects",
+    "broadcast_object_list": "collectives.objects",
+    "gather_object": "collectives.objects",
+    "recv_object_list": "collectives.objects",
+    "scatter_object_list": "collectives.objects",
+    "send_object_list": "collectives.objects",
+    "P2POp": "collectives.p2p",
+    "batch_isend_irecv": "collectives.p2p",
+    "irecv": "collectives.p2p",
+    "isend": "collectives.p2p",
+    "recv": "collectives.p2p",
+    "send": "collectives.p2p",
+    "all_reduce": "collectives.reduce",
+    "all_reduce_coalesced": "collectives.reduce",
+    "reduce": "collectives.reduce",
+    "reduce_scatter": "collectives.reduce",
+    "reduce_scatter_tensor": "collectives.reduce",
+    "broadcast": "collectives.scatter",
+    "scatter": "collectives.scatter",
+    "DebugLevel": "debug",
+    "get_debug_level": "debug",
+    "set_debug_level": "debug",
+    "set_debug_level_from_env": "debug",
+    "CollectiveMismatchError": "errors",
+    "DistBackendError": "errors",
+    "DistError": "errors",
+    "DistTimeoutError": "errors",
+    "GroupMember": "groups",
+    "ProcessGroup": "groups",
+    "destroy_process_group": "groups",
+    "get_backend": "groups",
+    "get_global_rank": "groups",
+    "get_group_rank": "groups",
+    "get_node_local_rank": "groups",
+    "get_process_group_ranks": "groups",
+    "get_rank": "groups",
+    "get_world_size": "groups",
+    "group": "groups",
+    "init_process_group": "groups",
+    "is_initialized": "groups",
+    "is_mpi_available": "groups",
+    "ReduceOp": "ops",
+    "make_premul_sum": "ops",
+    "new_group": "subgroups",
+    "new_subgroups": "subgroups",
+    "new_subgroups_by_enumeration": "subgroups",
+    "split_group": "subgroups",
+    "Future": "work",
+    "Work": "work",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pycoll' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later uses are plain lookups
+    return value
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(__all__))
