@@ -1,8 +1,9 @@
 """Fixtures of pycoll's own suite.
 
-The suite runs on one rank (plain ``pytest``) or in place on N
-(``mpiexec -n N python -m pytest --with-mpi``); pycoll.testing, pycoll's pytest
-plugin, merges the ranks' outcomes so rank 0 reports one per test for all.
+The suite runs on one rank (plain ``pytest``), on N ranks from a plain pytest
+(``pytest --suite-ranks N --mpi-reuse-all``: pycoll.testing runs the tests as
+one N-rank job and merges the ranks' outcomes), or in place
+(``mpiexec -n N python -m pytest --with-mpi``).
 """
 
 from __future__ import annotations
@@ -15,13 +16,41 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+# Tests that start their own jobs or processes: they run in the plain pass only.
+_OWN_JOBS = ("launch/", "testing/", "test_hangs.py")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--suite-ranks",
+        type=int,
+        metavar="N",
+        help="run the suite's tests on N ranks: each is marked mpi(ranks=N) for "
+        "pycoll.testing (with --mpi-reuse-all, one job runs them all)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    ranks = config.getoption("suite_ranks")
+    if not ranks:
+        return
+    keep, drop = [], []
+    for item in items:
+        own = any(part in item.nodeid for part in _OWN_JOBS)
+        (drop if own else keep).append(item)
+        if not own:
+            item.add_marker(pytest.mark.mpi(ranks=ranks))
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     from mpi4py import MPI
 
-    return (
-        f"MPI: {MPI.Get_library_version().splitlines()[0].strip()}, "
-        f"{MPI.COMM_WORLD.Get_size()} rank(s)"
-    )
+    ranks = config.getoption("suite_ranks")
+    where = f"{ranks} ranks per job" if ranks else f"{MPI.COMM_WORLD.Get_size()} rank(s)"
+    return f"MPI: {MPI.Get_library_version().splitlines()[0].strip()}, {where}"
 
 
 @pytest.fixture(scope="session")

@@ -50,6 +50,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(faster; one test's crash or hang then ends the rest of that job)",
     )
     group.addoption(
+        "--mpi-reuse-all",
+        action="store_true",
+        help="let all marked tests with the same rank count share one job, across files "
+        "(one start-up for a whole suite; a crash or hang ends the rest of it)",
+    )
+    group.addoption(
         "--mpi-timeout",
         type=float,
         metavar="SECONDS",
@@ -184,16 +190,17 @@ class Isolated:
         return True
 
     def group_of(self, item: pytest.Item, ranks: int) -> List[pytest.Item]:
-        if not self.config.getoption("mpi_reuse"):
+        every_file = self.config.getoption("mpi_reuse_all")
+        if not every_file and not self.config.getoption("mpi_reuse"):
             return [item]
         items = item.session.items
-        start = items.index(item)
         group = []
-        for other in items[start:]:
+        for other in items[items.index(item) :]:
             spec = marker_spec(other)
-            if other.path == item.path and spec is not None and spec[0] == ranks:
-                if other.nodeid not in self.ready:
-                    group.append(other)
+            if spec is None or spec[0] != ranks or other.nodeid in self.ready:
+                continue
+            if every_file or other.path == item.path:
+                group.append(other)
         return group
 
     def run_group(self, item: pytest.Item, spec: Tuple[int, float]) -> None:
@@ -219,27 +226,42 @@ class Isolated:
             args,
             live,
         )
+        index = self.index(result)
         for member in group:
-            self.ready[member.nodeid] = self.outcome(member, ranks, result, timeouts[member.nodeid])
+            self.ready[member.nodeid] = self.outcome(
+                member, ranks, result, index.get(member.nodeid, {}), timeouts[member.nodeid]
+            )
 
-    def outcome(
-        self, item: pytest.Item, ranks: int, result: job_mod.JobResult, timeout: float
-    ) -> List[pytest.TestReport]:
-        phases: Dict[int, Dict[str, pytest.TestReport]] = {}
-        started: Dict[int, bool] = {}
-        for rank in range(ranks):
-            phases[rank] = {}
-            started[rank] = False
-            for record in result.records.get(rank, []):
-                if record.get("start") == item.nodeid:
-                    started[rank] = True
-                elif "report" in record and record["report"].get("nodeid") == item.nodeid:
+    def index(self, result: job_mod.JobResult) -> Dict[str, Dict[int, Dict[str, Any]]]:
+        """test -> rank -> its phase reports, and "start" if the rank began it."""
+        found: Dict[str, Dict[int, Dict[str, Any]]] = {}
+        for rank, records in result.records.items():
+            for record in records:
+                if "start" in record:
+                    found.setdefault(record["start"], {}).setdefault(rank, {})["start"] = True
+                elif "report" in record:
                     report = self.config.hook.pytest_report_from_serializable(
                         config=self.config, data=record["report"]
                     )
                     if isinstance(report.longrepr, list):  # a skip's (path, line, reason)
                         report.longrepr = tuple(report.longrepr)  # as JSON could not keep it
-                    phases[rank][report.when] = report
+                    found.setdefault(report.nodeid, {}).setdefault(rank, {})[report.when] = report
+        return found
+
+    def outcome(
+        self,
+        item: pytest.Item,
+        ranks: int,
+        result: job_mod.JobResult,
+        seen: Dict[int, Dict[str, Any]],
+        timeout: float,
+    ) -> List[pytest.TestReport]:
+        phases: Dict[int, Dict[str, pytest.TestReport]] = {}
+        started: Dict[int, bool] = {}
+        for rank in range(ranks):
+            mine = seen.get(rank, {})
+            started[rank] = bool(mine.get("start"))
+            phases[rank] = {w: mine[w] for w in PHASES if w in mine}
         unfinished = [r for r in range(ranks) if "teardown" not in phases[r]]
         if not unfinished:
             return merge_phases(item, phases)
