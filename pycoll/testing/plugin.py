@@ -404,6 +404,14 @@ class InPlace:
         if self.out is not None:
             self.write({"start": nodeid})
 
+    def pytest_runtest_logfinish(self, nodeid: str, location) -> None:
+        if self.out is not None and self.size > 1:
+            # Tests sharing a job start together: no rank begins the next test
+            # (and sends its messages) while another still runs this one, which
+            # could receive them (MPI_ANY_SOURCE). In place, the exchange of
+            # outcomes after each phase does the same.
+            self.comm.Barrier()
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if self.out is not None:
             data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)

@@ -399,3 +399,37 @@ def test_in_place_under_mpiexec(pytester):
     assert out.count("short test summary info") == 1
     assert "---------- rank 1 ----------" in out and "rank 1 is not 0" in out
     assert "needs 3 MPI ranks; this job has 2" in out
+
+
+def test_tests_sharing_a_job_do_not_overlap(pytester):
+    """Rank 1 finishes test_a and would send test_b's message to rank 0 while
+    rank 0 still waits, in test_a, for a message from any rank."""
+    result = run(
+        pytester,
+        """
+        import pytest
+        from mpi4py import MPI
+
+        @pytest.mark.mpi(ranks=3, timeout=20)
+        def test_a(comm):
+            if comm.rank == 0:
+                assert comm.recv(source=MPI.ANY_SOURCE, tag=9) == "a from 1"
+                comm.send("go", dest=2, tag=8)
+                assert comm.recv(source=MPI.ANY_SOURCE, tag=9) == "a from 2"
+            elif comm.rank == 1:
+                comm.send("a from 1", dest=0, tag=9)
+            else:
+                assert comm.recv(source=0, tag=8) == "go"
+                comm.send("a from 2", dest=0, tag=9)
+
+        @pytest.mark.mpi(ranks=3, timeout=20)
+        def test_b(comm):
+            if comm.rank == 1:
+                comm.send("b from 1", dest=0, tag=9)
+            if comm.rank == 0:
+                assert comm.recv(source=1, tag=9) == "b from 1"
+        """,
+        "--mpi-reuse",
+        "--mpi-oversubscribe",
+    )
+    result.assert_outcomes(passed=2)
