@@ -184,3 +184,12 @@ def test_inside_salloc_without_n_uses_the_whole_allocation(world_size):
     seen = reports(proc.stdout)
     assert sorted(seen) == [0, 1, 2]
     assert {r["SLURM_STEP_ID"] for r in seen.values()} == {"0"}  # started by srun
+
+
+def test_submit_without_the_scheduler_says_so(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no qsub here
+    with pytest.raises(SystemExit) as info:
+        main(["batch", "--scheduler", "pbs", "--nodes", "1", "--ppn", "2", "--time",
+              "00:10:00", "--submit", "t.py"])  # fmt: skip
+    assert info.value.code == 2
+    assert "--submit: qsub is not on PATH (is this a pbs login node?)" in capsys.readouterr().err
