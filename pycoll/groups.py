@@ -60,6 +60,9 @@ class ProcessGroup:
         "_destroyed",
         "_children",
         "_lock",
+        "_owner",
+        "_shared",
+        "_busy",
         "_broken",
         "_pending",
         "_uid",
@@ -85,6 +88,12 @@ class ProcessGroup:
         self._destroyed = False
         self._children = 0  # groups made from this one, for their names
         self._lock = threading.Lock()  # one issue order per group (pycoll.watch)
+        # While one thread alone uses the group, its fast synchronous calls skip
+        # the lock (collectives._common.plain): _owner is that thread, _busy says
+        # one such call is under way, _shared that a second thread came.
+        self._owner: Optional[int] = None
+        self._shared = False
+        self._busy = False
         self._broken: Any = None  # the DistTimeoutError that broke the group
         self._pending: List[Any] = []  # requests abandoned by a timeout
         # This group's record on the progress board (pycoll.progress).

@@ -51,6 +51,38 @@ def test_threads_sharing_a_group_do_not_interleave(rank, world_size):
     pycoll.destroy_process_group(group)
 
 
+def test_a_second_thread_ends_the_owners_lock_free_path(rank, world_size):
+    """The first thread's fast calls skip the lock while it is alone; once
+    another thread uses the group, every call takes it, and calls issued by
+    both at once are all counted and right."""
+    group = pycoll.new_group(group_desc="owner")
+    for _ in range(20):
+        x = np.ones(4)
+        pycoll.all_reduce(x, group=group)
+        assert (x == world_size).all()
+    assert group._owner == threading.get_ident() and not group._shared
+    errors: list = []
+
+    def work() -> None:
+        try:
+            for _ in range(100):
+                y = np.ones(4)
+                pycoll.all_reduce(y, group=group)
+                assert (y == world_size).all(), y
+        except BaseException as exc:  # re-raised below
+            errors.append(exc)
+
+    helper = threading.Thread(target=work)
+    helper.start()
+    work()  # the owner goes on at the same time
+    helper.join(timeout=120)
+    assert not helper.is_alive(), "a thread is stuck"
+    assert not errors, errors
+    assert group._shared and not group._busy
+    assert group.sequence_number() == 20 + 2 * 100
+    pycoll.destroy_process_group(group)
+
+
 def test_progress_record_follows_the_group(pg, rank):
     """This rank's record names the last collective started and whether it ended."""
     rec = STATE.board.rec

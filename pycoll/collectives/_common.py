@@ -13,6 +13,7 @@ from __future__ import annotations
 import operator
 import time
 from contextlib import contextmanager
+from threading import get_ident
 from typing import Any, Callable, Iterator, Optional, Union
 
 from .. import _mpi, debug, watch
@@ -48,6 +49,7 @@ def run(
     PREMUL_SUM, so a refused call leaves the caller's data alone).
     """
     with pg._lock:
+        claim(pg)
         seq = watch.begin(pg, op, call)
         if prepare is not None:
             try:
@@ -79,6 +81,27 @@ def sig(x: Any) -> str:
     return f"shape={x.shape}, {x.dtype}"
 
 
+def claim(pg: ProcessGroup) -> None:
+    """Called holding ``pg._lock``, before issuing anything on the group.
+
+    The first thread to use a group owns it, and its synchronous fast calls
+    (:func:`plain`) skip the lock, which costs more than the rest of the
+    bookkeeping. When a second thread comes, it marks the group shared (from
+    then on every call takes the lock) and waits for an owner's call under way
+    to be issued. Under the GIL these plain attribute writes are seen in order:
+    either the owner sees ``_shared`` after setting ``_busy`` and takes the
+    lock, or the newcomer sees ``_busy`` and waits.
+    """
+    me = get_ident()
+    owner = pg._owner
+    if owner is None:
+        pg._owner = me
+    elif owner != me and not pg._shared:
+        pg._shared = True
+        while pg._busy:
+            time.sleep(0)  # the owner's call is being issued (bounded by its timeout)
+
+
 def plain(pg: ProcessGroup, op: str, start: Callable, blocking: Callable, *args: Any) -> None:
     """The synchronous fast path: count the collective, start it, wait for it.
 
@@ -87,7 +110,18 @@ def plain(pg: ProcessGroup, op: str, start: Callable, blocking: Callable, *args:
     ``PYCOLL_WAIT=blocking`` it makes MPI's blocking call instead, watched by
     the watchdog thread. (This is :func:`run` inlined: every step counts here.)
     """
-    with pg._lock:
+    lock = None
+    if pg._owner == get_ident() and not pg._shared:
+        pg._busy = True  # then look again: a second thread may have just come
+        if pg._shared:
+            pg._busy = False
+            lock = pg._lock
+    else:
+        lock = pg._lock
+    if lock is not None:
+        lock.acquire()
+        claim(pg)
+    try:
         if pg._broken is not None:
             raise watch.broken(pg, op)
         seq = pg._seq = pg._seq + 1
@@ -106,6 +140,11 @@ def plain(pg: ProcessGroup, op: str, start: Callable, blocking: Callable, *args:
         except _mpi.MPI.Exception as exc:
             watch.inflight = None
             raise watch.backend_error(op, seq, exc) from None
+    finally:
+        if lock is None:
+            pg._busy = False
+        else:
+            lock.release()
     if not watch.BLOCKING:
         watch.wait1(pg, op, seq, request)
     if rec[word] == busy:
@@ -118,6 +157,7 @@ def sequenced(pg: ProcessGroup, op: str, call: Optional[str]) -> Iterator[int]:
     hold the group's lock, count and publish it, and yield its sequence number.
     Each MPI operation inside goes through ``watch.call``."""
     with pg._lock:
+        claim(pg)
         seq = watch.begin(pg, op, call)
         t0 = time.perf_counter() if debug.LEVEL else 0.0
         yield seq

@@ -12,7 +12,7 @@ from .. import _mpi, watch
 from ..errors import DistTimeoutError
 from ..groups import ProcessGroup, resolve
 from ..work import Work, to_seconds
-from ._common import MONITOR_TAG, run
+from ._common import MONITOR_TAG, claim, run
 
 __all__ = ["barrier", "monitored_barrier"]
 
@@ -64,6 +64,7 @@ def monitored_barrier(
     # No DETAIL fingerprint here (call=None): exchanging it would wait for
     # the very ranks this barrier exists to report.
     with pg._lock:
+        claim(pg)
         seq = watch.begin(pg, func, None)
         if pg.size() > 1:
             if pg.rank() == 0:
