@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -125,6 +126,23 @@ def target_argv(kind: str, target: List[str]) -> List[str]:
     return boot + (["-m"] if kind == "module" else []) + target
 
 
+def _script_or_command(token: str, check: bool) -> str:
+    """``pycoll-run -n 4 train.py`` runs a script; ``pycoll-run -n 4 python
+    train.py`` (as with mpirun) or ``./a.out`` a command, as if after ``--``."""
+    if not token.endswith(".py") and (
+        shutil.which(token) or os.path.isfile(token) and os.access(token, os.X_OK)
+    ):
+        return "command"  # an executable: python, ./a.out, /usr/bin/env
+    if os.path.isfile(token):
+        return "script"
+    if check:
+        raise UsageError(
+            f"{token}: no such script here, nor a command on PATH (for a program that "
+            f"exists only on the ranks' hosts, write -- {token} ...)"
+        )
+    return "script"
+
+
 def _env_pairs(items: List[str], forward: List[str]) -> dict:
     env = {}
     for item in items:
@@ -172,6 +190,8 @@ def plan(args: argparse.Namespace, kind: str, target: List[str]):
     if args.gpus_per_rank is not None and args.gpus_per_rank != "auto":
         if not args.gpus_per_rank.isdigit() or int(args.gpus_per_rank) < 1:
             raise UsageError(f"--gpus-per-rank {args.gpus_per_rank!r}: give a count or 'auto'")
+    if kind == "script" and target:
+        kind = _script_or_command(target[0], check=not args.dry_run and _local(hosts))
     program = [sys.executable, str(HERE / "rank.py"), *target_argv(kind, target)]
     job = Job(
         nprocs=nprocs,

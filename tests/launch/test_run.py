@@ -128,6 +128,20 @@ def test_command_form(family):
     assert sorted(seen) == [0, 1] and seen[0]["RANK"] == "0" and seen[1]["RANK"] == "1"
 
 
+def test_python_and_a_script_as_with_mpirun(family):
+    proc, _ = pycoll_run(family, "-n", "2", PYTHONS[family], TARGET, "ok")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(reports(proc.stdout)) == [0, 1]
+
+
+def test_a_missing_script_is_refused_before_launching(family):
+    proc, _ = pycoll_run(family, "-n", "2", "no_such_script.py")
+    assert proc.returncode == 2
+    assert "pycoll-run: error: no_such_script.py: no such script here, nor a command" in (
+        proc.stderr
+    )
+
+
 def test_a_command_that_cannot_start(family):
     proc, _ = pycoll_run(family, "-n", "2", "--", "/nonexistent/program")
     assert proc.returncode == 127, proc.stderr
