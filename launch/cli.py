@@ -126,6 +126,11 @@ def target_argv(kind: str, target: List[str]) -> List[str]:
     return boot + (["-m"] if kind == "module" else []) + target
 
 
+def rank_program(kind: str, target: List[str]) -> List[str]:
+    """What the launcher starts on each rank: the wrapper, then the target."""
+    return [sys.executable, str(HERE / "rank.py"), *target_argv(kind, target)]
+
+
 def _script_or_command(token: str, check: bool) -> str:
     """``pycoll-run -n 4 train.py`` runs a script; ``pycoll-run -n 4 python
     train.py`` (as with mpirun) or ``./a.out`` a command, as if after ``--``."""
@@ -192,10 +197,9 @@ def plan(args: argparse.Namespace, kind: str, target: List[str]):
             raise UsageError(f"--gpus-per-rank {args.gpus_per_rank!r}: give a count or 'auto'")
     if kind == "script" and target:
         kind = _script_or_command(target[0], check=not args.dry_run and _local(hosts))
-    program = [sys.executable, str(HERE / "rank.py"), *target_argv(kind, target)]
     job = Job(
         nprocs=nprocs,
-        program=program,
+        program=rank_program(kind, target),
         hosts=hosts,
         ppn=args.ppn,
         bind=args.bind,
@@ -250,7 +254,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         family, launcher, job, sup_options = plan(args, kind, target)
         if args.dry_run:
-            job.env.setdefault(RANK_VARS_ENV, f"{family.rank_var},{family.size_var}")
+            job.env.setdefault(RANK_VARS_ENV, family.rank_vars)
             print(dry_run(family, launcher, job))
             return 0
         return Supervisor(family, launcher, job, sup_options).run()

@@ -47,6 +47,11 @@ class Family:
     rank_var: str
     size_var: str
 
+    @property
+    def rank_vars(self) -> str:
+        """The value of PYCOLL_RUN_RANK_VARS: where the rank wrapper reads its rank."""
+        return f"{self.rank_var},{self.size_var}"
+
     def command(self, launcher: str, job: Job) -> List[str]:
         return _BUILDERS[self.name](launcher, job)
 

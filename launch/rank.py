@@ -72,9 +72,8 @@ def _free_port() -> int:
 
 
 class Wrapper:
-    def __init__(self, sock: socket.socket, rank: int) -> None:
+    def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.rank = rank
         self.lock = threading.Lock()
         self.child: Optional[subprocess.Popen] = None
         self.stopping = threading.Event()
@@ -173,7 +172,7 @@ def main(argv: List[str]) -> int:
         return 2
     host, _, port = os.environ[ADDR_ENV].rpartition(":")
     sock = socket.create_connection((host, int(port)), timeout=60)
-    wrapper = Wrapper(sock, rank)
+    wrapper = Wrapper(sock)
     wrapper.send(
         {
             "t": "hello",
@@ -181,7 +180,6 @@ def main(argv: List[str]) -> int:
             "rank": rank,
             "size": size,
             "host": socket.gethostname(),
-            "pid": os.getpid(),
             "port": _free_port(),
             "gpus": _gpus_here(),
             "visible": _visible(),

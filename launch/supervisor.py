@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
@@ -61,14 +61,14 @@ class RankState:
     visible: Optional[List[str]] = None  # the host's CUDA_VISIBLE_DEVICES, if set
     exit_code: Optional[int] = None
     log: Optional[IO[str]] = None
-    lines: List[str] = field(default_factory=list)
 
 
 def _exit_status(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def _describe_exit(code: int) -> str:
+def describe_exit(code: int) -> str:
+    """'was killed by SIGSEGV' or 'exited with code 3', from a raw exit code."""
     if code < 0:
         try:
             name = signal.Signals(-code).name
@@ -140,7 +140,7 @@ class Supervisor:
         env.update(self.job.env)
         env[ADDR_ENV] = f"{self.options.advertise}:{port}"
         env[TOKEN_ENV] = self.token
-        env[RANK_VARS_ENV] = f"{self.family.rank_var},{self.family.size_var}"
+        env[RANK_VARS_ENV] = self.family.rank_vars
         return env
 
     def run(self) -> int:
@@ -166,7 +166,6 @@ class Supervisor:
         except OSError as exc:
             self.note(f"cannot start {command[0]}: {exc.strerror}")
             return 127
-        self.proc = proc
         assert proc.stdout is not None
         os.set_blocking(proc.stdout.fileno(), False)
         launcher_reader = wire.Reader(raw=True)
@@ -244,7 +243,7 @@ class Supervisor:
                     else "the job ran past its time limit"
                 )
                 self.note(f"{why}; every rank's Python stack follows")
-                self._broadcast({"t": "dump"})  # SIGABRT: faulthandler prints, the rank dies
+                self._broadcast({"t": "dump"})  # each wrapper has faulthandler print
                 self.stop_at = now + DUMP_GRACE_S
         if self.stop_at is not None and now >= self.stop_at:
             self._stop_all(now)
@@ -254,14 +253,20 @@ class Supervisor:
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.interrupted = signum
 
+    @staticmethod
+    def _send(state: RankState, message: Dict[str, Any]) -> None:
+        """One message to one wrapper, whole (its socket is otherwise non-blocking)."""
+        state.conn.setblocking(True)
+        try:
+            state.conn.sendall(wire.encode(message))
+        finally:
+            state.conn.setblocking(False)
+
     def _broadcast(self, message: Dict[str, Any]) -> None:
-        data = wire.encode(message)
         for state in self.ranks.values():
             if state.exit_code is None:
                 try:
-                    state.conn.setblocking(True)
-                    state.conn.sendall(data)
-                    state.conn.setblocking(False)
+                    self._send(state, message)
                 except OSError:
                     pass
 
@@ -343,9 +348,7 @@ class Supervisor:
                 self._stop_all(time.monotonic())
                 return state
             for state_ in self.ranks.values():
-                state_.conn.setblocking(True)
-                state_.conn.sendall(wire.encode({"t": "env", "env": envs[state_.rank]}))
-                state_.conn.setblocking(False)
+                self._send(state_, {"t": "env", "env": envs[state_.rank]})
             if self.kill_at is not None:
                 self._broadcast({"t": "stop"})
         return state
@@ -414,7 +417,7 @@ class Supervisor:
             self.failure = (state.rank, code)
             if not silent:
                 self.note(
-                    f"rank {state.rank} on {state.host} {_describe_exit(code)}; "
+                    f"rank {state.rank} on {state.host} {describe_exit(code)}; "
                     f"stopping the other ranks"
                 )
             now = time.monotonic()
@@ -448,12 +451,12 @@ class Supervisor:
         if launcher_code != 0 or missing:
             if not self.ranks:
                 self.note(
-                    f"the launcher {self.launcher} {_describe_exit(launcher_code)} before any "
+                    f"the launcher {self.launcher} {describe_exit(launcher_code)} before any "
                     f"rank started. It said:"
                 )
             else:
                 self.note(
-                    f"the launcher {_describe_exit(launcher_code)}"
+                    f"the launcher {describe_exit(launcher_code)}"
                     + (f"; ranks {','.join(map(str, missing))} never reported" if missing else "")
                     + ". It said:"
                 )

@@ -21,12 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..launch.cli import HERE as LAUNCH_DIR
-from ..launch.cli import target_argv
+from ..launch.cli import rank_program
 from ..launch.families import Family, Job, choose
 from ..launch.supervisor import Options, Supervisor
-
-RANK_PY = LAUNCH_DIR / "rank.py"
 
 
 @dataclass
@@ -116,8 +113,7 @@ def run(
     # files and keep those ids.
     (results / "nodeids").write_text("\n".join(nodeids) + "\n")
     args = ["pytest", "-p", "no:cacheprovider", "--mpi-worker", str(results), *pytest_args]
-    program = [sys.executable, str(RANK_PY), *target_argv("module", [*args, *files])]
-    job = Job(nprocs=ranks, program=program, srun_mpi=srun_mpi)
+    job = Job(nprocs=ranks, program=rank_program("module", [*args, *files]), srun_mpi=srun_mpi)
     progress = Progress(results, ranks, timeouts, allowance)
     options = Options(start_timeout=allowance, sink=sink, deadline=progress.deadline)
     supervisor = Supervisor(family, launcher, job, options)

@@ -19,13 +19,13 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import tempfile
 from pathlib import Path
 from typing import IO, Any, Dict, Generator, Iterator, List, Optional, Tuple
 
 import pytest
 
+from ..launch.supervisor import describe_exit
 from . import job as job_mod
 from .merge import combine, labelled, prefixed
 
@@ -145,7 +145,7 @@ def _report(
 
 
 def _skip(item: pytest.Item, reason: str) -> List[pytest.TestReport]:
-    path, lineno, _ = item.location
+    _, lineno, _ = item.location
     where = (str(item.path), (lineno or 0) + 1, f"Skipped: {reason}")
     return [_report(item, "setup", "skipped", where), _report(item, "teardown", "passed", None)]
 
@@ -266,8 +266,8 @@ class Isolated:
         if not unfinished:
             return merge_phases(item, phases)
         output = prefixed(result.output)
+        running = [r for r in unfinished if started[r]]
         if result.timed_out:
-            running = [r for r in unfinished if started[r]]
             if running:
                 return _error(
                     item,
@@ -278,7 +278,6 @@ class Isolated:
                 )
             return _error(item, "not run: its job was ended by an earlier test's timeout")
         crash = self.crash_text(result)
-        running = [r for r in unfinished if started[r]]
         if running:
             return _error(
                 item,
@@ -302,18 +301,11 @@ class Isolated:
             return f"the job ended with status {result.status}"
         if result.first_failure is not None:
             bad = [result.first_failure]
-        parts = []
-        for rank, code in bad:
-            host = result.hosts.get(rank, "?")
-            if code is not None and code < 0:
-                try:
-                    name = signal.Signals(-code).name
-                except ValueError:
-                    name = f"signal {-code}"
-                parts.append(f"rank {rank} on {host} crashed: killed by {name}")
-            else:
-                parts.append(f"rank {rank} on {host} crashed: exited with code {code}")
-        return "; ".join(parts)
+        return "; ".join(
+            f"rank {rank} on {result.hosts.get(rank, '?')} crashed: "
+            + describe_exit(code).removeprefix("was ")  # "killed by SIGSEGV"
+            for rank, code in bad
+        )
 
 
 def merge_phases(
