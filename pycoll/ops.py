@@ -11,6 +11,7 @@ raise a ValueError naming both.
 from __future__ import annotations
 
 import numbers
+import sys
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union, cast
 
 import numpy as np
@@ -189,14 +190,13 @@ _BUILTIN = {
     },
     "complex": {"SUM": "SUM", "PRODUCT": "PROD", "AVG": "SUM", "PREMUL_SUM": "SUM"},
 }
-# float16 / bfloat16: numpy ufuncs run inside an MPI user-defined op.
-_HALF_UFUNCS = {
-    "SUM": np.add,
-    "PRODUCT": np.multiply,
-    "MIN": np.minimum,
-    "MAX": np.maximum,
-    "AVG": np.add,
-    "PREMUL_SUM": np.add,
+# float16 / bfloat16, and MIN/MAX on floats: pycoll's compiled kernels as MPI
+# user ops (pycoll.kernels). MPI has no 16-bit float arithmetic, and its own
+# MIN/MAX may drop a NaN depending on the order it combines ranks in; numpy's
+# (and torch's) minimum/maximum propagate it.
+_KERNEL_OPS = {
+    "half": ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "PREMUL_SUM"),
+    "float": ("MIN", "MAX"),
 }
 
 _WHY = {
@@ -206,24 +206,6 @@ _WHY = {
     "float": "bitwise ops apply to integers and bool only",
     "complex": "complex numbers have no order (MIN/MAX) and no bits to combine (BAND/BOR/BXOR)",
 }
-
-_user_ops: Dict[Tuple[str, np.dtype], Any] = {}
-
-
-def _half_op(ufunc: Any, dtype: np.dtype) -> Any:
-    """An MPI user op applying ``ufunc`` elementwise to arrays of ``dtype``."""
-    key = (ufunc.__name__, dtype)
-    op = _user_ops.get(key)
-    if op is None:
-        MPI = _mpi.load()
-
-        def reduce(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
-            a = np.frombuffer(inbuf, dtype=dtype)
-            b = np.frombuffer(inoutbuf, dtype=dtype)
-            ufunc(a, b, out=b)
-
-        op = _user_ops[key] = MPI.Op.Create(reduce, commute=True)
-    return op
 
 
 def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
@@ -240,14 +222,12 @@ def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
     check_dtype(func, "tensor", dtype)
     kind = dtype_kind(dtype)
     name = op.name
-    if kind == "half":
-        if name not in _HALF_UFUNCS:
-            raise ValueError(
-                f"{func}: ReduceOp.{name} is not defined for dtype {dtype}: {_WHY[kind]}"
-            )
-        mpi_op = _half_op(_HALF_UFUNCS[name], dtype)
+    if name in _KERNEL_OPS.get(kind, ()):
+        from . import kernels
+
+        mpi_op = kernels.mpi_op(name, dtype)
     else:
-        mpi_name = _BUILTIN[kind].get(name)
+        mpi_name = _BUILTIN.get(kind, {}).get(name)
         if mpi_name is None:
             raise ValueError(
                 f"{func}: ReduceOp.{name} is not defined for dtype {dtype}: {_WHY[kind]}"
@@ -268,8 +248,8 @@ def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
 
 def free_user_ops() -> None:
     """Free the MPI user ops created so far (called when pycoll shuts down)."""
-    for op in _user_ops.values():
-        op.Free()
-    _user_ops.clear()
+    mpiop = sys.modules.get("pycoll.kernels.mpiop")  # never import numba just to free
+    if mpiop is not None:
+        mpiop.free_all()
     for member in _MEMBERS.values():
         member._plans.clear()

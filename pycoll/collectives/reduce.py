@@ -11,7 +11,7 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from .. import _mpi, debug
+from .. import _mpi, debug, kernels
 from ..arrays import (
     check_input,
     check_list,
@@ -44,9 +44,7 @@ def _plan(op: ReduceOp, dtype: np.dtype, func: str) -> Plan:
 
 def _scaled(x: np.ndarray, scale: complex) -> np.ndarray:
     """A scaled copy of an input that must not be modified."""
-    out = np.empty_like(x)
-    np.multiply(x, scale, out=out, casting="unsafe")
-    return out
+    return kernels.scale(x, scale)
 
 
 def _prescaler(x: np.ndarray, scale: Optional[complex]) -> Optional[Callable[[], None]]:
@@ -55,14 +53,14 @@ def _prescaler(x: np.ndarray, scale: Optional[complex]) -> Optional[Callable[[],
         return None
 
     def prepare() -> None:
-        np.multiply(x, scale, out=x, casting="unsafe")
+        kernels.scale(x, scale, out=x)
 
     return prepare
 
 
-def _averager(out: np.ndarray, n: int):
+def _averager(out: np.ndarray, n: int) -> Callable[[], None]:
     def finish() -> None:
-        np.divide(out, n, out=out, casting="unsafe")
+        kernels.divide(out, n, out=out)
 
     return finish
 
@@ -156,12 +154,12 @@ def all_reduce_coalesced(
     how = _plan(op, dtype, func)
     flat = np.concatenate([t.reshape(-1) for t in tensors])
     if how.prescale is not None:
-        np.multiply(flat, how.prescale, out=flat, casting="unsafe")
+        kernels.scale(flat, how.prescale, out=flat)
     n = pg._size
 
     def finish() -> None:
         if how.average:
-            np.divide(flat, n, out=flat, casting="unsafe")
+            kernels.divide(flat, n, out=flat)
         offset = 0
         for t in tensors:
             t.reshape(-1)[...] = flat[offset : offset + t.size]
@@ -283,7 +281,7 @@ def reduce_scatter(
     how = _plan(op, dtype, func)
     send = np.concatenate([x.reshape(-1) for x in inputs])
     if how.prescale is not None:
-        np.multiply(send, how.prescale, out=send, casting="unsafe")
+        kernels.scale(send, how.prescale, out=send)
     return _reduce_scatter_block(
         pg, func, send, output, how, async_op, lambda: f"{func}({op.name}, output {sig(output)})"
     )

@@ -1,0 +1,288 @@
+"""pycoll.kernels: compiled elementwise reductions for what MPI lacks.
+
+MPI reduces only the types it knows, and float16/bfloat16 are not among
+them; numpy adds float16 at about 1 GB/s. These numba kernels view 16-bit
+floats as uint16 words and compute in float32 (with F16C where the CPU has
+it), so every supported dtype reduces at memory speed, bit-exact with numpy
+and ml_dtypes. pycoll registers them with MPI_Op_create (see
+:mod:`pycoll.kernels.mpiop`) so MPI's own algorithms do the communication.
+
+Public functions:
+
+- :func:`reduce` reduces one array into another, locally.
+- :func:`scale` and :func:`divide` are PREMUL_SUM's and AVG's elementwise steps.
+- :func:`mpi_op` gives the MPI op pycoll uses for a (ReduceOp, dtype) pair.
+- :func:`warmup` compiles (or loads from numba's disk cache) ahead of time, so
+  the first training step does not pay for compilation.
+
+numba is imported on first use, not by ``import pycoll.kernels``.
+
+Settings: ``PYCOLL_NUM_THREADS`` (threads per rank for large local work;
+default cores / ranks on the node) and ``PYCOLL_F16C=0|1`` (force the
+portable or the F16C float16 conversion; default: what the CPU has).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Iterable, Optional, Union
+
+import numpy as np
+
+from ..arrays import BFLOAT16, SUPPORTED_DTYPES, check_dtype, dtype_kind
+from . import threads
+
+__all__ = ["reduce", "scale", "divide", "mpi_op", "warmup", "f16c", "num_threads"]
+
+# Local work at least this large uses the parallel kernels (when a rank has
+# more than one thread): below it, waking the pool costs more than it saves.
+PARALLEL_BYTES = 1 << 20
+
+_ORDERED = ("SUM", "PRODUCT", "MIN", "MAX")
+_BITWISE = ("BAND", "BOR", "BXOR")
+_F16C: Optional[bool] = None
+_THREADS: Optional[int] = None
+
+
+def f16c() -> bool:
+    """Whether float16 kernels use the CPU's F16C conversions (else the portable
+    integer code). ``PYCOLL_F16C=0|1`` overrides the detection."""
+    global _F16C
+    if _F16C is None:
+        forced = os.environ.get("PYCOLL_F16C", "").strip()
+        if forced in ("0", "1"):
+            _F16C = forced == "1"
+        elif forced:
+            raise ValueError(f"PYCOLL_F16C={forced!r}: set it to 0 or 1, or leave it unset")
+        else:
+            _F16C = _cpu_has_f16c()
+    return _F16C
+
+
+def _cpu_has_f16c() -> bool:
+    # numba compiles for NUMBA_CPU_NAME / NUMBA_CPU_FEATURES when set (e.g. for a
+    # portable cache); the conversion must exist on that target, not just here.
+    features = os.environ.get("NUMBA_CPU_FEATURES")
+    if features is not None:
+        return "+f16c" in features.split(",")
+    if os.environ.get("NUMBA_CPU_NAME", "host") != "host":
+        return False
+    from llvmlite import binding
+
+    return bool(binding.get_host_cpu_features().get("f16c", False))
+
+
+def num_threads() -> int:
+    """Threads this rank's parallel kernels use (see pycoll.kernels.threads)."""
+    global _THREADS
+    if _THREADS is None:
+        _THREADS = threads.per_rank()
+    return _THREADS
+
+
+def _storage(dtype: np.dtype) -> str:
+    if dtype == BFLOAT16:
+        return "bfloat16"
+    return dtype.name
+
+
+def _words(x: np.ndarray) -> np.ndarray:
+    """The 1-d view a kernel takes: uint16 words for the half types."""
+    flat = x.reshape(-1)
+    return flat.view(np.uint16) if dtype_kind(x.dtype) == "half" else flat
+
+
+def _op_name(op: Any, func: str) -> str:
+    from ..ops import ReduceOp
+
+    if isinstance(op, str):
+        if op.upper() == "PREMUL_SUM":
+            return "PREMUL_SUM"
+        op = ReduceOp(op)
+    if not isinstance(op, ReduceOp):
+        raise TypeError(f"{func}: op must be a pycoll.ReduceOp or its name, got {op!r}")
+    return op.name
+
+
+def _check_pair(name: str, dtype: np.dtype, func: str) -> None:
+    kind = dtype_kind(dtype)
+    if name in ("AVG", "PREMUL_SUM"):
+        raise ValueError(
+            f"{func}: ReduceOp.{name} is a SUM plus a division or a scaling; reduce with "
+            f"ReduceOp.SUM and use pycoll.kernels.divide or scale"
+        )
+    if name in _BITWISE and kind not in ("int", "bool"):
+        raise ValueError(
+            f"{func}: ReduceOp.{name} is not defined for dtype {dtype}: bitwise ops "
+            f"apply to integers and bool only"
+        )
+    if kind == "complex" and name not in ("SUM", "PRODUCT"):
+        raise ValueError(
+            f"{func}: ReduceOp.{name} is not defined for dtype {dtype}: complex numbers "
+            f"have no order"
+        )
+
+
+def _run(kernel_for: Any, nbytes: int, *args: Any) -> None:
+    n = num_threads()
+    if n > 1 and nbytes >= PARALLEL_BYTES:
+        import numba
+
+        with threads.LOCK:
+            if numba.get_num_threads() != n:
+                numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+            kernel_for(True)(*args)
+    else:
+        kernel_for(False)(*args)
+
+
+def _check_array(func: str, name: str, x: Any, writeable: bool) -> np.ndarray:
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{func}: {name} must be a numpy.ndarray, got {type(x).__name__}")
+    check_dtype(func, name, x.dtype)
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{func}: {name} must be C-contiguous; pass numpy.ascontiguousarray(...)")
+    if writeable and not x.flags.writeable:
+        raise ValueError(f"{func}: {name} is read-only; pass a writeable array")
+    return x
+
+
+def reduce(op: Any, src: np.ndarray, dst: np.ndarray) -> None:
+    """``dst = op(src, dst)`` elementwise, in place, as MPI's reduction step does.
+
+    Args:
+        op: a ReduceOp (or its name): SUM, PRODUCT, MIN, MAX, BAND, BOR or BXOR.
+            MIN/MAX propagate NaN as numpy.minimum/maximum do; on bool, SUM and
+            MAX are "any", PRODUCT and MIN "all", as in torch.
+        src, dst: C-contiguous arrays of one supported dtype and one shape.
+    """
+    func = "pycoll.kernels.reduce"
+    name = _op_name(op, func)
+    _check_array(func, "src", src, False)
+    _check_array(func, "dst", dst, True)
+    if src.dtype != dst.dtype or src.shape != dst.shape:
+        raise ValueError(
+            f"{func}: src and dst must have one dtype and shape, got {src.dtype}{src.shape} "
+            f"and {dst.dtype}{dst.shape}"
+        )
+    _check_pair(name, dst.dtype, func)
+    from .elementwise import reduce_kernel
+
+    storage, hw = _storage(dst.dtype), f16c()
+    _run(
+        lambda p: reduce_kernel(name, storage, hw, p),
+        dst.nbytes,
+        _words(src),
+        _words(dst),
+    )
+
+
+def _factor(value: Any, dtype: np.dtype, func: str) -> Any:
+    """A scale or divisor, rounded to ``dtype`` first (as numpy and torch do)
+    and given in the kernel's arithmetic type."""
+    kind = dtype_kind(dtype)
+    if kind in ("int", "bool"):
+        raise ValueError(
+            f"{func}: dtype {dtype} would have to round to an integer; cast to a floating dtype"
+        )
+    if isinstance(value, complex) and kind != "complex":
+        raise ValueError(f"{func}: a complex factor ({value}) cannot scale dtype {dtype}")
+    if kind == "half":
+        return np.float32(dtype.type(value))
+    return dtype.type(value)
+
+
+def _elementwise(
+    func: str, which: Any, x: np.ndarray, value: Any, out: Optional[np.ndarray]
+) -> np.ndarray:
+    _check_array(func, "x", x, False)
+    if out is None:
+        out = np.empty_like(x)
+    _check_array(func, "out", out, True)
+    if out.dtype != x.dtype or out.shape != x.shape:
+        raise ValueError(f"{func}: out must have x's dtype and shape, {x.dtype}{x.shape}")
+    factor = _factor(value, x.dtype, func)
+    src, dst, dtype = _words(x), _words(out), x.dtype
+    if dtype_kind(dtype) == "complex" and factor.imag == 0:
+        # A real factor applies to each component: one rounding each, and no
+        # inf * 0 = nan from a zero imaginary part.
+        dtype = np.dtype(f"f{dtype.itemsize // 2}")
+        src, dst, factor = src.view(dtype), dst.view(dtype), dtype.type(factor.real)
+    storage, hw = _storage(dtype), f16c()
+    _run(lambda p: which(storage, hw, p), x.nbytes, src, factor, dst)
+    return out
+
+
+def scale(
+    x: np.ndarray, factor: Union[float, complex], out: Optional[np.ndarray] = None
+) -> np.ndarray:
+    """``out = x * factor`` for floating and complex arrays (PREMUL_SUM's step).
+
+    The factor is first rounded to ``x``'s dtype, as numpy and torch do.
+    ``out`` may be ``x`` itself; a new array is returned when it is None.
+    """
+    from .elementwise import scale_kernel
+
+    return _elementwise("pycoll.kernels.scale", scale_kernel, x, factor, out)
+
+
+def divide(
+    x: np.ndarray, divisor: Union[int, float], out: Optional[np.ndarray] = None
+) -> np.ndarray:
+    """``out = x / divisor`` (AVG's last step), a true division rounded once."""
+    from .elementwise import divide_kernel
+
+    return _elementwise("pycoll.kernels.divide", divide_kernel, x, divisor, out)
+
+
+def mpi_op(op: Any, dtype: Any) -> Any:
+    """The MPI user op (``mpi4py.MPI.Op``) running pycoll's kernel for ``op`` on
+    ``dtype``; AVG and PREMUL_SUM reduce as SUM (their extra steps run around
+    the MPI call). Created once per process; freed by destroy_process_group."""
+    from . import mpiop
+
+    func = "pycoll.kernels.mpi_op"
+    name = _op_name(op, func)
+    dtype = np.dtype(dtype)
+    check_dtype(func, "dtype", dtype)
+    if name in ("AVG", "PREMUL_SUM"):
+        name = "SUM"
+    _check_pair(name, dtype, func)
+    return mpiop.user_op(name, dtype, _storage(dtype), f16c())
+
+
+def warmup(
+    dtypes: Optional[Iterable[Any]] = None, ops: Optional[Iterable[Any]] = None, mpi: bool = True
+) -> float:
+    """Compile (or load from numba's disk cache) the kernels for ``dtypes`` x
+    ``ops`` now, rather than inside the first collective that needs them.
+
+    Args:
+        dtypes: default: every supported dtype.
+        ops: default: every op defined for each dtype.
+        mpi: also build the MPI user ops (requires init_process_group first).
+
+    Returns:
+        The seconds it took (near zero once the disk cache is warm).
+    """
+    t0 = time.perf_counter()
+    chosen = [np.dtype(d) for d in (dtypes if dtypes is not None else SUPPORTED_DTYPES)]
+    names = None if ops is None else [_op_name(o, "pycoll.kernels.warmup") for o in ops]
+    for dtype in chosen:
+        check_dtype("pycoll.kernels.warmup", "dtypes", dtype)
+        x = np.ones(4, dtype)
+        for name in names or _ORDERED + _BITWISE:
+            try:
+                _check_pair(name, dtype, "warmup")
+            except ValueError:
+                if names is not None:
+                    raise
+                continue
+            reduce(name, x, x.copy())
+            if mpi:
+                mpi_op(name, dtype)
+        if dtype_kind(dtype) not in ("int", "bool"):
+            scale(x, 1.0)
+            divide(x, 1)
+    return time.perf_counter() - t0

@@ -1,0 +1,186 @@
+"""The elementwise kernels: reduce one array into another, scale, divide.
+
+One numba kernel per (operation, storage): storage is a native numpy dtype,
+or "float16"/"bfloat16" (uint16 words converted through float32, see
+pycoll.kernels.convert). The same Python loop compiles twice: serial, for use
+inside MPI's reduction (MPI hands it a chunk at a time, on whatever thread is
+in the MPI call) and parallel (numba prange) for large local work. Compiled
+code is cached on disk (numba's cache=True), so a process pays for
+compilation once per machine, not once per run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import types as pytypes
+from typing import Any, Callable, Dict, Tuple
+
+from numba import njit, prange
+
+from . import convert
+
+__all__ = ["combine_fn", "load_store", "reduce_kernel", "scale_kernel", "divide_kernel"]
+
+HALF = ("float16", "bfloat16")
+
+# --- how one pair of elements combines, per op ---------------------------
+
+
+@njit(inline="always")
+def _sum(x, y):  # type: ignore[no-untyped-def]
+    return x + y
+
+
+@njit(inline="always")
+def _prod(x, y):  # type: ignore[no-untyped-def]
+    return x * y
+
+
+@njit(inline="always")
+def _min(x, y):  # type: ignore[no-untyped-def]
+    # numpy.minimum: a nan on either side wins.
+    return x if (x < y or x != x) else y
+
+
+@njit(inline="always")
+def _max(x, y):  # type: ignore[no-untyped-def]
+    return x if (x > y or x != x) else y
+
+
+@njit(inline="always")
+def _band(x, y):  # type: ignore[no-untyped-def]
+    return x & y
+
+
+@njit(inline="always")
+def _bor(x, y):  # type: ignore[no-untyped-def]
+    return x | y
+
+
+@njit(inline="always")
+def _bxor(x, y):  # type: ignore[no-untyped-def]
+    return x ^ y
+
+
+_COMBINE = {
+    "SUM": _sum,
+    "PRODUCT": _prod,
+    "MIN": _min,
+    "MAX": _max,
+    "BAND": _band,
+    "BOR": _bor,
+    "BXOR": _bxor,
+}
+# bool follows torch: SUM and MAX are "any", PRODUCT and MIN are "all".
+_BOOL = {"SUM": _bor, "MAX": _bor, "PRODUCT": _band, "MIN": _band}
+
+
+@njit(inline="always")
+def _same(x):  # type: ignore[no-untyped-def]
+    return x
+
+
+def combine_fn(op: str, storage: str) -> Any:
+    """The jitted ``f(x, y)`` for ``op`` on elements of ``storage``."""
+    if storage == "bool":
+        return _BOOL.get(op, _COMBINE[op])
+    return _COMBINE[op]
+
+
+def load_store(storage: str, f16c: bool) -> Tuple[Any, Any]:
+    """The jitted (load, store) pair: element to arithmetic type and back."""
+    if storage == "float16":
+        if f16c:
+            return convert.f16_to_f32_hw, convert.f32_to_f16_hw
+        return convert.f16_to_f32_soft, convert.f32_to_f16_soft
+    if storage == "bfloat16":
+        return convert.bf16_to_f32, convert.f32_to_bf16
+    return _same, _same
+
+
+# --- the kernels ------------------------------------------------------------
+#
+# Each kernel is a template below, compiled once per variant with its own
+# globals (``load``, ``combine``, ``store``) and a qualified name that spells
+# the variant out: numba keys its disk cache on that name, and a closure over
+# jitted functions would give a key that changes every run. The salt (a hash
+# of this file and convert.py) retires cached code when either changes,
+# which numba alone would notice only for this file.
+
+load = store = _same
+combine = _sum
+
+
+def _reduce(a, b):  # type: ignore[no-untyped-def]
+    for i in prange(a.size):
+        b[i] = store(combine(load(a[i]), load(b[i])))
+
+
+def _scale(x, s, out):  # type: ignore[no-untyped-def]
+    for i in prange(x.size):
+        out[i] = store(load(x[i]) * s)
+
+
+def _divide(x, d, out):  # type: ignore[no-untyped-def]
+    for i in prange(x.size):
+        out[i] = store(load(x[i]) / d)
+
+
+def _salt() -> str:
+    digest = hashlib.sha1()
+    for module in (__file__, convert.__file__):
+        with open(module, "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()[:10]
+
+
+_SALT = _salt()
+_CACHE: Dict[tuple, Callable] = {}
+
+
+def _variant(template: Callable, parallel: bool, name: str, **bindings: Any) -> Callable:
+    key = (name, parallel)
+    kernel = _CACHE.get(key)
+    if kernel is None:
+        scope = dict(template.__globals__)
+        scope.update(bindings)
+        fn = pytypes.FunctionType(template.__code__, scope, template.__name__)
+        fn.__qualname__ = f"{name}_{'parallel' if parallel else 'serial'}_{_SALT}"
+        kernel = _CACHE[key] = njit(parallel=parallel, cache=True, nogil=True)(fn)
+    return kernel
+
+
+def _storage_name(storage: str, f16c: bool) -> str:
+    return f"{storage}_{'f16c' if f16c else 'soft'}" if storage == "float16" else storage
+
+
+def reduce_kernel(op: str, storage: str, f16c: bool, parallel: bool) -> Callable:
+    """``k(a, b)``: ``b[i] = op(a[i], b[i])`` for 1-d arrays of equal length.
+
+    This is MPI's user-function contract (invec, inoutvec); the half types are
+    passed as their uint16 views. Native dtypes share one kernel per op (numba
+    compiles it per dtype).
+    """
+    kind = storage if storage in HALF or storage == "bool" else "native"
+    ld, st = load_store(storage, f16c)
+    name = f"reduce_{op}_{_storage_name(kind, f16c)}"
+    return _variant(_reduce, parallel, name, load=ld, store=st, combine=combine_fn(op, storage))
+
+
+def scale_kernel(storage: str, f16c: bool, parallel: bool) -> Callable:
+    """``k(x, s, out)``: ``out[i] = x[i] * s``, rounded once to the storage type.
+
+    ``s`` comes in the arithmetic type (float32 for the half types, already
+    rounded to the array's dtype, which is how numpy and torch scale them).
+    """
+    kind = storage if storage in HALF else "native"
+    ld, st = load_store(storage, f16c)
+    return _variant(_scale, parallel, f"scale_{_storage_name(kind, f16c)}", load=ld, store=st)
+
+
+def divide_kernel(storage: str, f16c: bool, parallel: bool) -> Callable:
+    """``k(x, d, out)``: ``out[i] = x[i] / d`` (AVG's last step; a true division,
+    not a multiplication by 1/d, so results match numpy's and torch's)."""
+    kind = storage if storage in HALF else "native"
+    ld, st = load_store(storage, f16c)
+    return _variant(_divide, parallel, f"divide_{_storage_name(kind, f16c)}", load=ld, store=st)

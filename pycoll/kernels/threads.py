@@ -1,0 +1,51 @@
+"""How many threads a rank's parallel kernels may use.
+
+Ranks on one node share its cores, so each rank's kernels get
+``cores / ranks on this node`` threads (at least one), unless
+``PYCOLL_NUM_THREADS`` says otherwise. numba's pool is per process and its
+default (workqueue) layer must not be entered by two threads at once, so
+parallel kernels run one at a time under a process-wide lock.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Optional
+
+__all__ = ["per_rank", "LOCK"]
+
+LOCK = threading.Lock()
+_VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _ranks_here() -> int:
+    from ..groups import STATE
+
+    if STATE.local_size:
+        return STATE.local_size
+    for name in _VARS:
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
+
+
+def per_rank(ranks_here: Optional[int] = None) -> int:
+    """Threads for this rank: PYCOLL_NUM_THREADS, else cores / ranks on the node."""
+    text = os.environ.get("PYCOLL_NUM_THREADS", "").strip()
+    if text:
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(
+                f"PYCOLL_NUM_THREADS={text!r} is not a positive integer; "
+                f"set it to the number of threads each rank's kernels may use"
+            )
+        return int(text)
+    return max(1, _cores() // (ranks_here or _ranks_here()))
