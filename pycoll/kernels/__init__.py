@@ -210,7 +210,10 @@ def _elementwise(
         dtype = np.dtype(f"f{dtype.itemsize // 2}")
         src, dst, factor = src.view(dtype), dst.view(dtype), dtype.type(factor.real)
     storage, hw = _storage(dtype), f16c()
-    _run(lambda p: which(storage, hw, p), x.nbytes, src, factor, dst)
+    if out is x:
+        _run(lambda p: which(storage, hw, p, True), x.nbytes, src, factor)
+    else:
+        _run(lambda p: which(storage, hw, p), x.nbytes, src, factor, dst)
     return out
 
 
