@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time they load on firs
     from .collectives.scatter import broadcast, scatter
     from .debug import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
     from .errors import CollectiveMismatchError, DistBackendError, DistError, DistTimeoutError
+    from .fusion import FusedAllReduce
     from .groups import (
         GroupMember,
         ProcessGroup,
@@ -82,6 +83,7 @@ __all__ = [
     # collectives
     "all_reduce",
     "all_reduce_coalesced",
+    "FusedAllReduce",
     "reduce",
     "broadcast",
     "all_gather",
@@ -128,6 +130,7 @@ __all__ = [
 # (nor numpy): pycoll-run and the pytest plugin, which live inside the package,
 # start without that cost, and a program pays for the modules it uses.
 _EXPORTS = {
+    "FusedAllReduce": "fusion",
     "all_to_all": "collectives.alltoall",
     "all_to_all_single": "collectives.alltoall",
     "barrier": "collectives.barrier",

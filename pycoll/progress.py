@@ -53,6 +53,7 @@ OPS = (
     "recv",
     "send_object_list",
     "recv_object_list",
+    "fused_all_reduce",
 )
 CODE = {name: i for i, name in enumerate(OPS)}
 

@@ -35,14 +35,9 @@ from . import threads
 
 __all__ = ["reduce", "scale", "divide", "mpi_op", "warmup", "f16c", "num_threads"]
 
-# Local work at least this large uses the parallel kernels (when a rank has
-# more than one thread): below it, waking the pool costs more than it saves.
-PARALLEL_BYTES = 1 << 20
-
 _ORDERED = ("SUM", "PRODUCT", "MIN", "MAX")
 _BITWISE = ("BAND", "BOR", "BXOR")
 _F16C: Optional[bool] = None
-_THREADS: Optional[int] = None
 
 
 def f16c() -> bool:
@@ -75,10 +70,7 @@ def _cpu_has_f16c() -> bool:
 
 def num_threads() -> int:
     """Threads this rank's parallel kernels use (see pycoll.kernels.threads)."""
-    global _THREADS
-    if _THREADS is None:
-        _THREADS = threads.per_rank()
-    return _THREADS
+    return threads.count()
 
 
 def _storage(dtype: np.dtype) -> str:
@@ -124,19 +116,6 @@ def _check_pair(name: str, dtype: np.dtype, func: str) -> None:
         )
 
 
-def _run(kernel_for: Any, nbytes: int, *args: Any) -> None:
-    n = num_threads()
-    if n > 1 and nbytes >= PARALLEL_BYTES:
-        import numba
-
-        with threads.LOCK:
-            if numba.get_num_threads() != n:
-                numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-            kernel_for(True)(*args)
-    else:
-        kernel_for(False)(*args)
-
-
 def _check_array(func: str, name: str, x: Any, writeable: bool) -> np.ndarray:
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{func}: {name} must be a numpy.ndarray, got {type(x).__name__}")
@@ -170,7 +149,7 @@ def reduce(op: Any, src: np.ndarray, dst: np.ndarray) -> None:
     from .elementwise import reduce_kernel
 
     storage, hw = _storage(dst.dtype), f16c()
-    _run(
+    threads.run(
         lambda p: reduce_kernel(name, storage, hw, p),
         dst.nbytes,
         _words(src),
@@ -211,9 +190,9 @@ def _elementwise(
         src, dst, factor = src.view(dtype), dst.view(dtype), dtype.type(factor.real)
     storage, hw = _storage(dtype), f16c()
     if out is x:
-        _run(lambda p: which(storage, hw, p, True), x.nbytes, src, factor)
+        threads.run(lambda p: which(storage, hw, p, True), x.nbytes, src, factor)
     else:
-        _run(lambda p: which(storage, hw, p), x.nbytes, src, factor, dst)
+        threads.run(lambda p: which(storage, hw, p), x.nbytes, src, factor, dst)
     return out
 
 

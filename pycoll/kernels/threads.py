@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Optional
+from typing import Any, Callable, Optional
 
-__all__ = ["per_rank", "LOCK"]
+__all__ = ["per_rank", "count", "run", "LOCK", "PARALLEL_BYTES"]
 
 LOCK = threading.Lock()
+# Local work at least this large uses the parallel kernels (when a rank has
+# more than one thread): below it, waking the pool costs more than it saves.
+PARALLEL_BYTES = 1 << 20
+_COUNT: Optional[int] = None
 _VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
 
 
@@ -49,3 +53,26 @@ def per_rank(ranks_here: Optional[int] = None) -> int:
             )
         return int(text)
     return max(1, _cores() // (ranks_here or _ranks_here()))
+
+
+def count() -> int:
+    """:func:`per_rank`, worked out once per process."""
+    global _COUNT
+    if _COUNT is None:
+        _COUNT = per_rank()
+    return _COUNT
+
+
+def run(kernel_for: Callable[[bool], Callable], nbytes: int, *args: Any) -> None:
+    """Run ``kernel_for(parallel)(*args)``: the parallel build for large work
+    when this rank has threads to spare, the serial one otherwise."""
+    n = count()
+    if n > 1 and nbytes >= PARALLEL_BYTES:
+        import numba
+
+        with LOCK:
+            if numba.get_num_threads() != n:
+                numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+            kernel_for(True)(*args)
+    else:
+        kernel_for(False)(*args)

@@ -1,0 +1,139 @@
+"""FusedAllReduce: many arrays reduced as one MPI operation, step after step.
+
+A training step all-reduces the same gradient arrays every time. Reducing
+each one separately pays MPI's per-call latency per array (Horovod measured
+this as its largest cost, and fixed it with Tensor Fusion). A FusedAllReduce
+is built once for a fixed list of arrays: it checks them, records where each
+lives, and allocates one fusion buffer. Each call then packs every array into
+the buffer with one compiled call, reduces the buffer with one MPI
+operation, and unpacks, so 1,000 arrays of 1 KiB cost about what one 1 MiB
+all_reduce costs. Make one FusedAllReduce per bucket of arrays to overlap
+buckets with computation, as DDP does.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import numpy as np
+
+from . import _mpi, kernels
+from .arrays import check_list, check_output, check_same_dtype
+from .collectives._common import run
+from .groups import ProcessGroup, resolve
+from .ops import ReduceOp, plan
+from .work import Work
+
+__all__ = ["FusedAllReduce"]
+
+
+class FusedAllReduce:
+    """All-reduce a fixed list of arrays of one dtype in one MPI operation.
+
+    Args:
+        tensors: the arrays (C-contiguous, writeable, one dtype, any shapes).
+            They are reduced in place on every call; keep the same array
+            objects alive and update them in place between calls.
+        op: the reduction (default SUM; AVG and PREMUL_SUM work as in all_reduce).
+        group: the group (default: the world). On a rank outside it, calls do
+            nothing and return None.
+
+    Example::
+
+        fused = pycoll.FusedAllReduce(grads, op=pycoll.ReduceOp.AVG)
+        for step in range(steps):
+            compute_gradients(grads)          # writes into the same arrays
+            fused.all_reduce()                # or: work = fused.all_reduce(async_op=True)
+    """
+
+    def __init__(
+        self,
+        tensors: List[np.ndarray],
+        op: ReduceOp = ReduceOp.SUM,
+        group: Optional[ProcessGroup] = None,
+    ) -> None:
+        func = "FusedAllReduce"
+        self._group = group
+        self._pg = resolve(group, func)
+        arrays = [
+            check_output(func, f"tensors[{i}]", t)
+            for i, t in enumerate(check_list(func, "tensors", tensors))
+        ]
+        if not arrays:
+            raise ValueError(f"{func}: tensors is empty; pass at least one array")
+        self.dtype = check_same_dtype(func, arrays)
+        self.op = op
+        self._plan = plan(op, self.dtype, func)  # raises for an undefined (op, dtype)
+        self._arrays = arrays  # keeps them alive: the table below points into them
+        sizes = np.array([a.nbytes for a in arrays], np.int64)
+        self._sizes = sizes
+        self._offsets = np.zeros(len(arrays), np.int64)
+        np.cumsum(sizes[:-1], out=self._offsets[1:])
+        self._addresses = np.array([a.__array_interface__["data"][0] for a in arrays], np.int64)
+        self.buffer = np.empty(int(sizes.sum()) // self.dtype.itemsize, self.dtype)
+        self._bytes = self.buffer.view(np.uint8)
+        self._work: Optional[Work] = None
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes reduced per call (the fusion buffer's size)."""
+        return self.buffer.nbytes
+
+    def all_reduce(self, async_op: bool = False) -> Optional[Work]:
+        """Pack, reduce across the group, unpack into the arrays.
+
+        Returns:
+            A Work if ``async_op`` (the arrays hold the result once it is
+            complete); None otherwise, and on ranks outside the group.
+
+        Raises:
+            RuntimeError: the previous call's Work is not complete yet (the
+                fusion buffer is still in use).
+        """
+        func = "FusedAllReduce.all_reduce"
+        pg = resolve(self._group, func) if self._group is not None else self._pg
+        if pg is None:
+            return None
+        if self._work is not None and not self._work.is_completed():
+            raise RuntimeError(
+                f"{func}: the previous call's Work is still in flight and its fusion "
+                f"buffer in use; wait() on it before the next call"
+            )
+        from .kernels import pack, threads
+
+        how, n = self._plan, pg._size
+        buf, nbytes = self.buffer, self.buffer.nbytes
+        table = (self._addresses, self._sizes, self._offsets)
+        threads.run(pack.pack_kernel, nbytes, *table, self._bytes)
+
+        def finish() -> None:
+            if how.average:
+                kernels.divide(buf, n, out=buf)
+            threads.run(pack.unpack_kernel, nbytes, self._bytes, *table)
+
+        prepare = None
+        if how.prescale is not None:
+            scale = how.prescale
+
+            def prepare() -> None:
+                kernels.scale(buf, scale, out=buf)
+
+        work = run(
+            pg,
+            "fused_all_reduce",
+            nbytes,
+            pg.comm.Iallreduce,
+            (_mpi.IN_PLACE, [buf, how.datatype], how.mpi_op),
+            async_op,
+            finish,
+            self._arrays,
+            lambda: (
+                f"fused_all_reduce({self.op.name}, {len(self)} arrays, {buf.size} x {self.dtype})"
+            ),
+            prepare,
+        )
+        self._work = work
+        return work
