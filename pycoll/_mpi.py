@@ -9,6 +9,7 @@ a pytest parent that spawns MPI jobs).
 from __future__ import annotations
 
 import importlib.util
+import os
 from typing import Any
 
 MPI: Any = None
@@ -16,9 +17,18 @@ IN_PLACE: Any = None  # MPI.IN_PLACE, kept here for the collectives' hot paths
 
 
 def load() -> Any:
-    """Import mpi4py.MPI (initializing MPI) and return the module."""
+    """Import mpi4py.MPI (initializing MPI) and return the module.
+
+    ``PYCOLL_ASYNC_PROGRESS=1`` asks the MPI library for its own progress
+    thread (MPICH's MPIR_CVAR_ASYNC_PROGRESS, read at MPI_Init; mpi4py
+    initializes with MPI_THREAD_MULTIPLE, which it needs), so that async
+    collectives advance while the caller computes. It is off by default: it
+    costs a thread per rank spinning on a core (docs/benchmarks.md).
+    """
     global MPI, IN_PLACE
     if MPI is None:
+        if os.environ.get("PYCOLL_ASYNC_PROGRESS", "").strip() == "1":
+            os.environ.setdefault("MPIR_CVAR_ASYNC_PROGRESS", "1")
         from mpi4py import MPI as _MPI
 
         MPI = _MPI

@@ -1,0 +1,255 @@
+"""pycoll-bench: pycoll's collectives against raw mpi4py, like for like, in one run.
+
+Run under MPI: ``pycoll-run -n 4 pycoll-bench ...``, ``mpiexec -n 4 pycoll-bench``
+or ``scripts/bench``. The default is an nccl-tests-style table (see
+:mod:`pycoll.bench.table`); ``--kernels``, ``--fusion``, ``--overlap`` and
+``--groups`` measure one thing each (see :mod:`pycoll.bench.extras`).
+``--json`` prints one JSON document instead of text. The exit status is 1 when
+any checked result was wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Dict, List, Optional
+
+from . import extras, table
+from .table import COLLECTIVES, measure
+
+__all__ = ["main", "measure", "COLLECTIVES"]
+
+_OPS = ("sum", "prod", "min", "max", "avg", "premulsum", "band", "bor", "bxor")
+_OP_NAMES = {"prod": "PRODUCT", "premulsum": "PREMUL_SUM"}
+
+
+def parse_size(text: str) -> int:
+    """'64M' -> 67108864; K, M and G are powers of 1024, a trailing B is allowed."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    clean = text.strip().upper().rstrip("B")
+    try:
+        if clean and clean[-1] in units:
+            return int(float(clean[:-1]) * units[clean[-1]])
+        return int(clean)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size; write bytes, or a number with K, M or G"
+        ) from None
+
+
+def sizes(lo: int, hi: int, factor: int) -> List[int]:
+    """lo, lo*factor, ... up to hi, as nccl-tests' -b/-e/-f."""
+    out, size = [], lo
+    while size <= hi:
+        out.append(size)
+        size *= factor
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pycoll-bench",
+        description="pycoll's collectives against raw mpi4py in one run, nccl-tests style "
+        "(run it under pycoll-run or mpiexec).",
+    )
+    p.add_argument(
+        "--collectives",
+        "--ops",
+        default=",".join(COLLECTIVES),
+        help=f"comma-separated, from {', '.join(COLLECTIVES)} (default: all)",
+    )
+    p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"), help="default 8")
+    p.add_argument(
+        "-e", "--maxbytes", type=parse_size, default=parse_size("64M"), help="default 64M"
+    )
+    p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier (default 2)")
+    p.add_argument(
+        "-d",
+        "--datatype",
+        default="float32",
+        help="float32 (default), float16, bfloat16, float64, int32, ... any dtype pycoll supports",
+    )
+    p.add_argument(
+        "-o",
+        "--op",
+        default="sum",
+        choices=_OPS,
+        help="reduction (default sum); premulsum scales by 0.5",
+    )
+    p.add_argument("-r", "--root", type=int, default=0, help="root of broadcast and reduce")
+    p.add_argument(
+        "-n",
+        "--iters",
+        type=int,
+        default=None,
+        help="timed calls per size (default: OSU's 1000 up to 8 KiB, 100 above)",
+    )
+    p.add_argument(
+        "-w",
+        "--warmup_iters",
+        type=int,
+        default=None,
+        help="untimed calls first (default: OSU's 100 up to 8 KiB, 10 above)",
+    )
+    p.add_argument(
+        "-c",
+        "--check",
+        type=int,
+        default=1,
+        choices=(0, 1),
+        help="check every result against numpy (default 1)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument(
+        "--kernels",
+        action="store_true",
+        help="the reduction kernels alone, GB/s against numpy and memory copy",
+    )
+    what.add_argument(
+        "--fusion",
+        type=int,
+        nargs="?",
+        const=1000,
+        metavar="ARRAYS",
+        help="ARRAYS (1000) x 1 KiB all-reduced separately, coalesced and fused",
+    )
+    what.add_argument(
+        "--overlap",
+        action="store_true",
+        help="an async 16 MiB all_reduce overlapped with numpy work",
+    )
+    what.add_argument(
+        "--groups",
+        type=int,
+        metavar="N",
+        help="time making N groups of two ranks, with and without "
+        "use_local_synchronization (even number of ranks)",
+    )
+    return p
+
+
+def _text(report: Dict[str, Any]) -> str:
+    return "\n".join(
+        f"{k:<32} {v:.3f}" if isinstance(v, float) else f"{k:<32} {v}" for k, v in report.items()
+    )
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.stepfactor < 2:
+        parser.error("-f/--stepfactor must be at least 2")
+    chosen = [c.strip() for c in args.collectives.split(",") if c.strip()]
+    for c in chosen:
+        if c not in COLLECTIVES:
+            parser.error(f"unknown collective {c!r}; choose from {', '.join(COLLECTIVES)}")
+    op = _OP_NAMES.get(args.op, args.op.upper())
+
+    import numpy as np
+
+    import pycoll
+    from pycoll.arrays import SUPPORTED_DTYPES
+
+    names = {str(d): d for d in SUPPORTED_DTYPES}
+    dtype = names.get(args.datatype)
+    if dtype is None:
+        parser.error(f"unknown datatype {args.datatype!r}; choose from {', '.join(names)}")
+    pycoll.init_process_group()
+    world = pycoll.group.WORLD
+    if world is None:
+        raise RuntimeError("pycoll-bench: the default process group did not initialize")
+    if not 0 <= args.root < world.size():
+        parser.error(f"--root {args.root} is not a rank (0..{world.size() - 1})")
+    from mpi4py import MPI
+
+    comm = world.comm.Dup()  # the raw side gets a communicator of its own
+    rank = comm.Get_rank()
+    mpi_name = MPI.Get_library_version().splitlines()[0].strip()
+    try:
+        if args.kernels or args.fusion or args.overlap or args.groups:
+            if args.kernels:
+                report = extras.kernels(comm)
+            elif args.fusion:
+                report = extras.fusion(comm, arrays=args.fusion)
+            elif args.overlap:
+                report = extras.overlap(comm)
+            else:
+                report = extras.group_creation(args.groups, comm)
+            if rank == 0:
+                report["mpi"] = mpi_name
+                rows = report.pop("rows", None)
+                if args.json:
+                    print(json.dumps(dict(report, rows=rows) if rows else report, indent=1))
+                else:
+                    print(_text(report))
+                    if rows:
+                        print(
+                            f"{'dtype':>9} {'op':>11} {'bytes':>10} {'pycoll_GBps':>11} "
+                            f"{'numpy_GBps':>10}"
+                        )
+                    for row in rows or []:
+                        print(
+                            f"{row['dtype']:>9} {row['op']:>11} {row['bytes']:>10} "
+                            f"{row['pycoll_GBps']:>11.2f} {row['numpy_GBps']:>10.2f}"
+                        )
+            return 0
+        check = bool(args.check)
+        raw_ops = table.RawOps(MPI)
+        results = []
+        if rank == 0 and not args.json:
+            print(f"# pycoll-bench: {comm.Get_size()} ranks, {mpi_name}")
+            print(
+                f"# {args.datatype}, op {op}; times in us (median over ranks), bandwidths in "
+                f"GB/s; ratio = pycoll's faster variant / mpi4py"
+            )
+            print(table.header(check))
+        if any(c in table.REDUCING for c in chosen):
+            from pycoll.ops import plan
+
+            rop = pycoll.make_premul_sum(0.5) if op == "PREMUL_SUM" else pycoll.ReduceOp(op)
+            try:
+                plan(rop, np.dtype(dtype), "pycoll-bench")
+            except ValueError as exc:
+                parser.error(str(exc))
+        for collective in chosen:
+            for size in sizes(args.minbytes, args.maxbytes, args.stepfactor):
+                row = measure(
+                    collective,
+                    size,
+                    comm,
+                    dtype,
+                    op,
+                    args.root,
+                    args.iters,
+                    args.warmup_iters,
+                    check,
+                    raw_ops,
+                )
+                results.append(row)
+                if rank == 0 and not args.json:
+                    print(table.line(row, check), flush=True)
+        raw_ops.free()
+        if rank == 0 and args.json:
+            json.dump(
+                dict(
+                    ranks=comm.Get_size(),
+                    mpi=mpi_name,
+                    datatype=args.datatype,
+                    op=op,
+                    check=check,
+                    results=results,
+                ),
+                sys.stdout,
+                indent=1,
+            )
+            print()
+        return 0 if all(r["correct"] is not False for r in results) else 1
+    finally:
+        comm.Free()
+        pycoll.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""python -m pycoll.bench"""
+
+import sys
+
+from . import main
+
+sys.exit(main())

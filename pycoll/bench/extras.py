@@ -1,0 +1,209 @@
+"""pycoll-bench's other measurements: the kernels, fusion, overlap, group creation.
+
+Each is collective over ``comm`` (every rank calls it) and returns a dict;
+times are the slowest rank's unless said otherwise.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from functools import partial
+from typing import Any, Callable, Dict, List
+
+import numpy as np
+
+__all__ = ["kernels", "fusion", "overlap", "group_creation"]
+
+
+def _best(call: Callable[[], Any], repeats: int, comm: Any = None) -> float:
+    """Median seconds per call over ``repeats`` calls, after one warm-up call
+    (the slowest rank's, when ``comm`` is given)."""
+    call()
+    times = []
+    for _ in range(repeats):
+        if comm is not None:
+            comm.Barrier()
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    t = statistics.median(times)
+    if comm is not None:
+        from mpi4py import MPI
+
+        t = comm.allreduce(t, op=MPI.MAX)
+    return t
+
+
+def kernels(comm: Any, nbytes: int = 64 << 20, repeats: int = 10) -> Dict[str, Any]:
+    """Two arrays reduced in memory (``b = a op b``), every rank at once, as
+    GB/s of memory traffic (3 x bytes: two reads, one write), against numpy
+    doing the same and against a plain copy (2 x bytes), the memory limit.
+    AVG's division counts 2 x bytes (one read, one write)."""
+    import ml_dtypes
+
+    from .. import kernels as k
+
+    k.warmup(dtypes=["float16", ml_dtypes.bfloat16, "float32", "float64"], mpi=False)
+    rng = np.random.default_rng(comm.Get_rank())
+    src = np.empty(nbytes, np.uint8)
+    dst = np.empty_like(src)
+    copy_gbps = 2 * nbytes / _best(lambda: np.copyto(dst, src), repeats, comm) / 1e9
+    slow = max(2, repeats // 3)  # numpy on 16-bit floats is slow: fewer repeats
+    rows: List[Dict[str, Any]] = []
+    for dtype in (
+        np.dtype(np.float16),
+        np.dtype(ml_dtypes.bfloat16),
+        np.dtype(np.float32),
+        np.dtype(np.float64),
+    ):
+        a = rng.standard_normal(nbytes // dtype.itemsize, dtype=np.float32).astype(dtype)
+        b = a.copy()
+        cases = [
+            ("SUM", 3, partial(k.reduce, "SUM", a, b), partial(np.add, a, b, out=b)),
+            ("MAX", 3, partial(k.reduce, "MAX", a, b), partial(np.maximum, a, b, out=b)),
+            ("AVG divide", 2, partial(k.divide, b, 1, out=b), partial(np.divide, b, 1, out=b)),
+        ]
+        for op, traffic, ours, theirs in cases:
+            rows.append(
+                dict(
+                    dtype=str(dtype),
+                    op=op,
+                    bytes=a.nbytes,
+                    pycoll_GBps=traffic * a.nbytes / _best(ours, repeats, comm) / 1e9,
+                    numpy_GBps=traffic * a.nbytes / _best(theirs, slow, comm) / 1e9,
+                )
+            )
+    return dict(
+        ranks=comm.Get_size(),
+        threads_per_rank=k.num_threads(),
+        f16c=k.f16c(),
+        copy_GBps=copy_gbps,
+        rows=rows,
+    )
+
+
+def fusion(comm: Any, arrays: int = 1000, nbytes: int = 1024, repeats: int = 20) -> Dict[str, Any]:
+    """``arrays`` float32 arrays of ``nbytes`` each, all-reduced: one call each,
+    all_reduce_coalesced, FusedAllReduce, against one all_reduce of the total
+    size (pycoll and raw mpi4py)."""
+    from mpi4py import MPI
+
+    import pycoll
+
+    count = nbytes // 4
+    grads = [np.zeros(count, np.float32) for _ in range(arrays)]
+    one = np.zeros(count * arrays, np.float32)
+    fused = pycoll.FusedAllReduce(grads)
+    t_sep = _best(lambda: [pycoll.all_reduce(g) for g in grads], max(3, repeats // 5), comm)
+    t_coal = _best(lambda: pycoll.all_reduce_coalesced(grads), repeats, comm)
+    t_fused = _best(fused.all_reduce, repeats, comm)
+    t_one = _best(lambda: pycoll.all_reduce(one), repeats, comm)
+    t_raw = _best(lambda: comm.Allreduce(MPI.IN_PLACE, one, MPI.SUM), repeats, comm)
+    return dict(
+        ranks=comm.Get_size(),
+        arrays=arrays,
+        bytes_each=nbytes,
+        separate_us=t_sep * 1e6,
+        coalesced_us=t_coal * 1e6,
+        fused_us=t_fused * 1e6,
+        one_call_us=t_one * 1e6,
+        one_call_mpi4py_us=t_raw * 1e6,
+        fused_speedup_over_separate=t_sep / t_fused,
+        fused_over_one_call=t_fused / t_one,
+    )
+
+
+def overlap(comm: Any, nbytes: int = 16 << 20, repeats: int = 5) -> Dict[str, Any]:
+    """An async all_reduce of ``nbytes`` while the caller runs numpy work that
+    alone takes about as long: how long the pair takes, against the longer
+    of the two alone (1.0 = perfect overlap, 2.0 = none)."""
+    import pycoll
+
+    x = np.zeros(nbytes // 4, np.float32)
+    work = np.ones(1 << 18, np.float64)
+
+    def compute(rounds: int) -> None:
+        for _ in range(rounds):
+            np.sqrt(work, out=work)
+
+    t_comm = _best(lambda: pycoll.all_reduce(x), repeats, comm)
+    t_one = _best(lambda: compute(1), 20, comm)
+    rounds = max(1, int(round(t_comm / t_one)))
+    t_comp = _best(lambda: compute(rounds), repeats, comm)
+
+    def pair() -> None:
+        w = pycoll.all_reduce(x, async_op=True)
+        compute(rounds)
+        w.wait()
+
+    t_pair = _best(pair, repeats, comm)
+    return dict(
+        ranks=comm.Get_size(),
+        bytes=nbytes,
+        all_reduce_ms=t_comm * 1e3,
+        compute_ms=t_comp * 1e3,
+        pair_ms=t_pair * 1e3,
+        ratio=t_pair / max(t_comm, t_comp),
+    )
+
+
+def group_creation(count: int, comm: Any) -> Dict[str, Any]:
+    """Time making ``count`` groups of two ranks (pairs 0-1, 2-3, ...) with and
+    without ``use_local_synchronization``; collective over ``comm`` (a world-sized
+    communicator of the caller's, used only to pass the signals below).
+
+    With local synchronization the pairs go one after another: pair k starts
+    only once pair k-1 has made all of its groups. Had a local new_group
+    needed any rank outside its pair, this would never finish.
+    """
+    from mpi4py import MPI
+
+    import pycoll
+
+    world = pycoll.group.WORLD
+    rank, n = comm.Get_rank(), comm.Get_size()
+    if world is None or n % 2:
+        raise ValueError("group creation is measured on an even number of ranks")
+    pairs, mine = n // 2, rank // 2
+    members = [2 * mine, 2 * mine + 1]
+    per_pair = max(1, count // pairs)
+    seq_before = world.sequence_number()
+
+    comm.Barrier()
+    if mine > 0:  # wait until the previous pair is done
+        if rank % 2 == 0:
+            comm.recv(source=rank - 2, tag=91)
+            comm.send(None, dest=rank + 1, tag=92)
+        else:
+            comm.recv(source=rank - 1, tag=92)
+    t0 = time.perf_counter()
+    local = [pycoll.new_group(members, use_local_synchronization=True) for _ in range(per_pair)]
+    t_local = (time.perf_counter() - t0) / per_pair
+    if rank % 2 == 0 and mine < pairs - 1:
+        comm.send(None, dest=rank + 2, tag=91)
+    world_untouched = world.sequence_number() == seq_before
+    for g in local:
+        if isinstance(g, pycoll.ProcessGroup):
+            pycoll.destroy_process_group(g)
+
+    comm.Barrier()
+    t0 = time.perf_counter()
+    kept: List[Any] = []
+    for _ in range(per_pair):
+        for p in range(pairs):
+            g = pycoll.new_group([2 * p, 2 * p + 1])
+            if isinstance(g, pycoll.ProcessGroup):  # this rank's pair
+                kept.append(g)
+    t_global = (time.perf_counter() - t0) / (per_pair * pairs)
+    for g in kept:
+        pycoll.destroy_process_group(g)
+    return dict(
+        ranks=n,
+        groups=per_pair * pairs,
+        local_calls_per_rank=per_pair,
+        global_calls_per_rank=per_pair * pairs,
+        local_us_per_new_group=comm.allreduce(t_local, op=MPI.MAX) * 1e6,
+        global_us_per_new_group=comm.allreduce(t_global, op=MPI.MAX) * 1e6,
+        world_sequence_unchanged_by_local=bool(comm.allreduce(world_untouched, op=MPI.LAND)),
+    )
