@@ -1,0 +1,233 @@
+"""pycoll.kernels.reduce / scale / divide against numpy and ml_dtypes, bit for
+bit, on every supported dtype and op, random bit patterns included (so
+infinities, NaN, subnormals and ties all occur); both float16 paths, and the
+parallel build, are run explicitly."""
+
+import numpy as np
+import pytest
+
+from pycoll import ReduceOp, kernels
+from pycoll.kernels import elementwise, threads
+from support import ALL_DTYPES, BF16, COMPLEX, INTS, dtype_class
+
+NUMPY = {
+    "SUM": np.add,
+    "PRODUCT": np.multiply,
+    "MIN": np.minimum,
+    "MAX": np.maximum,
+    "BAND": np.bitwise_and,
+    "BOR": np.bitwise_or,
+    "BXOR": np.bitwise_xor,
+}
+LOGICAL = {
+    "SUM": np.logical_or,
+    "MAX": np.logical_or,
+    "BOR": np.logical_or,
+    "PRODUCT": np.logical_and,
+    "MIN": np.logical_and,
+    "BAND": np.logical_and,
+    "BXOR": np.logical_xor,
+}
+OPS = {
+    "bool": list(NUMPY),
+    "int": list(NUMPY),
+    "float": ["SUM", "PRODUCT", "MIN", "MAX"],
+    "complex": ["SUM", "PRODUCT"],
+}
+
+
+def random_array(dtype, n=5003, seed=0):
+    rng = np.random.default_rng(seed)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, n).astype(bool)
+    if dtype in INTS:
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+    if dtype.itemsize == 2:  # float16, bfloat16: every bit pattern is fair game
+        return rng.integers(0, 1 << 16, n, dtype=np.uint16).view(dtype)
+    if dtype in COMPLEX:
+        parts = rng.standard_normal(2 * n) * 10.0 ** rng.integers(-30, 30, 2 * n)
+        with np.errstate(over="ignore"):  # some overflow to inf, on purpose
+            x = parts.astype(np.float64 if dtype.itemsize == 16 else np.float32).view(dtype)
+    else:
+        with np.errstate(over="ignore"):
+            x = (rng.standard_normal(n) * 10.0 ** rng.integers(-40, 40, n)).astype(dtype)
+    x[:6] = [np.inf, -np.inf, np.nan, 0.0, -0.0, np.finfo(dtype).tiny / 4]
+    return x
+
+
+def expected(op, a, b):
+    """numpy's answer for ``op(a, b)``; complex products by the textbook formula."""
+    dtype = a.dtype
+    if dtype == np.bool_:
+        return LOGICAL[op](a, b)
+    if dtype in COMPLEX and op == "PRODUCT":
+        # numpy's SIMD loops fuse multiply-adds (so its array and scalar
+        # products differ in the last bit); pycoll, MPI and Python use
+        # (ac - bd) + (ad + bc)i, computed here in separate ufunc calls.
+        with np.errstate(all="ignore"):
+            re = a.real * b.real - a.imag * b.imag
+            im = a.real * b.imag + a.imag * b.real
+        out = np.empty_like(a)
+        out.real, out.imag = re, im
+        return out
+    with np.errstate(all="ignore"):
+        return NUMPY[op](a, b).astype(dtype)
+
+
+def assert_bits_equal(got, want):
+    """Equal bit patterns, except that any NaN matches any NaN (payloads are
+    not specified by numpy, torch or MPI)."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if got.dtype.kind not in "fcV":
+        np.testing.assert_array_equal(got, want)
+        return
+    if got.dtype.kind == "c":  # compare the two float components
+        part = np.dtype(f"f{got.dtype.itemsize // 2}")
+        got, want = got.view(part), want.view(part)
+    with np.errstate(invalid="ignore"):
+        nan = np.isnan(want.astype(np.float64))
+        np.testing.assert_array_equal(np.isnan(got.astype(np.float64)), nan)
+    words = f"u{got.dtype.itemsize}"
+    bad = np.nonzero(got.view(words)[~nan] != want.view(words)[~nan])[0]
+    assert bad.size == 0, f"{bad.size} differ, e.g. {got[~nan][bad[:3]]} vs {want[~nan][bad[:3]]}"
+
+
+def cases():
+    for dtype in ALL_DTYPES:
+        for op in OPS[dtype_class(dtype)]:
+            yield op, dtype
+
+
+@pytest.mark.parametrize("op,dtype", list(cases()), ids=str)
+def test_reduce_matches_numpy(op, dtype):
+    a, b = random_array(dtype, seed=1), random_array(dtype, seed=2)
+    want = expected(op, a, b)
+    got = b.copy()
+    kernels.reduce(op, a, got)
+    assert_bits_equal(got, want)
+
+
+@pytest.mark.parametrize("f16c", [True, False], ids=["f16c", "portable"])
+@pytest.mark.parametrize("op", ["SUM", "PRODUCT", "MIN", "MAX"])
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16), BF16], ids=str)
+def test_both_half_paths_match_numpy(op, dtype, f16c):
+    """The portable float16 path is built and checked even on a CPU with F16C."""
+    a, b = random_array(dtype, 20011, seed=3), random_array(dtype, 20011, seed=4)
+    want = expected(op, a, b)
+    got = b.copy()
+    kernel = elementwise.reduce_kernel(op, "bfloat16" if dtype == BF16 else "float16", f16c, False)
+    kernel(a.view(np.uint16), got.view(np.uint16))
+    assert_bits_equal(got, want)
+
+
+def test_ties_round_to_even():
+    """1 + 2**-11 lies exactly between float16 1 and its successor: it must
+    round to the even one (1.0); 1 + 3 * 2**-11 rounds up to the even 1 + 2**-9."""
+    one = np.ones(4, np.float16)
+    tie = np.full(4, 2.0**-11, np.float16)
+    kernels.reduce("SUM", tie, one)
+    np.testing.assert_array_equal(one, np.ones(4, np.float16))
+    x = np.full(4, 1 + 2.0**-10, np.float16)
+    kernels.reduce("SUM", tie, x)
+    np.testing.assert_array_equal(x, np.full(4, 1 + 2.0**-9, np.float16))
+
+
+@pytest.mark.parametrize("dtype", ["float16", BF16, "float32", "float64", "complex64"], ids=str)
+def test_scale_and_divide_match_numpy(dtype):
+    dtype = np.dtype(dtype)
+    x = random_array(dtype, seed=5)
+    with np.errstate(all="ignore"):
+        for factor in (0.1, 3.0, -2.5):
+            want = (x * dtype.type(factor)).astype(dtype)
+            if dtype in COMPLEX:  # a real factor scales each component
+                want = (
+                    (x.view(f"f{dtype.itemsize // 2}") * factor)
+                    .astype(f"f{dtype.itemsize // 2}")
+                    .view(dtype)
+                )
+            assert_bits_equal(kernels.scale(x, factor), want)
+        for n in (2, 3, 7):
+            want = (x / dtype.type(n)).astype(dtype)
+            if dtype in COMPLEX:
+                want = (
+                    (x.view(f"f{dtype.itemsize // 2}") / n)
+                    .astype(f"f{dtype.itemsize // 2}")
+                    .view(dtype)
+                )
+            out = x.copy()
+            kernels.divide(out, n, out=out)  # in place, as AVG uses it
+            assert_bits_equal(out, want)
+
+
+def test_parallel_build_matches_serial(monkeypatch):
+    monkeypatch.setattr(threads, "_COUNT", 2)
+    a, b = (
+        random_array(np.dtype(np.float16), 1 << 20, seed=8),
+        random_array(np.dtype(np.float16), 1 << 20, seed=9),
+    )
+    want = expected("SUM", a, b)
+    got = b.copy()
+    kernels.reduce("SUM", a, got)  # 2 MiB, two threads: the parallel kernel
+    assert_bits_equal(got, want)
+    assert elementwise._CACHE.get(
+        ("reduce_SUM_float16_" + ("f16c" if kernels.f16c() else "soft"), True)
+    )
+
+
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (lambda: kernels.reduce("SUM", np.ones(3), np.ones(4)), "one dtype and shape"),
+        (lambda: kernels.reduce("BAND", np.ones(3), np.ones(3)), "bitwise ops apply to integers"),
+        (lambda: kernels.reduce("MIN", np.ones(3, complex), np.ones(3, complex)), "no order"),
+        (lambda: kernels.reduce("AVG", np.ones(3), np.ones(3)), "use pycoll.kernels.divide"),
+        (
+            lambda: kernels.reduce(ReduceOp.SUM, np.ones(3), np.ones(3)[::-1].copy()[:2]),
+            "one dtype and shape",
+        ),
+        (
+            lambda: kernels.reduce(
+                "SUM", np.ones(3), np.ones(3).view()[::1].copy().__array__()[...].reshape(3)[::-1]
+            ),
+            "C-contiguous",
+        ),
+        (lambda: kernels.scale(np.ones(3, np.int32), 2.0), "round to an integer"),
+        (lambda: kernels.scale(np.ones(3), 1j), "complex factor"),
+        (lambda: kernels.reduce("SUM", [1, 2], np.ones(2)), "must be a numpy.ndarray"),
+        (lambda: kernels.mpi_op("SUM", np.dtype("U3")), "cannot send"),
+    ],
+)
+def test_bad_input_is_refused_with_a_clear_message(call, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        call()
+
+
+def test_read_only_destination_is_refused():
+    dst = np.ones(3)
+    dst.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        kernels.reduce("SUM", np.ones(3), dst)
+
+
+def test_f16c_setting(monkeypatch):
+    monkeypatch.setattr(kernels, "_F16C", None)
+    monkeypatch.setenv("PYCOLL_F16C", "0")
+    assert kernels.f16c() is False
+    monkeypatch.setattr(kernels, "_F16C", None)
+    monkeypatch.setenv("PYCOLL_F16C", "maybe")
+    with pytest.raises(ValueError, match="PYCOLL_F16C='maybe'"):
+        kernels.f16c()
+    monkeypatch.setattr(kernels, "_F16C", None)
+    monkeypatch.delenv("PYCOLL_F16C")
+    monkeypatch.setenv("NUMBA_CPU_NAME", "generic")
+    assert kernels.f16c() is False  # a generic target has no F16C to count on
+
+
+def test_warmup_compiles_every_pair():
+    seconds = kernels.warmup(dtypes=["float16", "int8", "bool"], mpi=False)
+    assert seconds >= 0
+    for name in ("reduce_SUM_float16", "reduce_BXOR_native", "reduce_MIN_bool"):
+        assert any(key[0].startswith(name) for key in elementwise._CACHE), name
+    with pytest.raises(ValueError, match="bitwise"):
+        kernels.warmup(dtypes=["float32"], ops=["BAND"], mpi=False)
