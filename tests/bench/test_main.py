@@ -1,0 +1,109 @@
+"""pycoll-bench's command line: valid JSON, the extra measurements, bad options."""
+
+import json
+
+import pytest
+from mpi4py import MPI
+
+import pycoll
+from pycoll import bench
+
+
+def run_json(capsys, args):
+    code = bench.main(args + ["--json"])
+    out = capsys.readouterr().out
+    if MPI.COMM_WORLD.Get_rank() != 0:
+        assert out == ""
+        return code, None
+    return code, json.loads(out)
+
+
+def test_table_as_json(uninitialized, capsys):
+    world_size = MPI.COMM_WORLD.Get_size()
+    code, doc = run_json(
+        capsys,
+        [
+            "--collectives",
+            "all_reduce,all_to_all",
+            "-b",
+            "64",
+            "-e",
+            "1K",
+            "-f",
+            "4",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "-d",
+            "float16",
+            "-o",
+            "avg",
+        ],
+    )
+    assert code == 0
+    assert not pycoll.is_initialized()
+    if doc is not None:
+        assert doc["ranks"] == world_size and doc["datatype"] == "float16" and doc["op"] == "AVG"
+        sizes = [64, 256, 1024]
+        assert [r["collective"] for r in doc["results"]] == ["all_reduce"] * 3 + ["all_to_all"] * 3
+        assert [r["bytes"] for r in doc["results"][:3]] == sizes
+        assert all(r["correct"] is True and r["iters"] == 2 for r in doc["results"])
+
+
+@pytest.mark.parametrize(
+    "flag,keys",
+    [
+        (["--kernels"], {"copy_GBps", "rows", "f16c", "threads_per_rank"}),
+        (["--fusion", "50"], {"fused_us", "separate_us", "one_call_us", "fused_over_one_call"}),
+        (["--overlap"], {"all_reduce_ms", "compute_ms", "pair_ms", "ratio"}),
+    ],
+)
+def test_extra_measurements_as_json(uninitialized, capsys, monkeypatch, flag, keys):
+    from pycoll.bench import extras
+
+    # Small sizes: CI measures that these run and report, not how fast.
+    small = {"kernels": dict(nbytes=1 << 16, repeats=2), "overlap": dict(nbytes=1 << 16, repeats=2)}
+    for name, kw in small.items():
+        original = getattr(extras, name)
+        monkeypatch.setattr(
+            extras, name, lambda comm, _f=original, _kw=kw, **more: _f(comm, **_kw, **more)
+        )
+    code, doc = run_json(capsys, flag)
+    assert code == 0
+    if doc is not None:
+        assert keys <= set(doc)
+        if "rows" in doc:
+            assert {r["dtype"] for r in doc["rows"]} == {
+                "float16",
+                "bfloat16",
+                "float32",
+                "float64",
+            }
+            assert all(r["pycoll_GBps"] > 0 and r["numpy_GBps"] > 0 for r in doc["rows"])
+
+
+def test_size_parsing():
+    assert bench.parse_size("64M") == 64 << 20
+    assert bench.parse_size("1K") == 1024
+    assert bench.parse_size("8") == 8
+    assert bench.sizes(8, 64, 2) == [8, 16, 32, 64]
+    with pytest.raises(Exception, match="not a size"):
+        bench.parse_size("lots")
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--collectives", "allreduce"], "unknown collective 'allreduce'"),
+        (["-d", "float8"], "unknown datatype 'float8'"),
+        (["-o", "band", "-d", "float32"], "bitwise ops apply to integers"),
+        (["-f", "1"], "at least 2"),
+    ],
+)
+def test_bad_options_are_refused(uninitialized, capsys, args, message):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(args)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not pycoll.is_initialized()

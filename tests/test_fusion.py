@@ -1,0 +1,103 @@
+"""FusedAllReduce: the same answers as one all_reduce per array, on every rank."""
+
+import numpy as np
+import pytest
+
+import pycoll
+from pycoll import FusedAllReduce, ReduceOp, make_premul_sum
+from support import BF16, assert_equal, data, reduce_all
+
+SHAPES = [(3,), (2, 5), (1,), (4, 4, 2), (7,)]
+OPS = [
+    ("SUM", np.dtype(np.float32)),
+    ("AVG", np.dtype(np.float16)),
+    ("MAX", BF16),
+    ("PREMUL_SUM", np.dtype(np.float64)),
+    ("BXOR", np.dtype(np.int16)),
+    ("PRODUCT", np.dtype(np.complex64)),
+]
+
+
+def arrays(rank, dtype, salt=0):
+    return [data(rank, dtype, shape, salt=salt + i) for i, shape in enumerate(SHAPES)]
+
+
+def rop(name):
+    return make_premul_sum(0.5) if name == "PREMUL_SUM" else getattr(ReduceOp, name)
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("op,dtype", OPS, ids=str)
+def test_fused_equals_unfused(op, dtype, async_op, rank, world_size):
+    fused_arrays = arrays(rank, dtype)
+    separate = arrays(rank, dtype)
+    fused = FusedAllReduce(fused_arrays, op=rop(op))
+    assert len(fused) == len(SHAPES)
+    assert fused.nbytes == sum(a.nbytes for a in fused_arrays)
+    for step in range(3):  # the buffer is reused step after step
+        for i, (f, s) in enumerate(zip(fused_arrays, separate)):
+            f[...] = s[...] = data(rank, dtype, f.shape, salt=10 * step + i)
+        work = fused.all_reduce(async_op=async_op)
+        if async_op:
+            assert work.wait() is True
+        else:
+            assert work is None
+        for s in separate:
+            pycoll.all_reduce(s, op=rop(op))
+        for i, (f, s) in enumerate(zip(fused_arrays, separate)):
+            assert_equal(f, s)
+            everyone = [data(r, dtype, f.shape, salt=10 * step + i) for r in range(world_size)]
+            assert_equal(f, reduce_all(op, everyone, world_size))
+
+
+def test_a_second_call_before_the_first_completes_is_refused(pg):
+    fused = FusedAllReduce([np.ones(4, np.float32)])
+    work = fused.all_reduce(async_op=True)
+    if not work.is_completed():  # on a fast machine it may already be done
+        with pytest.raises(RuntimeError, match="still in flight"):
+            fused.all_reduce()
+    work.wait()
+    fused.all_reduce()  # fine once the first is done
+
+
+def test_a_thousand_small_arrays(rank, world_size):
+    grads = [np.full(256, rank + i, np.float32) for i in range(1000)]
+    FusedAllReduce(grads).all_reduce()
+    base = world_size * (world_size - 1) // 2
+    for i, g in enumerate(grads):
+        assert (g == base + world_size * i).all(), i
+
+
+@pytest.mark.parametrize(
+    "tensors,op,message",
+    [
+        ([], ReduceOp.SUM, "tensors is empty"),
+        ([np.ones(2), np.ones(2, np.float32)], ReduceOp.SUM, "different dtypes"),
+        ([np.ones(4)[::2]], ReduceOp.SUM, "not C-contiguous"),
+        ([np.ones(2)], ReduceOp.BAND, "bitwise ops apply to integers"),
+        ([np.ones(2, np.int32)], ReduceOp.AVG, "cast to a floating dtype"),
+        ("not a list", ReduceOp.SUM, "must be a list"),
+    ],
+)
+def test_bad_arrays_are_refused_when_built(pg, tensors, op, message):
+    seq = pg.sequence_number()
+    with pytest.raises((ValueError, TypeError), match=message):
+        FusedAllReduce(tensors, op=op)
+    assert pg.sequence_number() == seq  # nothing was sent
+
+
+def test_a_rank_outside_the_group_does_nothing(rank, world_size):
+    if world_size < 2:
+        pytest.skip("needs a rank outside the group")
+    group = pycoll.new_group([0])
+    x = np.full(3, float(rank))
+    if rank == 0:
+        FusedAllReduce([x], group=group).all_reduce()
+        assert (x == 0).all()
+    else:
+        with pytest.warns(UserWarning, match="does not belong to"):
+            fused = FusedAllReduce([x], group=group)
+        assert fused.all_reduce() is None
+        assert (x == rank).all()
+    if rank == 0:
+        pycoll.destroy_process_group(group)
