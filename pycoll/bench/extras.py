@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from functools import partial
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 
@@ -59,7 +59,7 @@ def kernels(comm: Any, nbytes: int = 64 << 20, repeats: int = 10) -> Dict[str, A
     ):
         a = rng.standard_normal(nbytes // dtype.itemsize, dtype=np.float32).astype(dtype)
         b = a.copy()
-        cases = [
+        cases: List[Tuple[str, int, Callable[[], Any], Callable[[], Any]]] = [
             ("SUM", 3, partial(k.reduce, "SUM", a, b), partial(np.add, a, b, out=b)),
             ("MAX", 3, partial(k.reduce, "MAX", a, b), partial(np.maximum, a, b, out=b)),
             ("AVG divide", 2, partial(k.divide, b, 1, out=b), partial(np.divide, b, 1, out=b)),
@@ -133,9 +133,10 @@ def overlap(comm: Any, nbytes: int = 16 << 20, repeats: int = 5) -> Dict[str, An
     t_comp = _best(lambda: compute(rounds), repeats, comm)
 
     def pair() -> None:
-        w = pycoll.all_reduce(x, async_op=True)
+        work = pycoll.all_reduce(x, async_op=True)
         compute(rounds)
-        w.wait()
+        assert work is not None
+        work.wait()
 
     t_pair = _best(pair, repeats, comm)
     return dict(

@@ -66,7 +66,7 @@ def expected_reduction(inputs: List[np.ndarray], op: str) -> np.ndarray:
     """numpy's reduction of every rank's input, computed independently of pycoll."""
     dtype, n = inputs[0].dtype, len(inputs)
     if dtype == np.bool_:
-        fn = np.logical_and if op in ("PRODUCT", "MIN", "BAND") else np.logical_or
+        fn: Any = np.logical_and if op in ("PRODUCT", "MIN", "BAND") else np.logical_or
         if op == "BXOR":
             fn = np.logical_xor
         return fn.reduce(np.stack(inputs))
@@ -132,6 +132,17 @@ class RawOps:
         self._made.clear()
 
 
+def _fill(target: np.ndarray, values: np.ndarray, *zeroed: np.ndarray) -> Callable[[], None]:
+    """A callable that zeroes ``zeroed`` and then writes ``values`` into ``target``."""
+
+    def fill() -> None:
+        for z in zeroed:
+            z.fill(0)
+        target[...] = values
+
+    return fill
+
+
 class Case:
     """One collective at one size: its buffers, its three variants, its check."""
 
@@ -165,6 +176,7 @@ class Case:
         mop = raw_ops.get(op, dtype) if collective in REDUCING else None
         avg = op == "AVG"
         call = pycoll_call  # a replacement for pycoll's collective (testing the check)
+        f: Callable[..., Any]
         self.variants: Dict[str, Optional[Callable[[], Any]]] = {}
         self.inputs: Dict[str, Callable[[], None]] = {}
         self.results: Dict[str, Callable[[], np.ndarray]] = {}
@@ -188,7 +200,7 @@ class Case:
                     np.divide(buf, n, out=buf)
 
             self.variants["mpi4py"] = raw
-            self.inputs["in-place"] = lambda: buf.__setitem__(..., pattern(rank, count, dtype, op))
+            self.inputs["in-place"] = _fill(buf, pattern(rank, count, dtype, op))
             self.results["in-place"] = lambda: buf
             self.expected = expected_reduction([pattern(r, count, dtype, op) for r in range(n)], op)
         elif collective == "broadcast":
@@ -198,7 +210,7 @@ class Case:
             self.variants["in-place"] = lambda: f(buf, src=root)
             self.variants["out-of-place"] = None
             self.variants["mpi4py"] = lambda: comm.Bcast([buf, T], root)
-            self.inputs["in-place"] = lambda: buf.__setitem__(..., pattern(rank, count, dtype, op))
+            self.inputs["in-place"] = _fill(buf, pattern(rank, count, dtype, op))
             self.results["in-place"] = lambda: buf
             self.expected = pattern(root, count, dtype, op)
         elif collective == "reduce":
@@ -217,7 +229,7 @@ class Case:
                     comm.Reduce([prescaled(buf), T], None, mop, root)
 
             self.variants["mpi4py"] = raw
-            self.inputs["in-place"] = lambda: buf.__setitem__(..., pattern(rank, count, dtype, op))
+            self.inputs["in-place"] = _fill(buf, pattern(rank, count, dtype, op))
             self.results["in-place"] = lambda: buf
             mine = pattern(rank, count, dtype, op)
             total = expected_reduction([pattern(r, count, dtype, op) for r in range(n)], op)
@@ -231,14 +243,8 @@ class Case:
             self.variants["out-of-place"] = lambda: f(out, send)
             self.variants["in-place"] = lambda: f(out, mine)
             self.variants["mpi4py"] = lambda: comm.Allgather([send, T], [out, T])
-            self.inputs["out-of-place"] = lambda: (
-                send.__setitem__(..., pattern(rank, count, dtype, op)),
-                out.fill(0),
-            )
-            self.inputs["in-place"] = lambda: (
-                out.fill(0),
-                mine.__setitem__(..., pattern(rank, count, dtype, op)),
-            )
+            self.inputs["out-of-place"] = _fill(send, pattern(rank, count, dtype, op), out)
+            self.inputs["in-place"] = _fill(mine, pattern(rank, count, dtype, op), out)
             self.results["out-of-place"] = self.results["in-place"] = lambda: out
             self.expected = np.concatenate([pattern(r, count, dtype, op) for r in range(n)])
         elif collective == "reduce_scatter":
@@ -257,8 +263,8 @@ class Case:
 
             self.variants["mpi4py"] = raw
             full = lambda r: pattern(r, count * n, dtype, op)  # noqa: E731
-            self.inputs["out-of-place"] = lambda: (send.__setitem__(..., full(rank)), out.fill(0))
-            self.inputs["in-place"] = lambda: send.__setitem__(..., full(rank))
+            self.inputs["out-of-place"] = _fill(send, full(rank), out)
+            self.inputs["in-place"] = _fill(send, full(rank))
             self.results["out-of-place"] = lambda: out
             self.results["in-place"] = lambda: mine
             total = expected_reduction([full(r) for r in range(n)], op)
@@ -272,8 +278,8 @@ class Case:
             self.variants["in-place"] = lambda: f(send, send)
             self.variants["mpi4py"] = lambda: comm.Alltoall([send, T], [out, T])
             full = lambda r: pattern(r * 7919, count * n, dtype, op)  # noqa: E731
-            self.inputs["out-of-place"] = lambda: (send.__setitem__(..., full(rank)), out.fill(0))
-            self.inputs["in-place"] = lambda: send.__setitem__(..., full(rank))
+            self.inputs["out-of-place"] = _fill(send, full(rank), out)
+            self.inputs["in-place"] = _fill(send, full(rank))
             self.results["out-of-place"] = lambda: out
             self.results["in-place"] = lambda: send
             self.expected = np.concatenate(

@@ -33,45 +33,45 @@ __all__ = [
 
 
 @intrinsic
-def _u32_as_f32(typingctx, bits):  # type: ignore[no-untyped-def]
-    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+def _u32_as_f32(typingctx, bits):
+    def codegen(context, builder, sig, args):
         return builder.bitcast(args[0], ir.FloatType())
 
     return types.float32(types.uint32), codegen
 
 
 @intrinsic
-def _f32_as_u32(typingctx, value):  # type: ignore[no-untyped-def]
-    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+def _f32_as_u32(typingctx, value):
+    def codegen(context, builder, sig, args):
         return builder.bitcast(args[0], ir.IntType(32))
 
     return types.uint32(types.float32), codegen
 
 
 @intrinsic
-def _half_to_float(typingctx, bits):  # type: ignore[no-untyped-def]
-    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+def _half_to_float(typingctx, bits):
+    def codegen(context, builder, sig, args):
         return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
 
     return types.float32(types.uint16), codegen
 
 
 @intrinsic
-def _float_to_half(typingctx, value):  # type: ignore[no-untyped-def]
-    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+def _float_to_half(typingctx, value):
+    def codegen(context, builder, sig, args):
         return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
 
     return types.uint16(types.float32), codegen
 
 
 @njit(inline="always")
-def f16_to_f32_hw(h):  # type: ignore[no-untyped-def]
+def f16_to_f32_hw(h):
     """float16 bits to float32 with the CPU's conversion (F16C)."""
     return _half_to_float(h)
 
 
 @njit(inline="always")
-def f32_to_f16_hw(x):  # type: ignore[no-untyped-def]
+def f32_to_f16_hw(x):
     """float32 to float16 bits, rounding to nearest even, with F16C."""
     return _float_to_half(x)
 
@@ -85,7 +85,7 @@ _DENORM_MAGIC = np.uint32(126 << 23)
 
 
 @njit(inline="always")
-def f16_to_f32_soft(h):  # type: ignore[no-untyped-def]
+def f16_to_f32_soft(h):
     """float16 bits to float32, in integer arithmetic (no F16C needed)."""
     h = np.uint32(h)
     sign = (h & np.uint32(0x8000)) << np.uint32(16)
@@ -100,7 +100,7 @@ def f16_to_f32_soft(h):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always")
-def f32_to_f16_soft(x):  # type: ignore[no-untyped-def]
+def f32_to_f16_soft(x):
     """float32 to float16 bits, rounding to nearest even, in integer arithmetic."""
     bits = _f32_as_u32(x)
     sign = np.uint16((bits >> np.uint32(16)) & np.uint32(0x8000))
@@ -120,13 +120,13 @@ def f32_to_f16_soft(x):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always")
-def bf16_to_f32(h):  # type: ignore[no-untyped-def]
+def bf16_to_f32(h):
     """bfloat16 bits to float32 (exact: bfloat16 is float32's top half)."""
     return _u32_as_f32(np.uint32(h) << np.uint32(16))
 
 
 @njit(inline="always")
-def f32_to_bf16(x):  # type: ignore[no-untyped-def]
+def f32_to_bf16(x):
     """float32 to bfloat16 bits, rounding to nearest even; nan stays a quiet nan."""
     bits = _f32_as_u32(x)
     if (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):

@@ -27,38 +27,38 @@ HALF = ("float16", "bfloat16")
 
 
 @njit(inline="always")
-def _sum(x, y):  # type: ignore[no-untyped-def]
+def _sum(x, y):
     return x + y
 
 
 @njit(inline="always")
-def _prod(x, y):  # type: ignore[no-untyped-def]
+def _prod(x, y):
     return x * y
 
 
 @njit(inline="always")
-def _min(x, y):  # type: ignore[no-untyped-def]
+def _min(x, y):
     # numpy.minimum: a nan on either side wins.
     return x if (x < y or x != x) else y
 
 
 @njit(inline="always")
-def _max(x, y):  # type: ignore[no-untyped-def]
+def _max(x, y):
     return x if (x > y or x != x) else y
 
 
 @njit(inline="always")
-def _band(x, y):  # type: ignore[no-untyped-def]
+def _band(x, y):
     return x & y
 
 
 @njit(inline="always")
-def _bor(x, y):  # type: ignore[no-untyped-def]
+def _bor(x, y):
     return x | y
 
 
 @njit(inline="always")
-def _bxor(x, y):  # type: ignore[no-untyped-def]
+def _bxor(x, y):
     return x ^ y
 
 
@@ -76,7 +76,7 @@ _BOOL = {"SUM": _bor, "MAX": _bor, "PRODUCT": _band, "MIN": _band}
 
 
 @njit(inline="always")
-def _same(x):  # type: ignore[no-untyped-def]
+def _same(x):
     return x
 
 
@@ -111,17 +111,17 @@ load = store = _same
 combine = _sum
 
 
-def _reduce(a, b):  # type: ignore[no-untyped-def]
+def _reduce(a, b):
     for i in prange(a.size):
         b[i] = store(combine(load(a[i]), load(b[i])))
 
 
-def _scale(x, s, out):  # type: ignore[no-untyped-def]
+def _scale(x, s, out):
     for i in prange(x.size):
         out[i] = store(load(x[i]) * s)
 
 
-def _divide(x, d, out):  # type: ignore[no-untyped-def]
+def _divide(x, d, out):
     for i in prange(x.size):
         out[i] = store(load(x[i]) / d)
 
@@ -130,12 +130,12 @@ def _divide(x, d, out):  # type: ignore[no-untyped-def]
 # overlap and falls back to scalar code (4x slower here).
 
 
-def _scale_inplace(x, s):  # type: ignore[no-untyped-def]
+def _scale_inplace(x, s):
     for i in prange(x.size):
         x[i] = store(load(x[i]) * s)
 
 
-def _divide_inplace(x, d):  # type: ignore[no-untyped-def]
+def _divide_inplace(x, d):
     for i in prange(x.size):
         x[i] = store(load(x[i]) / d)
 

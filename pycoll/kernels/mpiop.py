@@ -37,7 +37,7 @@ kernel: Any = None  # bound per variant (see _build)
 ELEMENT: Any = np.uint8
 
 
-def _user_function(invec, inoutvec, length, datatype):  # type: ignore[no-untyped-def]
+def _user_function(invec, inoutvec, length, datatype):
     n = length[0]
     kernel(carray(invec, (n,), ELEMENT), carray(inoutvec, (n,), ELEMENT))
 
@@ -103,7 +103,7 @@ def _build(op: str, dtype: np.dtype, storage: str, f16c: bool) -> Any:
         fn = pytypes.FunctionType(_user_function.__code__, scope, "_user_function")
         variant = f"{storage}_{'f16c' if f16c else 'soft'}" if storage == "float16" else str(dtype)
         fn.__qualname__ = f"mpi_{op}_{variant}_{_SALT}"
-        compiled = _functions[key] = cfunc(SIGNATURE, cache=True, nopython=True)(fn)
+        compiled = _functions[key] = cfunc(SIGNATURE, cache=True)(fn)
     return compiled
 
 

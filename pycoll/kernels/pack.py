@@ -18,10 +18,10 @@ __all__ = ["pack_kernel", "unpack_kernel"]
 
 
 @intrinsic
-def _memcpy(typingctx, target, source, nbytes):  # type: ignore[no-untyped-def]
+def _memcpy(typingctx, target, source, nbytes):
     """memcpy(target, source, nbytes) on raw addresses (int64)."""
 
-    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, sig, args):
         byte_ptr = ir.IntType(8).as_pointer()
         dst = builder.inttoptr(args[0], byte_ptr)
         src = builder.inttoptr(args[1], byte_ptr)
@@ -31,13 +31,13 @@ def _memcpy(typingctx, target, source, nbytes):  # type: ignore[no-untyped-def]
     return types.none(types.int64, types.int64, types.int64), codegen
 
 
-def _pack(addresses, sizes, offsets, buffer):  # type: ignore[no-untyped-def]
+def _pack(addresses, sizes, offsets, buffer):
     base = buffer.ctypes.data
     for k in prange(addresses.size):
         _memcpy(base + offsets[k], addresses[k], sizes[k])
 
 
-def _unpack(buffer, addresses, sizes, offsets):  # type: ignore[no-untyped-def]
+def _unpack(buffer, addresses, sizes, offsets):
     base = buffer.ctypes.data
     for k in prange(addresses.size):
         _memcpy(addresses[k], base + offsets[k], sizes[k])

@@ -72,7 +72,7 @@ def run(kernel_for: Callable[[bool], Callable], nbytes: int, *args: Any) -> None
 
         with LOCK:
             if numba.get_num_threads() != n:
-                numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+                numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
             kernel_for(True)(*args)
     else:
         kernel_for(False)(*args)
