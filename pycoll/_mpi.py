@@ -14,6 +14,7 @@ from typing import Any
 
 MPI: Any = None
 IN_PLACE: Any = None  # MPI.IN_PLACE, kept here for the collectives' hot paths
+VENDOR = ""  # "MPICH", "Open MPI", ...: what mpi4py.MPI.get_vendor() says, once loaded
 
 
 def load() -> Any:
@@ -25,7 +26,7 @@ def load() -> Any:
     collectives advance while the caller computes. It is off by default: it
     costs a thread per rank spinning on a core (docs/benchmarks.md).
     """
-    global MPI, IN_PLACE
+    global MPI, IN_PLACE, VENDOR
     if MPI is None:
         if os.environ.get("PYCOLL_ASYNC_PROGRESS", "").strip() == "1":
             os.environ.setdefault("MPIR_CVAR_ASYNC_PROGRESS", "1")
@@ -33,6 +34,7 @@ def load() -> Any:
 
         MPI = _MPI
         IN_PLACE = _MPI.IN_PLACE
+        VENDOR = _MPI.get_vendor()[0]
     return MPI
 
 

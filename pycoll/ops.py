@@ -11,6 +11,7 @@ raise a ValueError naming both.
 from __future__ import annotations
 
 import numbers
+import os
 import sys
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union, cast
 
@@ -149,6 +150,11 @@ class Plan(NamedTuple):
         average: divide the result by the group size (AVG).
         datatype: the MPI datatype of one element.
         plain: MPI does everything (no pre-scaling, no averaging).
+        split: a large all_reduce goes faster as a reduce-scatter, then an
+            all-gather (see :data:`SPLIT_BYTES`): MPICH reduces a user op with
+            recursive doubling (every rank reduces the whole buffer log2(n)
+            times) where it would use Rabenseifner's algorithm for a builtin
+            op, and an AVG then divides only this rank's 1/n of the result.
     """
 
     mpi_op: Any
@@ -156,6 +162,7 @@ class Plan(NamedTuple):
     average: bool
     datatype: Any
     plain: bool
+    split: bool
 
 
 # MPI's op for each (op, dtype kind); a missing entry means the pair has no
@@ -199,6 +206,22 @@ _KERNEL_OPS = {
     "float": ("MIN", "MAX"),
 }
 
+
+def _split_bytes() -> int:
+    text = os.environ.get("PYCOLL_SPLIT_BYTES", "").strip()
+    if not text:
+        return 1 << 20
+    if not text.isdigit():
+        raise ValueError(
+            f"PYCOLL_SPLIT_BYTES={text!r}: set it to a number of bytes (0: never split)"
+        )
+    return int(text)
+
+
+# all_reduce calls with a Plan.split op from this many bytes go as a
+# reduce-scatter plus an all-gather (measured crossover: docs/benchmarks.md).
+SPLIT_BYTES = _split_bytes()
+
 _WHY = {
     "bool": "AVG and PREMUL_SUM have no boolean result; cast to a floating dtype",
     "int": "AVG and PREMUL_SUM would have to round to an integer; cast to a floating dtype",
@@ -240,7 +263,12 @@ def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
             f"dtype {dtype}; use a real scale or complex arrays"
         )
     average = name == "AVG"
-    result = Plan(mpi_op, scale, average, mpi_datatype(dtype), scale is None and not average)
+    split = (
+        SPLIT_BYTES > 0
+        and _mpi.VENDOR == "MPICH"
+        and (average or name in _KERNEL_OPS.get(kind, ()))
+    )
+    result = Plan(mpi_op, scale, average, mpi_datatype(dtype), scale is None and not average, split)
     if scale is None:  # a PREMUL_SUM scale often changes every step: do not cache it
         op._plans[dtype] = result
     return result

@@ -138,6 +138,7 @@ class Work:
         "_nbytes",
         "_t0",
         "_status",
+        "_stages",
     )
 
     def __init__(
@@ -151,6 +152,7 @@ class Work:
         nbytes: int = 0,
         status: Any = None,
         peer: Optional[int] = None,
+        stages: Optional[List[Callable[[], List[Any]]]] = None,
     ) -> None:
         self.op = op
         self.seq = seq
@@ -166,6 +168,7 @@ class Work:
         self._nbytes = nbytes
         self._t0 = time.perf_counter() if debug.LEVEL else 0.0
         self._status = status
+        self._stages = stages  # each starts the next MPI operations once the last are done
 
     def __repr__(self) -> str:
         state = "completed" if self._done else "pending"
@@ -237,12 +240,16 @@ class Work:
         MPI = _mpi.MPI
         statuses = None if self._status is None else self._status[1]
         try:
-            if block:
-                watch.wait(
-                    self._pg, self.op, self.seq, self._requests, timeout, statuses, self._peer
-                )
-            elif not MPI.Request.Testall(self._requests, statuses):
-                return
+            while True:
+                if block:
+                    watch.wait(
+                        self._pg, self.op, self.seq, self._requests, timeout, statuses, self._peer
+                    )
+                elif not MPI.Request.Testall(self._requests, statuses):
+                    return
+                if not self._stages:
+                    break
+                self._requests = self._stages.pop(0)()
         except MPI.Exception as exc:
             self._exc = watch.backend_error(self.op, self.seq, exc)
         except DistBackendError as exc:

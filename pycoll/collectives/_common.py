@@ -14,7 +14,7 @@ import operator
 import time
 from contextlib import contextmanager
 from threading import get_ident
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, List, Optional, Union
 
 from .. import _mpi, debug, watch
 from ..groups import ProcessGroup
@@ -40,13 +40,16 @@ def run(
     result: Any = None,
     call: Union[str, Callable[[], str], None] = None,
     prepare: Optional[Callable[[], None]] = None,
+    stages: Optional[List[Callable[[], List[Any]]]] = None,
 ) -> Optional[Work]:
     """Sequence and start one nonblocking MPI collective; wait for it within the
     group's timeout, or return a Work if ``async_op``.
 
     ``call`` describes the call for the DETAIL check; ``prepare`` runs once
     the check has passed, just before MPI is called (scaling the input of a
-    PREMUL_SUM, so a refused call leaves the caller's data alone).
+    PREMUL_SUM, so a refused call leaves the caller's data alone). ``stages``
+    start further MPI operations, each once the previous ones are done (a
+    reduce-scatter, then an all-gather); they run when the Work is driven.
     """
     with pg._lock:
         claim(pg)
@@ -64,8 +67,12 @@ def run(
         except _mpi.MPI.Exception as exc:
             watch.end(pg, seq)
             raise watch.backend_error(op, seq, exc) from None
-    if async_op:
-        return Work(op, seq, [request], finish, result, pg, nbytes)
+    if async_op or stages:
+        work = Work(op, seq, [request], finish, result, pg, nbytes, stages=stages)
+        if async_op:
+            return work
+        work.wait()
+        return None
     t0 = time.perf_counter() if debug.LEVEL else 0.0
     watch.wait1(pg, op, seq, request)
     watch.end(pg, seq)

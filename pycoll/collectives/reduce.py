@@ -22,7 +22,7 @@ from ..arrays import (
     detach,
 )
 from ..groups import STATE, ProcessGroup, resolve
-from ..ops import Plan, ReduceOp, plan
+from ..ops import SPLIT_BYTES, Plan, ReduceOp, plan
 from ..work import Work
 from ._common import group_rank, plain, run, sig
 
@@ -102,6 +102,8 @@ def all_reduce(
         how = op._plans[tensor.dtype]
     except (AttributeError, KeyError):
         how = plan(op, tensor.dtype, "all_reduce")
+    if how.split and tensor.nbytes >= SPLIT_BYTES and pg._size > 1:
+        return _all_reduce_split(pg, tensor, op, how, async_op)
     if how.plain and not async_op and not debug.LEVEL:
         plain(
             pg,
@@ -126,6 +128,40 @@ def all_reduce(
         [tensor],
         lambda: f"all_reduce({op.name}, {sig(tensor)})",
         _prescaler(tensor, how.prescale),
+    )
+
+
+def _all_reduce_split(
+    pg: ProcessGroup, tensor: np.ndarray, op: ReduceOp, how: Plan, async_op: bool
+) -> Optional[Work]:
+    """all_reduce as MPI_Ireduce_scatter (each rank gets its 1/n of the
+    result), an AVG's division of that part, then MPI_Iallgatherv."""
+    n, me = pg._size, pg._rank
+    flat = tensor.reshape(-1)
+    base, extra = divmod(flat.size, n)
+    counts = [base + (1 if i < extra else 0) for i in range(n)]
+    displacements = [base * i + min(i, extra) for i in range(n)]
+    mine = np.empty(counts[me], tensor.dtype)
+    T = how.datatype
+    comm = pg.comm
+
+    def gather() -> list:
+        if how.average:
+            kernels.divide(mine, n, out=mine)
+        return [comm.Iallgatherv([mine, T], [flat, (counts, displacements), T])]
+
+    return run(
+        pg,
+        "all_reduce",
+        tensor.nbytes,
+        comm.Ireduce_scatter,
+        ([flat, T], [mine, T], counts, how.mpi_op),
+        async_op,
+        None,
+        [tensor],
+        lambda: f"all_reduce({op.name}, {sig(tensor)})",
+        _prescaler(tensor, how.prescale),
+        [gather],
     )
 
 
