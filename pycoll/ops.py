@@ -150,11 +150,12 @@ class Plan(NamedTuple):
         average: divide the result by the group size (AVG).
         datatype: the MPI datatype of one element.
         plain: MPI does everything (no pre-scaling, no averaging).
-        split: a large all_reduce goes faster as a reduce-scatter, then an
-            all-gather (see :data:`SPLIT_BYTES`): MPICH reduces a user op with
-            recursive doubling (every rank reduces the whole buffer log2(n)
-            times) where it would use Rabenseifner's algorithm for a builtin
-            op, and an AVG then divides only this rank's 1/n of the result.
+        split: a large all_reduce on 3 ranks or more goes faster as a
+            reduce-scatter, then an all-gather (see :data:`SPLIT_BYTES`):
+            MPICH reduces a user op by recursive doubling (every rank reduces
+            the whole buffer log2(n) times) where it would use Rabenseifner's
+            algorithm for a builtin op; an AVG then divides only this rank's
+            1/n of the result.
     """
 
     mpi_op: Any
@@ -210,7 +211,7 @@ _KERNEL_OPS = {
 def _split_bytes() -> int:
     text = os.environ.get("PYCOLL_SPLIT_BYTES", "").strip()
     if not text:
-        return 1 << 20
+        return 4 << 20
     if not text.isdigit():
         raise ValueError(
             f"PYCOLL_SPLIT_BYTES={text!r}: set it to a number of bytes (0: never split)"

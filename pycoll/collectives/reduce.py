@@ -102,7 +102,7 @@ def all_reduce(
         how = op._plans[tensor.dtype]
     except (AttributeError, KeyError):
         how = plan(op, tensor.dtype, "all_reduce")
-    if how.split and tensor.nbytes >= SPLIT_BYTES and pg._size > 1:
+    if how.split and tensor.nbytes >= SPLIT_BYTES and pg._size > 2:
         return _all_reduce_split(pg, tensor, op, how, async_op)
     if how.plain and not async_op and not debug.LEVEL:
         plain(
