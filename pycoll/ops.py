@@ -264,11 +264,8 @@ def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
             f"dtype {dtype}; use a real scale or complex arrays"
         )
     average = name == "AVG"
-    split = (
-        SPLIT_BYTES > 0
-        and _mpi.VENDOR == "MPICH"
-        and (average or name in _KERNEL_OPS.get(kind, ()))
-    )
+    user_op = name in _KERNEL_OPS.get(kind, ())
+    split = SPLIT_BYTES > 0 and _mpi.VENDOR == "MPICH" and user_op
     result = Plan(mpi_op, scale, average, mpi_datatype(dtype), scale is None and not average, split)
     if scale is None:  # a PREMUL_SUM scale often changes every step: do not cache it
         op._plans[dtype] = result
