@@ -9,11 +9,15 @@ the buffer with one compiled call, reduces the buffer with one MPI
 operation, and unpacks, so 1,000 arrays of 1 KiB cost about what one 1 MiB
 all_reduce costs. Make one FusedAllReduce per bucket of arrays to overlap
 buckets with computation, as DDP does.
+
+Where the caller can allocate the arrays, :meth:`FusedAllReduce.empty` makes
+them views into the fusion buffer (DDP's ``gradient_as_bucket_view``): then
+nothing is packed or unpacked at all, and a call costs one all_reduce.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -73,6 +77,33 @@ class FusedAllReduce:
         self.buffer = np.empty(int(sizes.sum()) // self.dtype.itemsize, self.dtype)
         self._bytes = self.buffer.view(np.uint8)
         self._work: Optional[Work] = None
+        self._views = False  # the arrays are views into the buffer (see empty())
+
+    @classmethod
+    def empty(
+        cls,
+        shapes: Sequence[Tuple[int, ...]],
+        dtype: Any,
+        op: ReduceOp = ReduceOp.SUM,
+        group: Optional[ProcessGroup] = None,
+    ) -> FusedAllReduce:
+        """A FusedAllReduce over new arrays of ``shapes`` that are views into its
+        fusion buffer, so calls pack and unpack nothing. The arrays are
+        ``.arrays``; write into them in place (``a[...] = ...``).
+        """
+        dtype = np.dtype(dtype)
+        sizes = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
+        flat = np.empty(sum(sizes), dtype)
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        views = [flat[offsets[i] : offsets[i + 1]].reshape(shape) for i, shape in enumerate(shapes)]
+        fused = cls(views, op, group)
+        fused.buffer, fused._bytes, fused._views = flat, flat.view(np.uint8), True
+        return fused
+
+    @property
+    def arrays(self) -> List[np.ndarray]:
+        """The arrays reduced by each call (for :meth:`empty`, views into the buffer)."""
+        return list(self._arrays)
 
     def __len__(self) -> int:
         return len(self._arrays)
@@ -105,14 +136,16 @@ class FusedAllReduce:
         from .kernels import pack, threads
 
         how, n = self._plan, pg._size
-        buf, nbytes = self.buffer, self.buffer.nbytes
+        buf, nbytes, views = self.buffer, self.buffer.nbytes, self._views
         table = (self._addresses, self._sizes, self._offsets)
-        threads.run(pack.pack_kernel, nbytes, *table, self._bytes)
+        if not views:
+            threads.run(pack.pack_kernel, nbytes, *table, self._bytes)
 
         def finish() -> None:
             if how.average:
                 kernels.divide(buf, n, out=buf)
-            threads.run(pack.unpack_kernel, nbytes, self._bytes, *table)
+            if not views:
+                threads.run(pack.unpack_kernel, nbytes, self._bytes, *table)
 
         prepare = None
         if how.prescale is not None:

@@ -101,3 +101,19 @@ def test_a_rank_outside_the_group_does_nothing(rank, world_size):
         assert (x == rank).all()
     if rank == 0:
         pycoll.destroy_process_group(group)
+
+
+@pytest.mark.parametrize("op,dtype", [("SUM", np.dtype(np.float32)), ("AVG", BF16)], ids=str)
+def test_views_into_the_buffer(op, dtype, rank, world_size):
+    """FusedAllReduce.empty: the arrays are the buffer, and answers are the same."""
+    fused = FusedAllReduce.empty(SHAPES, dtype, op=rop(op))
+    arrays = fused.arrays
+    assert [a.shape for a in arrays] == SHAPES
+    assert all(np.shares_memory(a, fused.buffer) for a in arrays)
+    for step in range(2):
+        for i, a in enumerate(arrays):
+            a[...] = data(rank, dtype, a.shape, salt=10 * step + i)
+        fused.all_reduce()
+        for i, a in enumerate(arrays):
+            everyone = [data(r, dtype, a.shape, salt=10 * step + i) for r in range(world_size)]
+            assert_equal(a, reduce_all(op, everyone, world_size))

@@ -85,8 +85,9 @@ def kernels(comm: Any, nbytes: int = 64 << 20, repeats: int = 10) -> Dict[str, A
 
 def fusion(comm: Any, arrays: int = 1000, nbytes: int = 1024, repeats: int = 20) -> Dict[str, Any]:
     """``arrays`` float32 arrays of ``nbytes`` each, all-reduced: one call each,
-    all_reduce_coalesced, FusedAllReduce, against one all_reduce of the total
-    size (pycoll and raw mpi4py)."""
+    all_reduce_coalesced, FusedAllReduce over separate arrays (packed and
+    unpacked each call) and over views into its buffer (FusedAllReduce.empty),
+    against one all_reduce of the total size (pycoll and raw mpi4py)."""
     from mpi4py import MPI
 
     import pycoll
@@ -95,9 +96,11 @@ def fusion(comm: Any, arrays: int = 1000, nbytes: int = 1024, repeats: int = 20)
     grads = [np.zeros(count, np.float32) for _ in range(arrays)]
     one = np.zeros(count * arrays, np.float32)
     fused = pycoll.FusedAllReduce(grads)
+    views = pycoll.FusedAllReduce.empty([(count,)] * arrays, np.float32)
     t_sep = _best(lambda: [pycoll.all_reduce(g) for g in grads], max(3, repeats // 5), comm)
     t_coal = _best(lambda: pycoll.all_reduce_coalesced(grads), repeats, comm)
     t_fused = _best(fused.all_reduce, repeats, comm)
+    t_views = _best(views.all_reduce, repeats, comm)
     t_one = _best(lambda: pycoll.all_reduce(one), repeats, comm)
     t_raw = _best(lambda: comm.Allreduce(MPI.IN_PLACE, one, MPI.SUM), repeats, comm)
     return dict(
@@ -107,10 +110,12 @@ def fusion(comm: Any, arrays: int = 1000, nbytes: int = 1024, repeats: int = 20)
         separate_us=t_sep * 1e6,
         coalesced_us=t_coal * 1e6,
         fused_us=t_fused * 1e6,
+        fused_views_us=t_views * 1e6,
         one_call_us=t_one * 1e6,
         one_call_mpi4py_us=t_raw * 1e6,
         fused_speedup_over_separate=t_sep / t_fused,
         fused_over_one_call=t_fused / t_one,
+        fused_views_over_one_call=t_views / t_one,
     )
 
 
