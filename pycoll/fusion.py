@@ -121,14 +121,16 @@ class FusedAllReduce:
             complete); None otherwise, and on ranks outside the group.
 
         Raises:
-            RuntimeError: the previous call's Work is not complete yet (the
-                fusion buffer is still in use).
+            RuntimeError: the previous call's Work has not been waited on (or
+                seen complete by ``is_completed()``): its buffer may be in use.
         """
         func = "FusedAllReduce.all_reduce"
         pg = resolve(self._group, func) if self._group is not None else self._pg
         if pg is None:
             return None
-        if self._work is not None and not self._work.is_completed():
+        # Not is_completed(): whether it raised would then depend on timing. The
+        # rule is simple instead: wait() (or see is_completed() say True) first.
+        if self._work is not None and not self._work._done:
             raise RuntimeError(
                 f"{func}: the previous call's Work is still in flight and its fusion "
                 f"buffer in use; wait() on it before the next call"
