@@ -8,9 +8,11 @@ a pytest parent that spawns MPI jobs).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import importlib.util
 import os
-from typing import Any
+from typing import Any, Optional
 
 MPI: Any = None
 IN_PLACE: Any = None  # MPI.IN_PLACE, kept here for the collectives' hot paths
@@ -44,3 +46,32 @@ def available() -> bool:
         return importlib.util.find_spec("mpi4py.MPI") is not None
     except ModuleNotFoundError:
         return False
+
+
+_LIBRARY: Optional[ctypes.CDLL] = None
+
+
+def library() -> ctypes.CDLL:
+    """The libmpi that mpi4py loaded, for the few calls mpi4py does not wrap
+    (MPI_Op_create with a C function, the MPIX CUDA queries)."""
+    global _LIBRARY
+    if _LIBRARY is None:
+        load()
+        path = None
+        try:
+            with open("/proc/self/maps") as maps:
+                for line in maps:
+                    name = line.rsplit(None, 1)[-1]
+                    if os.path.basename(name).startswith("libmpi.so"):
+                        path = name
+                        break
+        except OSError:
+            pass
+        path = path or ctypes.util.find_library("mpi")
+        if path is None:
+            raise RuntimeError(
+                "pycoll: cannot find the MPI library mpi4py loaded (no libmpi.so in this "
+                "process's memory map or on the library path)"
+            )
+        _LIBRARY = ctypes.CDLL(path)
+    return _LIBRARY

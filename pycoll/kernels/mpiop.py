@@ -14,8 +14,6 @@ compiled code on each chunk it reduces.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import os
 import types as pytypes
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -47,32 +45,11 @@ _functions: Dict[Tuple[str, np.dtype, bool], Any] = {}
 _create: Optional[Callable[..., int]] = None
 
 
-def _libmpi() -> ctypes.CDLL:
-    """The libmpi already mapped into this process by mpi4py."""
-    path = None
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                name = line.rsplit(None, 1)[-1]
-                if os.path.basename(name).startswith("libmpi.so"):
-                    path = name
-                    break
-    except OSError:
-        pass
-    path = path or ctypes.util.find_library("mpi")
-    if path is None:
-        raise RuntimeError(
-            "pycoll.kernels: cannot find the MPI library mpi4py loaded, so cannot "
-            "register compiled reduction ops; set PYCOLL_KERNELS=0 to use numpy instead"
-        )
-    return ctypes.CDLL(path)
-
-
 def _op_create() -> Callable[[int], int]:
     global _create
     if _create is None:
         MPI = _mpi.load()
-        lib = _libmpi()
+        lib = _mpi.library()
         fn = lib.MPI_Op_create
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
