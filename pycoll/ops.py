@@ -2,10 +2,10 @@
 
 MPI reduces the types and ops it knows. The rest is built here from MPI
 pieces: AVG is a SUM followed by a division, PREMUL_SUM a scaling followed
-by a SUM, and float16/bfloat16 arithmetic an MPI user-defined op that
-computes with numpy (correct rather than fast; pycoll.kernels is where speed
-comes from). Pairs with no meaning (MIN on complex numbers, XOR on floats)
-raise a ValueError naming both.
+by a SUM, and float16/bfloat16 arithmetic (and NaN-propagating MIN/MAX on
+floats) an MPI user-defined op running pycoll's compiled kernels
+(pycoll.kernels). Pairs with no meaning (MIN on complex numbers, XOR on
+floats) raise a ValueError naming both.
 """
 
 from __future__ import annotations
