@@ -42,6 +42,20 @@ def _plan(op: ReduceOp, dtype: np.dtype, func: str) -> Plan:
         return plan(op, dtype, func)
 
 
+# Up to this size a two-rank AVG of float32/float64 runs as one user op; above
+# it MPI's builtin SUM (Rabenseifner: each rank reduces half the buffer, where
+# a user op gets recursive doubling and reduces all of it) plus a division
+# measured faster. float16/bfloat16 are user ops anyway: always. (docs/benchmarks.md)
+MEAN_OF_TWO_BYTES = 32 << 20
+
+
+def _mean_of_two(x: np.ndarray) -> bool:
+    kind = x.dtype.kind
+    if kind == "c":
+        return False  # complex: AVG stays a SUM plus a per-component division
+    return x.dtype.itemsize == 2 or x.nbytes < MEAN_OF_TWO_BYTES
+
+
 def _scaled(x: np.ndarray, scale: complex) -> np.ndarray:
     """A scaled copy of an input that must not be modified."""
     return kernels.scale(x, scale)
@@ -102,6 +116,26 @@ def all_reduce(
         how = op._plans[tensor.dtype]
     except (AttributeError, KeyError):
         how = plan(op, tensor.dtype, "all_reduce")
+    if how.average and pg._size == 2 and _mean_of_two(tensor):
+        # Two ranks: each element is combined exactly once, so AVG is one user
+        # op, (a + b) / 2, and no second pass over the result.
+        mean = kernels.mean_of_two_op(tensor.dtype)
+        if not async_op and not debug.LEVEL:
+            comm = pg.comm
+            args = (_mpi.IN_PLACE, [tensor, how.datatype], mean)
+            plain(pg, "all_reduce", comm.Iallreduce, comm.Allreduce, *args)
+            return None
+        return run(
+            pg,
+            "all_reduce",
+            tensor.nbytes,
+            pg.comm.Iallreduce,
+            (_mpi.IN_PLACE, [tensor, how.datatype], mean),
+            async_op,
+            None,
+            [tensor],
+            lambda: f"all_reduce({op.name}, {sig(tensor)})",
+        )
     if how.split and tensor.nbytes >= SPLIT_BYTES and pg._size > 2:
         return _all_reduce_split(pg, tensor, op, how, async_op)
     if how.plain and not async_op and not debug.LEVEL:

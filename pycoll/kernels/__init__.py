@@ -234,6 +234,18 @@ def mpi_op(op: Any, dtype: Any) -> Any:
     return mpiop.user_op(name, dtype, _storage(dtype), f16c())
 
 
+def mean_of_two_op(dtype: Any) -> Any:
+    """The MPI user op that averages two contributions (``(a + b) / 2``, the sum
+    rounded first): AVG in one MPI call on a group of exactly two ranks, where
+    every element is combined exactly once whatever algorithm MPI picks."""
+    from . import mpiop
+
+    dtype = np.dtype(dtype)
+    if dtype_kind(dtype) not in ("float", "half"):
+        raise ValueError(f"pycoll.kernels.mean_of_two_op: dtype {dtype} is not a real float")
+    return mpiop.user_op("MEAN2", dtype, _storage(dtype), f16c())
+
+
 def warmup(
     dtypes: Optional[Iterable[Any]] = None, ops: Optional[Iterable[Any]] = None, mpi: bool = True
 ) -> float:

@@ -15,6 +15,7 @@ import hashlib
 import types as pytypes
 from typing import Any, Callable, Dict, Tuple
 
+import numpy as np
 from numba import njit, prange
 
 from . import convert
@@ -126,6 +127,16 @@ def _divide(x, d, out):
         out[i] = store(load(x[i]) / d)
 
 
+HALF_ = np.float32(0.5)
+
+
+def _mean_of_two(a, b):
+    # AVG over exactly two contributions: the rounded sum, then halved (exact,
+    # so the same as dividing by 2), as SUM-then-divide would give.
+    for i in prange(a.size):
+        b[i] = store(load(store(load(a[i]) + load(b[i]))) * HALF_)
+
+
 # In place, the same loops over one array: given x twice, LLVM cannot rule out
 # overlap and falls back to scalar code (4x slower here).
 
@@ -181,6 +192,15 @@ def reduce_kernel(op: str, storage: str, f16c: bool, parallel: bool) -> Callable
     ld, st = load_store(storage, f16c)
     name = f"reduce_{op}_{_storage_name(kind, f16c)}"
     return _variant(_reduce, parallel, name, load=ld, store=st, combine=combine_fn(op, storage))
+
+
+def mean_of_two_kernel(storage: str, f16c: bool, parallel: bool) -> Callable:
+    """``k(a, b)``: ``b[i] = (a[i] + b[i]) / 2`` with the sum rounded to the
+    storage type first; AVG on a group of two ranks, as one MPI user op."""
+    kind = storage if storage in HALF else "native"
+    ld, st = load_store(storage, f16c)
+    name = f"mean2_{_storage_name(kind, f16c)}"
+    return _variant(_mean_of_two, parallel, name, load=ld, store=st)
 
 
 def scale_kernel(storage: str, f16c: bool, parallel: bool, inplace: bool = False) -> Callable:

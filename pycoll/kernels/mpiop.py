@@ -22,7 +22,7 @@ from numba import carray, cfunc
 from numba import types as nbtypes
 
 from .. import _mpi
-from .elementwise import _SALT, reduce_kernel
+from .elementwise import _SALT, mean_of_two_kernel, reduce_kernel
 
 __all__ = ["user_op", "free_all", "created"]
 
@@ -75,7 +75,10 @@ def _build(op: str, dtype: np.dtype, storage: str, f16c: bool) -> Any:
     compiled = _functions.get(key)
     if compiled is None:
         scope = dict(_user_function.__globals__)
-        scope["kernel"] = reduce_kernel(op, storage, f16c, parallel=False)
+        if op == "MEAN2":
+            scope["kernel"] = mean_of_two_kernel(storage, f16c, parallel=False)
+        else:
+            scope["kernel"] = reduce_kernel(op, storage, f16c, parallel=False)
         scope["ELEMENT"] = np.uint16 if storage in ("float16", "bfloat16") else dtype.type
         fn = pytypes.FunctionType(_user_function.__code__, scope, "_user_function")
         variant = f"{storage}_{'f16c' if f16c else 'soft'}" if storage == "float16" else str(dtype)

@@ -231,3 +231,20 @@ def test_warmup_compiles_every_pair():
         assert any(key[0].startswith(name) for key in elementwise._CACHE), name
     with pytest.raises(ValueError, match="bitwise"):
         kernels.warmup(dtypes=["float32"], ops=["BAND"], mpi=False)
+
+
+@pytest.mark.parametrize("dtype", ["float16", BF16, "float32", "float64"], ids=str)
+def test_mean_of_two_is_sum_then_halve(dtype):
+    """AVG on two ranks: the sum rounded to the dtype, then halved."""
+    dtype = np.dtype(dtype)
+    a, b = random_array(dtype, seed=11), random_array(dtype, seed=12)
+    with np.errstate(all="ignore"):
+        want = (expected("SUM", a, b) / dtype.type(2)).astype(dtype)
+    got = b.copy()
+    storage = "bfloat16" if dtype == BF16 else dtype.name
+    kernel = elementwise.mean_of_two_kernel(storage, kernels.f16c(), False)
+    if dtype.itemsize == 2:
+        kernel(a.view(np.uint16), got.view(np.uint16))
+    else:
+        kernel(a, got)
+    assert_bits_equal(got, want)

@@ -56,3 +56,23 @@ def test_mpi_op_maps_avg_and_premul_to_sum(pg):
     assert kernels.mpi_op("PREMUL_SUM", np.float16) is kernels.mpi_op("SUM", np.float16)
     with pytest.raises(ValueError, match="bitwise ops apply to integers"):
         kernels.mpi_op("BXOR", np.float16)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32, np.float64], ids=str)
+@pytest.mark.parametrize("size", [5, 300_001], ids=["small", "large"])
+def test_avg_on_two_ranks_is_sum_then_halve(pg, rank, world_size, dtype, size):
+    """On two ranks AVG is one user op; its result must still be SUM then /2,
+    on both ranks, for values whose sums round."""
+    if world_size != 2:
+        pytest.skip("the two-rank AVG path")
+    inputs = [
+        np.random.default_rng(r).standard_normal(size).astype(np.float32).astype(dtype)
+        for r in range(2)
+    ]
+    x = inputs[rank].copy()
+    pycoll.all_reduce(x, op=pycoll.ReduceOp.AVG)
+    total = (inputs[0].astype(np.float64) + inputs[1].astype(np.float64)).astype(dtype)
+    if np.dtype(dtype).itemsize > 2:  # float32/64: the sum is rounded in the dtype itself
+        total = inputs[0] + inputs[1]
+    want = (total / np.dtype(dtype).type(2)).astype(dtype)
+    np.testing.assert_array_equal(x.astype(np.float64), want.astype(np.float64))
