@@ -65,33 +65,42 @@ def data(rank: int, dtype: np.dtype, shape=(6,), salt: int = 0) -> np.ndarray:
     return v.astype(np.float64).astype(dtype).reshape(shape)
 
 
+# numpy's elementwise form of each op, written out here (not taken from pycoll).
+# AVG and PREMUL_SUM reduce as a sum; their division and scaling come around it.
+UFUNCS = {
+    "SUM": np.add,
+    "AVG": np.add,
+    "PREMUL_SUM": np.add,
+    "PRODUCT": np.multiply,
+    "MIN": np.minimum,
+    "MAX": np.maximum,
+    "BAND": np.bitwise_and,
+    "BOR": np.bitwise_or,
+    "BXOR": np.bitwise_xor,
+}
+# bool, as torch reduces it: SUM and MAX are "any", PRODUCT and MIN are "all".
+LOGICAL_UFUNCS = {
+    "SUM": np.logical_or,
+    "MAX": np.logical_or,
+    "BOR": np.logical_or,
+    "PRODUCT": np.logical_and,
+    "MIN": np.logical_and,
+    "BAND": np.logical_and,
+    "BXOR": np.logical_xor,
+}
+
+
+def ufunc(op: str, dtype: np.dtype):
+    """numpy's ufunc for ``op`` on arrays of ``dtype``."""
+    return (LOGICAL_UFUNCS if dtype == np.bool_ else UFUNCS)[op]
+
+
 def reduce_all(op: str, arrays: List[np.ndarray], n: int) -> np.ndarray:
     """numpy's reduction of ``arrays`` under ``op``."""
     dtype = arrays[0].dtype
     if op == "PREMUL_SUM":
         arrays = [(a * PREMUL_SCALE).astype(dtype) for a in arrays]
-    if dtype == np.bool_:
-        fn = {
-            "SUM": np.logical_or,
-            "MAX": np.logical_or,
-            "BOR": np.logical_or,
-            "PRODUCT": np.logical_and,
-            "MIN": np.logical_and,
-            "BAND": np.logical_and,
-            "BXOR": np.logical_xor,
-        }[op]
-    else:
-        fn = {
-            "SUM": np.add,
-            "AVG": np.add,
-            "PREMUL_SUM": np.add,
-            "PRODUCT": np.multiply,
-            "MIN": np.minimum,
-            "MAX": np.maximum,
-            "BAND": np.bitwise_and,
-            "BOR": np.bitwise_or,
-            "BXOR": np.bitwise_xor,
-        }[op]
+    fn = ufunc(op, dtype)
     out = functools.reduce(lambda a, b: fn(a, b).astype(dtype), arrays)
     if op == "AVG":
         out = (out / np.array(n, dtype=dtype)).astype(dtype)
