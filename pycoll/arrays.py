@@ -82,6 +82,20 @@ def check_input(func: str, name: str, x: Any) -> np.ndarray:
     return x
 
 
+def check_contiguous(func: str, name: str, x: Any) -> np.ndarray:
+    """Check an array that is read where it lies (by a kernel): C-contiguous.
+
+    Unlike :func:`check_input` it does not copy: the caller gave this array
+    to be worked on in place, and a copy would quietly leave it untouched.
+    """
+    if not isinstance(x, np.ndarray):
+        raise _type_error(func, name, x)
+    check_dtype(func, name, x.dtype)
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{func}: {name} is not C-contiguous; pass numpy.ascontiguousarray(...)")
+    return x
+
+
 def check_output(func: str, name: str, x: Any) -> np.ndarray:
     """Check an array that MPI writes into: C-contiguous and writeable."""
     if not isinstance(x, np.ndarray):

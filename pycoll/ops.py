@@ -232,6 +232,16 @@ _WHY = {
 }
 
 
+def check_pair(name: str, dtype: np.dtype, func: str) -> str:
+    """Raise the ValueError for an (op name, dtype) pair with no meaning, naming
+    both and why; return the dtype's kind."""
+    kind = dtype_kind(dtype)
+    valid = _KERNEL_OPS["half"] if kind == "half" else _BUILTIN[kind]
+    if name not in valid:
+        raise ValueError(f"{func}: ReduceOp.{name} is not defined for dtype {dtype}: {_WHY[kind]}")
+    return kind
+
+
 def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
     """Return how to carry out ``op`` on ``dtype``, or raise if it has no meaning.
 
@@ -244,19 +254,15 @@ def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
     if not isinstance(op, ReduceOp):
         raise TypeError(f"{func}: op must be a pycoll.ReduceOp, got {op!r}")
     check_dtype(func, "tensor", dtype)
-    kind = dtype_kind(dtype)
     name = op.name
-    if name in _KERNEL_OPS.get(kind, ()):
+    kind = check_pair(name, dtype, func)
+    user_op = name in _KERNEL_OPS.get(kind, ())
+    if user_op:
         from . import kernels
 
         mpi_op = kernels.mpi_op(name, dtype)
     else:
-        mpi_name = _BUILTIN.get(kind, {}).get(name)
-        if mpi_name is None:
-            raise ValueError(
-                f"{func}: ReduceOp.{name} is not defined for dtype {dtype}: {_WHY[kind]}"
-            )
-        mpi_op = getattr(_mpi.load(), mpi_name)
+        mpi_op = getattr(_mpi.load(), _BUILTIN[kind][name])
     scale = op.scale
     if scale is not None and isinstance(scale, complex) and kind != "complex":
         raise ValueError(
@@ -264,7 +270,6 @@ def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
             f"dtype {dtype}; use a real scale or complex arrays"
         )
     average = name == "AVG"
-    user_op = name in _KERNEL_OPS.get(kind, ())
     split = SPLIT_BYTES > 0 and _mpi.VENDOR == "MPICH" and user_op
     result = Plan(mpi_op, scale, average, mpi_datatype(dtype), scale is None and not average, split)
     if scale is None:  # a PREMUL_SUM scale often changes every step: do not cache it

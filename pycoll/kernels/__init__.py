@@ -30,13 +30,20 @@ from typing import Any, Iterable, Optional, Union
 
 import numpy as np
 
-from ..arrays import BFLOAT16, SUPPORTED_DTYPES, check_dtype, dtype_kind
+from ..arrays import (
+    BFLOAT16,
+    SUPPORTED_DTYPES,
+    check_contiguous,
+    check_dtype,
+    check_output,
+    dtype_kind,
+)
+from ..ops import ReduceOp, check_pair
 from . import threads
 
 __all__ = ["reduce", "scale", "divide", "mpi_op", "warmup", "f16c", "num_threads"]
 
-_ORDERED = ("SUM", "PRODUCT", "MIN", "MAX")
-_BITWISE = ("BAND", "BOR", "BXOR")
+_OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
 _F16C: Optional[bool] = None
 
 
@@ -86,8 +93,6 @@ def _words(x: np.ndarray) -> np.ndarray:
 
 
 def _op_name(op: Any, func: str) -> str:
-    from ..ops import ReduceOp
-
     if isinstance(op, str):
         if op.upper() == "PREMUL_SUM":
             return "PREMUL_SUM"
@@ -98,33 +103,14 @@ def _op_name(op: Any, func: str) -> str:
 
 
 def _check_pair(name: str, dtype: np.dtype, func: str) -> None:
-    kind = dtype_kind(dtype)
+    """ops.check_pair, and AVG/PREMUL_SUM refused: a kernel reduces pairwise,
+    and their division or scaling is a separate step."""
     if name in ("AVG", "PREMUL_SUM"):
         raise ValueError(
             f"{func}: ReduceOp.{name} is a SUM plus a division or a scaling; reduce with "
             f"ReduceOp.SUM and use pycoll.kernels.divide or scale"
         )
-    if name in _BITWISE and kind not in ("int", "bool"):
-        raise ValueError(
-            f"{func}: ReduceOp.{name} is not defined for dtype {dtype}: bitwise ops "
-            f"apply to integers and bool only"
-        )
-    if kind == "complex" and name not in ("SUM", "PRODUCT"):
-        raise ValueError(
-            f"{func}: ReduceOp.{name} is not defined for dtype {dtype}: complex numbers "
-            f"have no order"
-        )
-
-
-def _check_array(func: str, name: str, x: Any, writeable: bool) -> np.ndarray:
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"{func}: {name} must be a numpy.ndarray, got {type(x).__name__}")
-    check_dtype(func, name, x.dtype)
-    if not x.flags.c_contiguous:
-        raise ValueError(f"{func}: {name} must be C-contiguous; pass numpy.ascontiguousarray(...)")
-    if writeable and not x.flags.writeable:
-        raise ValueError(f"{func}: {name} is read-only; pass a writeable array")
-    return x
+    check_pair(name, dtype, func)
 
 
 def reduce(op: Any, src: np.ndarray, dst: np.ndarray) -> None:
@@ -138,8 +124,8 @@ def reduce(op: Any, src: np.ndarray, dst: np.ndarray) -> None:
     """
     func = "pycoll.kernels.reduce"
     name = _op_name(op, func)
-    _check_array(func, "src", src, False)
-    _check_array(func, "dst", dst, True)
+    check_contiguous(func, "src", src)
+    check_output(func, "dst", dst)
     if src.dtype != dst.dtype or src.shape != dst.shape:
         raise ValueError(
             f"{func}: src and dst must have one dtype and shape, got {src.dtype}{src.shape} "
@@ -175,10 +161,10 @@ def _factor(value: Any, dtype: np.dtype, func: str) -> Any:
 def _elementwise(
     func: str, which: Any, x: np.ndarray, value: Any, out: Optional[np.ndarray]
 ) -> np.ndarray:
-    _check_array(func, "x", x, False)
+    check_contiguous(func, "x", x)
     if out is None:
         out = np.empty_like(x)
-    _check_array(func, "out", out, True)
+    check_output(func, "out", out)
     if out.dtype != x.dtype or out.shape != x.shape:
         raise ValueError(f"{func}: out must have x's dtype and shape, {x.dtype}{x.shape}")
     factor = _factor(value, x.dtype, func)
@@ -266,7 +252,7 @@ def warmup(
     for dtype in chosen:
         check_dtype("pycoll.kernels.warmup", "dtypes", dtype)
         x = np.ones(4, dtype)
-        for name in names or _ORDERED + _BITWISE:
+        for name in names or _OPS:
             try:
                 _check_pair(name, dtype, "warmup")
             except ValueError:
