@@ -20,7 +20,14 @@ from numba import njit, prange
 
 from . import convert
 
-__all__ = ["combine_fn", "load_store", "reduce_kernel", "scale_kernel", "divide_kernel"]
+__all__ = [
+    "combine_fn",
+    "load_store",
+    "reduce_kernel",
+    "mean_of_two_kernel",
+    "scale_kernel",
+    "divide_kernel",
+]
 
 HALF = ("float16", "bfloat16")
 
@@ -127,14 +134,14 @@ def _divide(x, d, out):
         out[i] = store(load(x[i]) / d)
 
 
-HALF_ = np.float32(0.5)
+ONE_HALF = np.float32(0.5)
 
 
 def _mean_of_two(a, b):
     # AVG over exactly two contributions: the rounded sum, then halved (exact,
     # so the same as dividing by 2), as SUM-then-divide would give.
     for i in prange(a.size):
-        b[i] = store(load(store(load(a[i]) + load(b[i]))) * HALF_)
+        b[i] = store(load(store(load(a[i]) + load(b[i]))) * ONE_HALF)
 
 
 # In place, the same loops over one array: given x twice, LLVM cannot rule out
@@ -177,30 +184,39 @@ def _variant(template: Callable, parallel: bool, name: str, **bindings: Any) -> 
     return kernel
 
 
-def _storage_name(storage: str, f16c: bool) -> str:
-    return f"{storage}_{'f16c' if f16c else 'soft'}" if storage == "float16" else storage
+def _name(what: str, storage: str, f16c: bool) -> str:
+    """A variant's name: numeric dtypes share one kernel, which numba compiles
+    per dtype; the half types and bool (logical ops) have their own, and
+    float16's two conversions are two variants."""
+    kind = storage if storage in HALF or storage == "bool" else "native"
+    if kind == "float16":
+        kind += "_f16c" if f16c else "_soft"
+    return f"{what}_{kind}"
+
+
+def _build(
+    what: str, template: Callable, storage: str, f16c: bool, parallel: bool, **bindings: Any
+) -> Callable:
+    ld, st = load_store(storage, f16c)
+    name = _name(what, storage, f16c)
+    return _variant(template, parallel, name, load=ld, store=st, **bindings)
 
 
 def reduce_kernel(op: str, storage: str, f16c: bool, parallel: bool) -> Callable:
     """``k(a, b)``: ``b[i] = op(a[i], b[i])`` for 1-d arrays of equal length.
 
     This is MPI's user-function contract (invec, inoutvec); the half types are
-    passed as their uint16 views. Native dtypes share one kernel per op (numba
-    compiles it per dtype).
+    passed as their uint16 views. bool has kernels of its own (its ops are
+    logical).
     """
-    kind = storage if storage in HALF or storage == "bool" else "native"
-    ld, st = load_store(storage, f16c)
-    name = f"reduce_{op}_{_storage_name(kind, f16c)}"
-    return _variant(_reduce, parallel, name, load=ld, store=st, combine=combine_fn(op, storage))
+    combine = combine_fn(op, storage)
+    return _build(f"reduce_{op}", _reduce, storage, f16c, parallel, combine=combine)
 
 
 def mean_of_two_kernel(storage: str, f16c: bool, parallel: bool) -> Callable:
     """``k(a, b)``: ``b[i] = (a[i] + b[i]) / 2`` with the sum rounded to the
     storage type first; AVG on a group of two ranks, as one MPI user op."""
-    kind = storage if storage in HALF else "native"
-    ld, st = load_store(storage, f16c)
-    name = f"mean2_{_storage_name(kind, f16c)}"
-    return _variant(_mean_of_two, parallel, name, load=ld, store=st)
+    return _build("mean2", _mean_of_two, storage, f16c, parallel)
 
 
 def scale_kernel(storage: str, f16c: bool, parallel: bool, inplace: bool = False) -> Callable:
@@ -210,18 +226,15 @@ def scale_kernel(storage: str, f16c: bool, parallel: bool, inplace: bool = False
     ``s`` comes in the arithmetic type (float32 for the half types, already
     rounded to the array's dtype, which is how numpy and torch scale them).
     """
-    return _unary("scale", _scale_inplace if inplace else _scale, storage, f16c, parallel)
+    if inplace:
+        return _build("scale_inplace", _scale_inplace, storage, f16c, parallel)
+    return _build("scale", _scale, storage, f16c, parallel)
 
 
 def divide_kernel(storage: str, f16c: bool, parallel: bool, inplace: bool = False) -> Callable:
     """``k(x, d, out)``: ``out[i] = x[i] / d`` (``k(x, d)`` in place); AVG's last
     step, a true division rather than a multiplication by 1/d, so results match
     numpy's and torch's."""
-    return _unary("divide", _divide_inplace if inplace else _divide, storage, f16c, parallel)
-
-
-def _unary(what: str, template: Callable, storage: str, f16c: bool, parallel: bool) -> Callable:
-    kind = storage if storage in HALF else "native"
-    ld, st = load_store(storage, f16c)
-    name = f"{what}{'_inplace' if template.__name__.endswith('inplace') else ''}"
-    return _variant(template, parallel, f"{name}_{_storage_name(kind, f16c)}", load=ld, store=st)
+    if inplace:
+        return _build("divide_inplace", _divide_inplace, storage, f16c, parallel)
+    return _build("divide", _divide, storage, f16c, parallel)
