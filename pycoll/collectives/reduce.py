@@ -116,49 +116,33 @@ def all_reduce(
         how = op._plans[tensor.dtype]
     except (AttributeError, KeyError):
         how = plan(op, tensor.dtype, "all_reduce")
-    if how.average and pg._size == 2 and _mean_of_two(tensor):
+    mpi_op, plainly, average = how.mpi_op, how.plain, how.average
+    if average and pg._size == 2 and _mean_of_two(tensor):
         # Two ranks: each element is combined exactly once, so AVG is one user
         # op, (a + b) / 2, and no second pass over the result.
-        mean = kernels.mean_of_two_op(tensor.dtype)
-        if not async_op and not debug.LEVEL:
-            comm = pg.comm
-            args = (_mpi.IN_PLACE, [tensor, how.datatype], mean)
-            plain(pg, "all_reduce", comm.Iallreduce, comm.Allreduce, *args)
-            return None
-        return run(
-            pg,
-            "all_reduce",
-            tensor.nbytes,
-            pg.comm.Iallreduce,
-            (_mpi.IN_PLACE, [tensor, how.datatype], mean),
-            async_op,
-            None,
-            [tensor],
-            lambda: f"all_reduce({op.name}, {sig(tensor)})",
-        )
-    if how.split and tensor.nbytes >= SPLIT_BYTES and pg._size > 2:
+        mpi_op, plainly, average = kernels.mean_of_two_op(tensor.dtype), True, False
+    elif how.split and tensor.nbytes >= SPLIT_BYTES and pg._size > 2:
         return _all_reduce_split(pg, tensor, op, how, async_op)
-    if how.plain and not async_op and not debug.LEVEL:
+    comm = pg.comm
+    if plainly and not async_op and not debug.LEVEL:
         plain(
             pg,
             "all_reduce",
-            pg.comm.Iallreduce,
-            pg.comm.Allreduce,
+            comm.Iallreduce,
+            comm.Allreduce,
             _mpi.IN_PLACE,
             [tensor, how.datatype],
-            how.mpi_op,
+            mpi_op,
         )
         return None
-    finish = _averager(tensor, pg._size) if how.average else None
-    comm = pg.comm
     return run(
         pg,
         "all_reduce",
         tensor.nbytes,
         comm.Iallreduce,
-        (_mpi.IN_PLACE, [tensor, how.datatype], how.mpi_op),
+        (_mpi.IN_PLACE, [tensor, how.datatype], mpi_op),
         async_op,
-        finish,
+        _averager(tensor, pg._size) if average else None,
         [tensor],
         lambda: f"all_reduce({op.name}, {sig(tensor)})",
         _prescaler(tensor, how.prescale),
