@@ -12,7 +12,9 @@ buckets with computation, as DDP does.
 
 Where the caller can allocate the arrays, :meth:`FusedAllReduce.empty` makes
 them views into the fusion buffer (DDP's ``gradient_as_bucket_view``): then
-nothing is packed or unpacked at all, and a call costs one all_reduce.
+nothing is packed or unpacked at all, and a call costs one all_reduce. Arrays
+the caller already laid out back to back in one array are recognised the same
+way.
 """
 
 from __future__ import annotations
@@ -74,10 +76,29 @@ class FusedAllReduce:
         self._offsets = np.zeros(len(arrays), np.int64)
         np.cumsum(sizes[:-1], out=self._offsets[1:])
         self._addresses = np.array([a.__array_interface__["data"][0] for a in arrays], np.int64)
-        self.buffer = np.empty(int(sizes.sum()) // self.dtype.itemsize, self.dtype)
-        self._bytes = self.buffer.view(np.uint8)
+        # Arrays that already lie back to back in one buffer, in order (as
+        # empty() makes them), need no packing: that buffer is the fusion buffer.
+        shared = self._shared_buffer(arrays, int(sizes.sum()))
+        self._views = shared is not None
+        if shared is None:
+            shared = np.empty(int(sizes.sum()) // self.dtype.itemsize, self.dtype)
+        self.buffer = shared
+        self._bytes = shared.view(np.uint8)
         self._work: Optional[Work] = None
-        self._views = False  # the arrays are views into the buffer (see empty())
+
+    def _shared_buffer(self, arrays: List[np.ndarray], nbytes: int) -> Optional[np.ndarray]:
+        base = arrays[0].base
+        if not (
+            isinstance(base, np.ndarray)
+            and base.ndim == 1
+            and base.dtype == self.dtype
+            and base.flags.c_contiguous
+            and base.nbytes == nbytes
+            and all(a.base is base for a in arrays)
+        ):
+            return None
+        start = base.__array_interface__["data"][0]
+        return base if np.array_equal(self._addresses, start + self._offsets) else None
 
     @classmethod
     def empty(
@@ -96,9 +117,7 @@ class FusedAllReduce:
         flat = np.empty(sum(sizes), dtype)
         offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         views = [flat[offsets[i] : offsets[i + 1]].reshape(shape) for i, shape in enumerate(shapes)]
-        fused = cls(views, op, group)
-        fused.buffer, fused._bytes, fused._views = flat, flat.view(np.uint8), True
-        return fused
+        return cls(views, op, group)  # recognises the views: nothing to pack
 
     @property
     def arrays(self) -> List[np.ndarray]:

@@ -119,3 +119,15 @@ def test_views_into_the_buffer(op, dtype, rank, world_size):
         for i, a in enumerate(arrays):
             everyone = [data(r, dtype, a.shape, salt=10 * step + i) for r in range(world_size)]
             assert_equal(a, reduce_all(op, everyone, world_size))
+
+
+def test_views_of_one_buffer_out_of_order_are_packed(rank, world_size):
+    """Slices of one array, but not in buffer order: reduced correctly, through
+    a fusion buffer of its own."""
+    flat = np.arange(12, dtype=np.float64) + rank
+    parts = [flat[8:], flat[:4], flat[4:8]]
+    fused = FusedAllReduce(parts)
+    assert not np.shares_memory(fused.buffer, flat)
+    fused.all_reduce()
+    base = np.arange(12, dtype=np.float64) * world_size + world_size * (world_size - 1) / 2
+    np.testing.assert_array_equal(flat, base)
