@@ -208,7 +208,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if any(c in table.REDUCING for c in chosen):
             from pycoll.ops import plan
 
-            rop = pycoll.make_premul_sum(0.5) if op == "PREMUL_SUM" else pycoll.ReduceOp(op)
+            premul = op == "PREMUL_SUM"
+            rop = pycoll.make_premul_sum(table.PREMUL_SCALE) if premul else pycoll.ReduceOp(op)
             try:
                 plan(rop, np.dtype(dtype), "pycoll-bench")
             except ValueError as exc:

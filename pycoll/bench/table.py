@@ -163,9 +163,6 @@ class Case:
 
         MPI = raw_ops.MPI
         n, rank = comm.Get_size(), comm.Get_rank()
-        self.collective, self.dtype, self.op, self.root = collective, dtype, op, root
-        self.n, self.rank = n, rank
-        self.nbytes_named = nbytes
         item = dtype.itemsize
         per_rank = collective in ("all_gather", "reduce_scatter", "all_to_all")
         count = max(1, nbytes // item // n) if per_rank else max(1, nbytes // item)
