@@ -182,6 +182,10 @@ class Case:
         def prescaled(x: np.ndarray) -> np.ndarray:
             return x * dtype.type(PREMUL_SCALE) if op == "PREMUL_SUM" else x
 
+        def prescale_in_place(x: np.ndarray) -> None:
+            if op == "PREMUL_SUM":  # scale in place, as pycoll does, then reduce
+                np.multiply(x, dtype.type(PREMUL_SCALE), out=x)
+
         if collective == "all_reduce":
             buf = np.zeros(count, dtype)
             self.buffers = [buf]
@@ -190,9 +194,8 @@ class Case:
             self.variants["out-of-place"] = None  # torch's all_reduce is in place only
 
             def raw() -> None:
-                comm.Allreduce(
-                    MPI.IN_PLACE, [prescaled(buf) if op == "PREMUL_SUM" else buf, T], mop
-                )
+                prescale_in_place(buf)
+                comm.Allreduce(MPI.IN_PLACE, [buf, T], mop)
                 if avg:
                     np.divide(buf, n, out=buf)
 
@@ -219,6 +222,7 @@ class Case:
 
             def raw() -> None:
                 if rank == root:
+                    prescale_in_place(buf)
                     comm.Reduce(MPI.IN_PLACE, [buf, T], mop, root)
                     if avg:
                         np.divide(buf, n, out=buf)

@@ -3,6 +3,7 @@ a deliberately broken collective is caught."""
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import pycoll
 from pycoll.bench import table
@@ -92,3 +93,17 @@ def test_group_creation_report(pg, world_size):
     assert r["groups"] == 8 // (world_size // 2) * (world_size // 2)
     assert r["world_sequence_unchanged_by_local"] is True
     assert r["local_us_per_new_group"] > 0 and r["global_us_per_new_group"] > 0
+
+
+@pytest.mark.parametrize("collective", table.COLLECTIVES)
+@pytest.mark.parametrize("dtype,op", [("float32", "PREMUL_SUM"), ("float16", "AVG")])
+def test_the_raw_column_computes_the_same_operation(comm, collective, dtype, op):
+    """Like for like: raw mpi4py's call must give numpy's answer too."""
+    case = table.Case(collective, 1024, np.dtype(dtype), op, 0, comm, raw := table.RawOps(MPI))
+    try:
+        side = "out-of-place" if case.variants["out-of-place"] is not None else "in-place"
+        case.inputs[side]()
+        case.variants["mpi4py"]()
+        np.testing.assert_array_equal(case.results[side](), case.expected)
+    finally:
+        raw.free()
