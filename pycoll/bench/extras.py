@@ -16,23 +16,19 @@ import numpy as np
 __all__ = ["kernels", "fusion", "overlap", "group_creation"]
 
 
-def _best(call: Callable[[], Any], repeats: int, comm: Any = None) -> float:
-    """Median seconds per call over ``repeats`` calls, after one warm-up call
-    (the slowest rank's, when ``comm`` is given)."""
+def _best(call: Callable[[], Any], repeats: int, comm: Any) -> float:
+    """Median seconds per call over ``repeats`` calls, after one warm-up call;
+    the slowest rank's."""
+    from mpi4py import MPI
+
     call()
     times = []
     for _ in range(repeats):
-        if comm is not None:
-            comm.Barrier()
+        comm.Barrier()
         t0 = time.perf_counter()
         call()
         times.append(time.perf_counter() - t0)
-    t = statistics.median(times)
-    if comm is not None:
-        from mpi4py import MPI
-
-        t = comm.allreduce(t, op=MPI.MAX)
-    return t
+    return comm.allreduce(statistics.median(times), op=MPI.MAX)
 
 
 def kernels(comm: Any, nbytes: int = 64 << 20, repeats: int = 10) -> Dict[str, Any]:
@@ -138,10 +134,10 @@ def overlap(comm: Any, nbytes: int = 16 << 20, repeats: int = 5) -> Dict[str, An
     t_comp = _best(lambda: compute(rounds), repeats, comm)
 
     def pair() -> None:
-        work = pycoll.all_reduce(x, async_op=True)
+        pending = pycoll.all_reduce(x, async_op=True)
         compute(rounds)
-        assert work is not None
-        work.wait()
+        assert pending is not None
+        pending.wait()
 
     t_pair = _best(pair, repeats, comm)
     return dict(
