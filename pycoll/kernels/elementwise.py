@@ -184,14 +184,18 @@ def _variant(template: Callable, parallel: bool, name: str, **bindings: Any) -> 
     return kernel
 
 
+def storage_tag(storage: str, f16c: bool) -> str:
+    """The storage's part of a variant's name: float16's two conversions differ."""
+    if storage == "float16":
+        return f"{storage}_{'f16c' if f16c else 'soft'}"
+    return storage
+
+
 def _name(what: str, storage: str, f16c: bool) -> str:
     """A variant's name: numeric dtypes share one kernel, which numba compiles
-    per dtype; the half types and bool (logical ops) have their own, and
-    float16's two conversions are two variants."""
+    per dtype; the half types and bool (logical ops) have their own."""
     kind = storage if storage in HALF or storage == "bool" else "native"
-    if kind == "float16":
-        kind += "_f16c" if f16c else "_soft"
-    return f"{what}_{kind}"
+    return f"{what}_{storage_tag(kind, f16c)}"
 
 
 def _build(

@@ -22,7 +22,7 @@ from numba import carray, cfunc
 from numba import types as nbtypes
 
 from .. import _mpi
-from .elementwise import _SALT, mean_of_two_kernel, reduce_kernel
+from .elementwise import _SALT, mean_of_two_kernel, reduce_kernel, storage_tag
 
 __all__ = ["user_op", "free_all", "created"]
 
@@ -81,8 +81,9 @@ def _build(op: str, dtype: np.dtype, storage: str, f16c: bool) -> Any:
             scope["kernel"] = reduce_kernel(op, storage, f16c, parallel=False)
         scope["ELEMENT"] = np.uint16 if storage in ("float16", "bfloat16") else dtype.type
         fn = pytypes.FunctionType(_user_function.__code__, scope, "_user_function")
-        variant = f"{storage}_{'f16c' if f16c else 'soft'}" if storage == "float16" else str(dtype)
-        fn.__qualname__ = f"mpi_{op}_{variant}_{_SALT}"
+        # One cfunc per dtype (its element type is compiled in), so the name
+        # carries the dtype itself: numba keys its disk cache on it.
+        fn.__qualname__ = f"mpi_{op}_{storage_tag(storage, f16c)}_{_SALT}"
         compiled = _functions[key] = cfunc(SIGNATURE, cache=True)(fn)
     return compiled
 
