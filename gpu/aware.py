@@ -22,6 +22,8 @@ import logging
 import os
 from typing import NamedTuple, Optional
 
+from pycoll import _mpi  # light: MPI itself starts only in _mpi.load()
+
 __all__ = ["Awareness", "cuda_aware", "reset"]
 
 log = logging.getLogger("pycoll")
@@ -67,8 +69,6 @@ def _decide() -> Awareness:
             f"PYCOLL_CUDA_AWARE={forced!r}: set it to 1 (MPI takes device pointers), "
             f"0 (stage through host memory), or leave it unset to ask MPI"
         )
-    from pycoll import _mpi
-
     MPI = _mpi.load()
     kinds = _alloc_kinds(MPI)
     if kinds is not None and any(k.split(":")[0] == "cuda" for k in kinds.split(",")):
@@ -93,8 +93,6 @@ def _alloc_kinds(MPI: object) -> Optional[str]:
 
 
 def _vendor_query(vendor: str) -> Optional[Awareness]:
-    from pycoll import _mpi
-
     try:
         lib = _mpi.library()
     except RuntimeError:
