@@ -2,8 +2,10 @@
 
 Every collective turns its arguments into (array, MPI datatype) pairs here,
 and all argument checks on arrays live here, so the messages are the same
-whichever collective the mistake was made in. numpy arrays are supported
-today; device arrays come in through this module too.
+whichever collective the mistake was made in. numpy arrays are sent as
+they are; CUDA arrays are recognised here
+(:func:`on_device`) and handed to pycoll.gpu, which stages them through host
+memory or passes them to a CUDA-aware MPI.
 """
 
 from __future__ import annotations
@@ -65,7 +67,52 @@ def mpi_datatype(dtype: np.dtype) -> Any:
 
 
 def _type_error(func: str, name: str, x: Any) -> TypeError:
-    return TypeError(f"{func}: {name} must be a numpy.ndarray, got {type(x).__name__}")
+    return TypeError(
+        f"{func}: {name} must be a numpy.ndarray or a CUDA array (cupy, torch.cuda, "
+        f"anything with __cuda_array_interface__ or __dlpack__), got {type(x).__name__}"
+    )
+
+
+# DLPack's device types for CUDA memory (kDLCUDA, kDLCUDAManaged).
+_CUDA_DLPACK = (2, 13)
+
+
+def is_cuda(x: Any) -> bool:
+    """Whether ``x`` is a CUDA device array: it has ``__cuda_array_interface__``,
+    or ``__dlpack__`` with a CUDA ``__dlpack_device__``. Never raises."""
+    try:
+        if getattr(x, "__cuda_array_interface__", None) is not None:
+            return True
+    except Exception:  # torch raises here for CPU tensors and some dtypes
+        pass
+    device = getattr(x, "__dlpack_device__", None)
+    if device is None:
+        return False
+    try:
+        return int(device()[0]) in _CUDA_DLPACK
+    except Exception:
+        return False
+
+
+def on_device(*xs: Any) -> bool:
+    """Whether any argument, or any item of a list argument, is a CUDA array.
+    numpy arrays and None are skipped first, so host calls pay one type check."""
+    for x in xs:
+        if type(x) is np.ndarray or x is None:
+            continue
+        if isinstance(x, (list, tuple)):
+            if on_device(*x):
+                return True
+        elif is_cuda(x):
+            return True
+    return False
+
+
+def device_call(name: str, func: Any, args: Dict[str, Any]) -> Any:
+    """Run collective ``name`` on CUDA arrays (see pycoll.gpu.collectives)."""
+    from pycoll.gpu.collectives import call
+
+    return call(name, func, args)
 
 
 def check_input(func: str, name: str, x: Any) -> np.ndarray:

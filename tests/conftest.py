@@ -15,6 +15,11 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+# Without a GPU, pycoll.gpu's kernels run in numba's CUDA simulator; it must be
+# chosen before numba is imported. PYCOLL_TEST_GPU=1 (a GPU machine) keeps CUDA.
+if os.environ.get("PYCOLL_TEST_GPU", "") != "1":
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+
 
 # Tests that start their own jobs or processes: they run in the plain pass only.
 _OWN_JOBS = ("launch/", "testing/", "test_hangs.py")

@@ -10,7 +10,7 @@ all_to_all_single needs none.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
@@ -22,7 +22,9 @@ from ..arrays import (
     check_same_dtype,
     check_size,
     detach,
+    device_call,
     mpi_datatype,
+    on_device,
 )
 from ..groups import ProcessGroup, resolve
 from ..work import Work
@@ -81,6 +83,7 @@ def all_to_all(
     input_tensor_list: List[np.ndarray],
     group: Optional[ProcessGroup] = None,
     async_op: bool = False,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Send ``input_tensor_list[i]`` to group rank i; receive into ``output_tensor_list``.
 
@@ -89,6 +92,18 @@ def all_to_all(
             rank i sent to this rank (sizes may differ from pair to pair).
         input_tensor_list: one array per rank; entry i goes to group rank i.
     """
+    if on_device(output_tensor_list, input_tensor_list):
+        return device_call(
+            "all_to_all",
+            all_to_all,
+            dict(
+                output_tensor_list=output_tensor_list,
+                input_tensor_list=input_tensor_list,
+                group=group,
+                async_op=async_op,
+                stream=stream,
+            ),
+        )
     func = "all_to_all"
     pg = resolve(group, func)
     if pg is None:
@@ -169,6 +184,7 @@ def all_to_all_single(
     input_split_sizes: Optional[List[int]] = None,
     group: Optional[ProcessGroup] = None,
     async_op: bool = False,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Split ``input`` on dimension 0, send part i to group rank i, and
     concatenate what arrives, in rank order, into ``output``.
@@ -185,6 +201,22 @@ def all_to_all_single(
         >>> # rank 1: input [10, 11],  input_split_sizes [1, 1], output_split_sizes [2, 1]
         >>> # after:  rank 0 output [0, 10]; rank 1 output [1, 2, 11]
     """
+    if (type(output) is not np.ndarray or type(input) is not np.ndarray) and on_device(
+        output, input
+    ):
+        return device_call(
+            "all_to_all_single",
+            all_to_all_single,
+            dict(
+                output=output,
+                input=input,
+                output_split_sizes=output_split_sizes,
+                input_split_sizes=input_split_sizes,
+                group=group,
+                async_op=async_op,
+                stream=stream,
+            ),
+        )
     func = "all_to_all_single"
     pg = resolve(group, func)
     if pg is None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 
@@ -16,8 +16,10 @@ from ..arrays import (
     check_same_shape,
     check_size,
     detach,
+    device_call,
     is_slot,
     mpi_datatype,
+    on_device,
 )
 from ..groups import STATE, ProcessGroup, resolve
 from ..work import Work
@@ -51,6 +53,7 @@ def all_gather(
     tensor: np.ndarray,
     group: Optional[ProcessGroup] = None,
     async_op: bool = False,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Gather ``tensor`` from every rank into ``tensor_list`` on every rank.
 
@@ -65,6 +68,18 @@ def all_gather(
         >>> pycoll.all_gather(out, np.full(2, rank))
         >>> out                      # both ranks: [array([0., 0.]), array([1., 1.])]
     """
+    if on_device(tensor_list, tensor):
+        return device_call(
+            "all_gather",
+            all_gather,
+            dict(
+                tensor_list=tensor_list,
+                tensor=tensor,
+                group=group,
+                async_op=async_op,
+                stream=stream,
+            ),
+        )
     func = "all_gather"
     pg = resolve(group, func)
     if pg is None:
@@ -94,6 +109,7 @@ def all_gather_into_tensor(
     input_tensor: np.ndarray,
     group: Optional[ProcessGroup] = None,
     async_op: bool = False,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Gather every rank's ``input_tensor`` into one array, in group-rank order.
 
@@ -130,6 +146,9 @@ def all_gather_into_tensor(
     ):
         plain(pg, func, pg.comm.Iallgather, pg.comm.Allgather, [inp, datatype], [out, datatype])
         return None
+    if on_device(out, inp):
+        args = dict(output_tensor=out, input_tensor=inp, group=group, async_op=async_op)
+        return device_call(func, all_gather_into_tensor, dict(args, stream=stream))
     output_tensor = check_output(func, "output_tensor", output_tensor)
     input_tensor = check_input(func, "input_tensor", input_tensor)
     check_same_dtype(func, [output_tensor, input_tensor])
@@ -167,6 +186,7 @@ def all_gather_coalesced(
     input_tensor_list: List[np.ndarray],
     group: Optional[ProcessGroup] = None,
     async_op: bool = False,
+    stream: Any = None,
 ) -> Optional[Work]:
     """All-gather several arrays (of any dtypes) in a single MPI operation.
 
@@ -176,6 +196,18 @@ def all_gather_coalesced(
             ``input_tensor_list[i]`` and must have its shape and dtype.
         input_tensor_list: this rank's arrays.
     """
+    if on_device(output_tensor_lists, input_tensor_list):
+        return device_call(
+            "all_gather_coalesced",
+            all_gather_coalesced,
+            dict(
+                output_tensor_lists=output_tensor_lists,
+                input_tensor_list=input_tensor_list,
+                group=group,
+                async_op=async_op,
+                stream=stream,
+            ),
+        )
     func = "all_gather_coalesced"
     pg = resolve(group, func)
     if pg is None:
@@ -235,6 +267,7 @@ def gather(
     dst: int = 0,
     group: Optional[ProcessGroup] = None,
     async_op: bool = False,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Gather ``tensor`` from every rank into ``gather_list`` on rank ``dst``.
 
@@ -244,6 +277,19 @@ def gather(
             shaped like ``tensor``; on every other rank, None.
         dst: global rank that receives.
     """
+    if on_device(tensor, gather_list):
+        return device_call(
+            "gather",
+            gather,
+            dict(
+                tensor=tensor,
+                gather_list=gather_list,
+                dst=dst,
+                group=group,
+                async_op=async_op,
+                stream=stream,
+            ),
+        )
     func = "gather"
     pg = resolve(group, func)
     if pg is None:

@@ -11,7 +11,7 @@ from typing import Any, Callable, List, Optional
 import numpy as np
 
 from .. import _mpi, watch
-from ..arrays import check_input, check_output, mpi_datatype
+from ..arrays import check_input, check_output, device_call, mpi_datatype, on_device
 from ..groups import ProcessGroup, resolve
 from ..work import Work
 from ._common import check_tag, group_rank
@@ -47,8 +47,18 @@ def _p2p(
     watch.wait(pg, op, None, [request], None, None if status is None else [status], peer)
 
 
-def send(tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0) -> None:
+def send(
+    tensor: np.ndarray,
+    dst: int,
+    group: Optional[ProcessGroup] = None,
+    tag: int = 0,
+    stream: Any = None,
+) -> None:
     """Send ``tensor`` to global rank ``dst``; returns once the buffer may be reused."""
+    if type(tensor) is not np.ndarray and on_device(tensor):
+        return device_call(
+            "send", send, dict(tensor=tensor, dst=dst, group=group, tag=tag, stream=stream)
+        )
     pg = resolve(group, "send")
     if pg is None:
         return None
@@ -64,12 +74,17 @@ def recv(
     src: Optional[int] = None,
     group: Optional[ProcessGroup] = None,
     tag: int = 0,
+    stream: Any = None,
 ) -> int:
     """Receive into ``tensor`` from global rank ``src`` (any rank if None).
 
     Returns:
         The global rank of the sender (-1 on a rank outside ``group``).
     """
+    if type(tensor) is not np.ndarray and on_device(tensor):
+        return device_call(
+            "recv", recv, dict(tensor=tensor, src=src, group=group, tag=tag, stream=stream)
+        )
     pg = resolve(group, "recv")
     if pg is None:
         return -1
@@ -84,9 +99,17 @@ def recv(
 
 
 def isend(
-    tensor: np.ndarray, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0
+    tensor: np.ndarray,
+    dst: int,
+    group: Optional[ProcessGroup] = None,
+    tag: int = 0,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Start sending ``tensor`` to ``dst``; do not modify it until the Work completes."""
+    if type(tensor) is not np.ndarray and on_device(tensor):
+        return device_call(
+            "isend", isend, dict(tensor=tensor, dst=dst, group=group, tag=tag, stream=stream)
+        )
     pg = resolve(group, "isend")
     if pg is None:
         return None
@@ -100,11 +123,16 @@ def irecv(
     src: Optional[int] = None,
     group: Optional[ProcessGroup] = None,
     tag: int = 0,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Start receiving into ``tensor`` from ``src`` (any rank if None).
 
     The Work's ``source_rank()`` gives the sender's global rank once complete.
     """
+    if type(tensor) is not np.ndarray and on_device(tensor):
+        return device_call(
+            "irecv", irecv, dict(tensor=tensor, src=src, group=group, tag=tag, stream=stream)
+        )
     pg = resolve(group, "irecv")
     if pg is None:
         return None

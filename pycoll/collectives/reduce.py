@@ -7,7 +7,7 @@ for the dtype (MPI op, pre-scaling, averaging) comes from pycoll.ops.
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional
 
 import numpy as np
 
@@ -20,6 +20,8 @@ from ..arrays import (
     check_same_shape,
     check_size,
     detach,
+    device_call,
+    on_device,
 )
 from ..groups import STATE, ProcessGroup, resolve
 from ..ops import SPLIT_BYTES, Plan, ReduceOp, plan
@@ -84,6 +86,7 @@ def all_reduce(
     op: ReduceOp = ReduceOp.SUM,
     group: Optional[ProcessGroup] = None,
     async_op: bool = False,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Reduce ``tensor`` across the group, in place, so every rank holds the result.
 
@@ -111,6 +114,9 @@ def all_reduce(
     # synchronous call, debug off) is checked inline and goes straight to
     # MPI: this is the call training loops make thousands of times a step.
     if type(tensor) is not np.ndarray or not ((f := tensor.flags).c_contiguous and f.writeable):
+        if on_device(tensor):
+            args = dict(tensor=tensor, op=op, group=group, async_op=async_op, stream=stream)
+            return device_call("all_reduce", all_reduce, args)
         tensor = check_output("all_reduce", "tensor", tensor)
     try:
         how = op._plans[tensor.dtype]
@@ -188,12 +194,19 @@ def all_reduce_coalesced(
     op: ReduceOp = ReduceOp.SUM,
     group: Optional[ProcessGroup] = None,
     async_op: bool = False,
+    stream: Any = None,
 ) -> Optional[Work]:
     """All-reduce several arrays of one dtype in a single MPI operation, in place.
 
     The arrays are packed into one buffer, reduced together and unpacked, so
     many small arrays cost about as much as one array of their total size.
     """
+    if on_device(tensors):
+        return device_call(
+            "all_reduce_coalesced",
+            all_reduce_coalesced,
+            dict(tensors=tensors, op=op, group=group, async_op=async_op, stream=stream),
+        )
     func = "all_reduce_coalesced"
     pg = resolve(group, func)
     if pg is None:
@@ -239,6 +252,7 @@ def reduce(
     op: ReduceOp = ReduceOp.SUM,
     group: Optional[ProcessGroup] = None,
     async_op: bool = False,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Reduce ``tensor`` across the group into ``tensor`` on rank ``dst`` only.
 
@@ -247,6 +261,12 @@ def reduce(
             be writeable there). Other ranks' arrays are left unchanged.
         dst: global rank that receives the result.
     """
+    if type(tensor) is not np.ndarray and on_device(tensor):
+        return device_call(
+            "reduce",
+            reduce,
+            dict(tensor=tensor, dst=dst, op=op, group=group, async_op=async_op, stream=stream),
+        )
     func = "reduce"
     pg = resolve(group, func)
     if pg is None:
@@ -313,6 +333,7 @@ def reduce_scatter(
     op: ReduceOp = ReduceOp.SUM,
     group: Optional[ProcessGroup] = None,
     async_op: bool = False,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Reduce ``input_list[i]`` across the group into ``output`` on group rank i.
 
@@ -320,6 +341,19 @@ def reduce_scatter(
         output: receives this rank's reduced slice.
         input_list: one array per rank of the group, each shaped like ``output``.
     """
+    if on_device(output, input_list):
+        return device_call(
+            "reduce_scatter",
+            reduce_scatter,
+            dict(
+                output=output,
+                input_list=input_list,
+                op=op,
+                group=group,
+                async_op=async_op,
+                stream=stream,
+            ),
+        )
     func = "reduce_scatter"
     pg = resolve(group, func)
     if pg is None:
@@ -347,6 +381,7 @@ def reduce_scatter_tensor(
     op: ReduceOp = ReduceOp.SUM,
     group: Optional[ProcessGroup] = None,
     async_op: bool = False,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Reduce ``input`` across the group and scatter the result in equal parts.
 
@@ -356,6 +391,14 @@ def reduce_scatter_tensor(
         input: the array to reduce; rank i receives elements
             ``[i * output.size, (i + 1) * output.size)`` of the flattened sum.
     """
+    if (type(output) is not np.ndarray or type(input) is not np.ndarray) and on_device(
+        output, input
+    ):
+        return device_call(
+            "reduce_scatter_tensor",
+            reduce_scatter_tensor,
+            dict(output=output, input=input, op=op, group=group, async_op=async_op, stream=stream),
+        )
     func = "reduce_scatter_tensor"
     pg = resolve(group, func)
     if pg is None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 
@@ -14,7 +14,9 @@ from ..arrays import (
     check_output,
     check_same_dtype,
     check_same_shape,
+    device_call,
     mpi_datatype,
+    on_device,
 )
 from ..groups import STATE, ProcessGroup, resolve
 from ..work import Work
@@ -24,7 +26,11 @@ __all__ = ["broadcast", "scatter"]
 
 
 def broadcast(
-    tensor: np.ndarray, src: int, group: Optional[ProcessGroup] = None, async_op: bool = False
+    tensor: np.ndarray,
+    src: int,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Copy ``tensor`` from rank ``src`` into ``tensor`` on every rank of the group.
 
@@ -53,6 +59,9 @@ def broadcast(
     ):
         plain(pg, func, pg.comm.Ibcast, pg.comm.Bcast, [tensor, datatype], root)
         return None
+    if type(tensor) is not np.ndarray and on_device(tensor):
+        args = dict(tensor=tensor, src=src, group=group, async_op=async_op, stream=stream)
+        return device_call(func, broadcast, args)
     if root == pg._rank:
         tensor = check_input(func, "tensor", tensor)
     else:
@@ -78,6 +87,7 @@ def scatter(
     src: int = 0,
     group: Optional[ProcessGroup] = None,
     async_op: bool = False,
+    stream: Any = None,
 ) -> Optional[Work]:
     """Send ``scatter_list[i]`` from rank ``src`` to group rank i's ``tensor``.
 
@@ -87,6 +97,19 @@ def scatter(
             like ``tensor``; on every other rank, None.
         src: global rank that sends.
     """
+    if on_device(tensor, scatter_list):
+        return device_call(
+            "scatter",
+            scatter,
+            dict(
+                tensor=tensor,
+                scatter_list=scatter_list,
+                src=src,
+                group=group,
+                async_op=async_op,
+                stream=stream,
+            ),
+        )
     func = "scatter"
     pg = resolve(group, func)
     if pg is None:

@@ -1,0 +1,393 @@
+"""Collectives on device arrays: staged through pinned host memory, or handed
+to a CUDA-aware MPI.
+
+Every public collective that takes arrays sends a call with CUDA arrays here
+(:func:`call`), with its arguments. The call then runs the host collective
+itself, so argument checks, sequence numbers, DETAIL fingerprints, timeouts
+and Work handles are pycoll's usual ones, on one of two kinds of host array:
+
+- **staged** (MPI is not CUDA-aware, the default for the MPI wheels): each
+  device array gets a pinned host buffer from a reused pool; inputs are
+  copied down, MPI runs on host memory (its own reductions included), and
+  outputs are copied back up. Large all_reduce and broadcast calls go in
+  chunks (:mod:`pycoll.gpu.staging`), so copies overlap MPI's transfers.
+- **aware** (:func:`pycoll.gpu.cuda_aware`): the host collective gets an array
+  over the device address (:func:`pycoll.gpu.device.host_alias`) and MPI
+  reads and writes device memory itself. Only calls whose host code hands
+  buffers to MPI untouched go this way: all_reduce, reduce,
+  reduce_scatter_tensor with MPI's predefined ops (AVG and PREMUL_SUM add a
+  device division or scaling around SUM), broadcast, all_gather_into_tensor,
+  all_to_all_single and point-to-point. Other calls (lists of arrays,
+  float16/bfloat16 arithmetic and NaN-propagating MIN/MAX, which are MPI user
+  ops running on the host, overlapping arrays) are staged even then.
+
+Streams: before MPI sees any data, pycoll synchronizes the stream each array
+was produced on (the stream in its ``__cuda_array_interface__``, or the
+``stream=`` argument, or the current stream); results are in device memory
+when a synchronous call returns (or its Work's ``wait()`` does), so later
+work on any stream sees them.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from pycoll import arrays
+from pycoll.work import Future
+
+from . import runtime, staging
+from .aware import cuda_aware
+from .device import DeviceArray, adapt, host_alias, is_device
+
+__all__ = ["call", "stream_handle"]
+
+IN, OUT, INOUT = "in", "out", "inout"
+ONE, LIST, LISTS = "one", "list", "lists"
+
+# Each collective's array parameters: (name, role, form).
+SPECS: Dict[str, Tuple[Tuple[str, str, str], ...]] = {
+    "all_reduce": (("tensor", INOUT, ONE),),
+    "all_reduce_coalesced": (("tensors", INOUT, LIST),),
+    "reduce": (("tensor", INOUT, ONE),),
+    "broadcast": (("tensor", INOUT, ONE),),
+    "all_gather": (("tensor_list", OUT, LIST), ("tensor", IN, ONE)),
+    "all_gather_into_tensor": (("output_tensor", OUT, ONE), ("input_tensor", IN, ONE)),
+    "all_gather_coalesced": (
+        ("output_tensor_lists", OUT, LISTS),
+        ("input_tensor_list", IN, LIST),
+    ),
+    "gather": (("tensor", IN, ONE), ("gather_list", OUT, LIST)),
+    "scatter": (("tensor", OUT, ONE), ("scatter_list", IN, LIST)),
+    "reduce_scatter": (("output", OUT, ONE), ("input_list", IN, LIST)),
+    "reduce_scatter_tensor": (("output", OUT, ONE), ("input", IN, ONE)),
+    "all_to_all": (("output_tensor_list", OUT, LIST), ("input_tensor_list", IN, LIST)),
+    "all_to_all_single": (("output", OUT, ONE), ("input", IN, ONE)),
+    "send": (("tensor", IN, ONE),),
+    "isend": (("tensor", IN, ONE),),
+    "recv": (("tensor", OUT, ONE),),
+    "irecv": (("tensor", OUT, ONE),),
+}
+
+# Calls whose host code only hands their buffers to MPI (see the docstring).
+_AWARE = {
+    "all_reduce",
+    "reduce",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "all_gather_into_tensor",
+    "all_to_all_single",
+    "send",
+    "isend",
+    "recv",
+    "irecv",
+}
+_REDUCTIONS = {"all_reduce", "reduce", "reduce_scatter_tensor"}
+
+
+def stream_handle(stream: Any) -> Optional[int]:
+    """A stream argument as a handle: an int, a cupy Stream (``.ptr``) or a
+    torch Stream (``.cuda_stream``); None stays None."""
+    if stream is None:
+        return None
+    for attr in ("ptr", "cuda_stream"):
+        value = getattr(stream, attr, None)
+        if value is not None:
+            return int(value) or runtime.LEGACY_STREAM
+    if isinstance(stream, int) and not isinstance(stream, bool) and stream >= 0:
+        return stream or runtime.LEGACY_STREAM
+    raise TypeError(
+        f"stream must be a CUDA stream (cupy.cuda.Stream, torch.cuda.Stream or a "
+        f"handle), got {stream!r}"
+    )
+
+
+class _Slot:
+    """One device array argument: where it sits in the call, and its host stand-in."""
+
+    __slots__ = ("path", "role", "dev", "host", "buf")
+
+    def __init__(self, path: Tuple[Any, ...], role: str, dev: DeviceArray) -> None:
+        self.path = path
+        self.role = role
+        self.dev = dev
+        self.host: Any = None  # the host array the host collective sees
+        self.buf: Any = None  # the pinned pool buffer under it (staged)
+
+
+def _walk(name: str, args: Dict[str, Any]) -> Tuple[List[Tuple[Tuple[Any, ...], str, Any]], str]:
+    """Every array argument as (path, role, value), and a ValueError message if
+    numpy and CUDA arrays are mixed ('' when not)."""
+    found: List[Tuple[Tuple[Any, ...], str, Any]] = []
+    for param, role, form in SPECS[name]:
+        value = args.get(param)
+        if value is None:
+            continue
+        if form == ONE:
+            found.append(((param,), role, value))
+        elif form == LIST and isinstance(value, (list, tuple)):
+            found.extend(((param, i), role, x) for i, x in enumerate(value))
+        elif form == LISTS and isinstance(value, (list, tuple)):
+            for i, row in enumerate(value):
+                if isinstance(row, (list, tuple)):
+                    found.extend(((param, i, j), role, x) for j, x in enumerate(row))
+    device = [p for p, _, x in found if is_device(x)]
+    host = [p for p, _, x in found if isinstance(x, np.ndarray)]
+    if device and host:
+        return found, (
+            f"{name}: all arrays of one call must be on one device kind, but "
+            f"{_label(device[0])} is a CUDA array and {_label(host[0])} is a "
+            f"numpy.ndarray; move them to one device first (cupy.asarray / cupy.asnumpy)"
+        )
+    return found, ""
+
+
+def _label(path: Tuple[Any, ...]) -> str:
+    return path[0] + "".join(f"[{i}]" for i in path[1:])
+
+
+def _put(args: Dict[str, Any], path: Tuple[Any, ...], value: Any) -> None:
+    if len(path) == 1:
+        args[path[0]] = value
+        return
+    container = args[path[0]] = list(args[path[0]])
+    for i in path[1:-1]:
+        container[i] = list(container[i])
+        container = container[i]
+    container[path[-1]] = value
+
+
+def _roles(name: str, args: Dict[str, Any], slots: List[_Slot]) -> None:
+    """Narrow INOUT where the call reads or writes on one rank only."""
+    from pycoll.groups import get_rank
+
+    if name == "broadcast":
+        sending = get_rank() == args["src"]
+        for s in slots:
+            s.role = IN if sending else OUT
+    elif name == "reduce" and get_rank() != args["dst"]:
+        for s in slots:
+            s.role = IN
+
+
+def call(name: str, func: Callable[..., Any], args: Dict[str, Any]) -> Any:
+    """Run collective ``name`` (host function ``func``) whose arguments
+    ``args`` hold CUDA arrays (see the module docstring)."""
+    args = dict(args)
+    stream_arg = stream_handle(args.pop("stream", None))
+    found, mixed = _walk(name, args)
+    if mixed:
+        raise ValueError(mixed)
+    rt = runtime.get()
+    stream = stream_arg if stream_arg is not None else rt.current_stream()
+    slots = [
+        _Slot(path, role, adapt(x, name, _label(path), stream))
+        for path, role, x in found
+        if x is not None
+    ]
+    _roles(name, args, slots)
+    # The producers' work must be done before MPI or a copy reads the data.
+    producers = {s.dev.stream for s in slots if s.dev.stream is not None}
+    for p in producers - {stream}:
+        rt.synchronize(p)
+    if cuda_aware().aware and _aware_ok(name, args, slots):
+        return _aware(name, func, args, slots, rt, stream)
+    if name in ("all_reduce", "broadcast") and staging.chunked(slots[0].dev.nbytes):
+        return staging.pipelined(name, args, slots[0].dev, rt, stream)
+    return _staged(name, func, args, slots, rt, stream)
+
+
+def _overlap(slots: List[_Slot]) -> bool:
+    spans = sorted((s.dev.ptr, s.dev.ptr + s.dev.nbytes) for s in slots if s.dev.nbytes)
+    return any(a_end > b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+
+
+def _aware_ok(name: str, args: Dict[str, Any], slots: List[_Slot]) -> bool:
+    if name not in _AWARE or _overlap(slots):
+        return False
+    if name not in _REDUCTIONS:
+        return True
+    from pycoll.ops import ReduceOp, plan
+
+    op = args.get("op", ReduceOp.SUM)
+    dtype = slots[0].dev.dtype
+    if not isinstance(op, ReduceOp):
+        return False  # the host call raises the TypeError
+    if op.name in ("AVG", "PREMUL_SUM"):
+        if name != "all_reduce" or arrays.dtype_kind(dtype) not in ("float", "complex"):
+            return False
+        op = ReduceOp.SUM
+    try:
+        how = plan(op, dtype, name)
+    except ValueError:
+        return False  # the host call raises it, with the same message
+    return how.plain and how.mpi_op.is_predefined
+
+
+def _aware(
+    name: str,
+    func: Callable[..., Any],
+    args: Dict[str, Any],
+    slots: List[_Slot],
+    rt: runtime.Runtime,
+    stream: int,
+) -> Any:
+    from pycoll.groups import resolve
+    from pycoll.ops import ReduceOp
+
+    from . import kernels
+
+    rt.synchronize(stream)
+    for s in slots:
+        s.host = host_alias(s.dev)
+        _put(args, s.path, s.host)
+    op = args.get("op")
+    after: Optional[Callable[[], None]] = None
+    if name == "all_reduce" and op is not None and op.name in ("AVG", "PREMUL_SUM"):
+        dev = slots[0].dev
+        pg = resolve(args.get("group"), name)
+        if pg is None:
+            return None
+        if op.name == "PREMUL_SUM":
+            kernels.scale(dev, op._scale, stream)
+            rt.synchronize(stream)
+        else:
+            size = pg.size()
+
+            def after() -> None:
+                kernels.divide(dev, size, stream)
+                rt.synchronize(stream)
+
+        args["op"] = ReduceOp.SUM
+    return _finish_call(func(**args), slots, after)
+
+
+def _staged(
+    name: str,
+    func: Callable[..., Any],
+    args: Dict[str, Any],
+    slots: List[_Slot],
+    rt: runtime.Runtime,
+    stream: int,
+) -> Any:
+    for s in slots:
+        s.buf = rt.take(s.dev.nbytes)
+        s.host = s.buf[: s.dev.nbytes].view(s.dev.dtype).reshape(s.dev.shape)
+        if s.role != OUT:
+            rt.to_host(s.host, s.dev.ptr, stream)
+        _put(args, s.path, s.host)
+    rt.synchronize(stream)
+
+    def back() -> None:
+        try:
+            for s in slots:
+                if s.role != IN:
+                    rt.to_device(s.dev.ptr, s.host, stream)
+            rt.synchronize(stream)
+        finally:
+            for s in slots:
+                rt.give(s.buf)
+
+    try:
+        value = func(**args)
+    except BaseException:
+        for s in slots:
+            rt.give(s.buf)
+        raise
+    return _finish_call(value, slots, back)
+
+
+def _finish_call(value: Any, slots: List[_Slot], after: Optional[Callable[[], None]]) -> Any:
+    from pycoll.work import Work
+
+    if isinstance(value, Work):
+        return DeviceWork(value, after, slots)
+    if after is not None:
+        after()
+    return value
+
+
+class DeviceWork:
+    """The Work of a device collective: the host Work, then what finishes it on
+    the device (copying staged results up, an AVG's division), run once by
+    whichever of ``wait()``/``is_completed()`` first sees the host Work done.
+    ``result()`` gives the caller's device arrays."""
+
+    def __init__(self, work: Any, after: Optional[Callable[[], None]], slots: List[_Slot]) -> None:
+        self._work = work
+        self._after = after
+        self._slots = slots
+        self._lock = threading.Lock()
+        self._done = False
+        self._exc: Optional[BaseException] = None
+        self._future: Optional[Future] = None
+        self.op = work.op
+        self.seq = work.seq
+
+    def __repr__(self) -> str:
+        state = "completed" if self._done else "pending"
+        return f"DeviceWork(op={self.op!r}, seq={self.seq}, {state})"
+
+    def _settle(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._exc = self._work.exception()
+            try:
+                if self._after is not None:
+                    self._after()  # after an error too: it returns the pinned buffers
+            except Exception as exc:
+                self._exc = self._exc or exc
+            self._done = True
+        if self._future is not None:
+            self._settle_future()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """As :meth:`pycoll.Work.wait`; the device arrays hold the result after it."""
+        try:
+            self._work.wait(timeout)
+        finally:
+            if self._work.is_completed():
+                self._settle()
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def is_completed(self) -> bool:
+        if not self._done and self._work.is_completed():
+            self._settle()
+        return self._done
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._exc is None
+
+    def exception(self) -> Optional[BaseException]:
+        return self._exc
+
+    def result(self) -> List[Any]:
+        self.wait()
+        mine = {id(s.host): s.dev.obj for s in self._slots}
+        return [mine.get(id(x), x) for x in self._work.result()]
+
+    def source_rank(self) -> int:
+        self.wait()
+        return self._work.source_rank()
+
+    def get_future(self) -> Future:
+        if self._future is None:
+            self._future = Future(self)  # type: ignore[arg-type]
+            if self._done:
+                self._settle_future()
+        return self._future
+
+    def _settle_future(self) -> None:
+        future = self._future
+        if future is None or future._event.is_set():
+            return
+        if self._exc is not None:
+            future.set_exception(self._exc)
+        else:
+            mine = {id(s.host): s.dev.obj for s in self._slots}
+            future.set_result([mine.get(id(x), x) for x in self._work.result()])

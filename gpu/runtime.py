@@ -1,0 +1,200 @@
+"""The few CUDA runtime calls pycoll makes: streams, copies, pinned memory.
+
+Two implementations of one interface:
+
+- :class:`CupyRuntime`, on a real GPU (cupy is imported on first use only).
+- :class:`SimRuntime`, when ``NUMBA_ENABLE_CUDASIM=1``: as in numba's CUDA
+  simulator, "device memory" is host memory, so copies are memmoves and
+  streams are recorded rather than waited on. Tests drive the staging and
+  CUDA-aware paths through real MPI with it, and check which streams pycoll
+  synchronized.
+
+Streams are plain integer handles, as in ``__cuda_array_interface__``:
+1 is the legacy default stream.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+__all__ = ["Runtime", "CupyRuntime", "SimRuntime", "get", "reset"]
+
+LEGACY_STREAM = 1
+_MEMCPY_H2D, _MEMCPY_D2H, _MEMCPY_D2D = 1, 2, 3
+
+
+class Runtime:
+    """What pycoll needs of CUDA. Copies are asynchronous on ``stream``."""
+
+    name = "none"
+
+    def current_stream(self) -> int:
+        raise NotImplementedError
+
+    def synchronize(self, stream: int) -> None:
+        raise NotImplementedError
+
+    def to_host(self, host: np.ndarray, ptr: int, stream: int) -> None:
+        raise NotImplementedError
+
+    def to_device(self, ptr: int, host: np.ndarray, stream: int) -> None:
+        raise NotImplementedError
+
+    def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        raise NotImplementedError
+
+    def new_stream(self) -> int:
+        raise NotImplementedError
+
+    def record(self, stream: int) -> Any:
+        """An event marking the work queued on ``stream`` so far; ``.synchronize()`` waits."""
+        raise NotImplementedError
+
+    def _alloc_pinned(self, nbytes: int) -> np.ndarray:
+        raise NotImplementedError
+
+    # Pinned host buffers, kept for reuse: allocating page-locked memory costs
+    # far more than the copies it speeds up. Sizes are rounded up to a power
+    # of two (at least 64 KiB) so buffers fit many later requests.
+    def __init__(self) -> None:
+        self._free: Dict[int, List[np.ndarray]] = {}
+        self._lock = threading.Lock()
+        self.pinned_allocations = 0
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """A pinned uint8 buffer of at least ``nbytes`` from the pool."""
+        size = max(1 << 16, 1 << max(0, int(nbytes) - 1).bit_length())
+        with self._lock:
+            free = self._free.get(size)
+            if free:
+                return free.pop()
+        self.pinned_allocations += 1
+        return self._alloc_pinned(size)
+
+    def give(self, buf: np.ndarray) -> None:
+        """Return a buffer from :meth:`take` to the pool."""
+        with self._lock:
+            self._free.setdefault(buf.nbytes, []).append(buf)
+
+
+class _SimEvent:
+    def synchronize(self) -> None:
+        pass
+
+
+class SimRuntime(Runtime):
+    """Device memory is host memory (numba's CUDA simulator's model)."""
+
+    name = "simulator"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.synchronized: List[int] = []  # every stream synchronized, in order
+        self._next_stream = 0x5000
+        self.current = LEGACY_STREAM  # what current_stream() answers; tests set it
+
+    def current_stream(self) -> int:
+        return self.current
+
+    def synchronize(self, stream: int) -> None:
+        self.synchronized.append(stream)
+
+    def to_host(self, host: np.ndarray, ptr: int, stream: int) -> None:
+        ctypes.memmove(host.ctypes.data, ptr, host.nbytes)
+
+    def to_device(self, ptr: int, host: np.ndarray, stream: int) -> None:
+        ctypes.memmove(ptr, host.ctypes.data, host.nbytes)
+
+    def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        ctypes.memmove(dst, src, nbytes)
+
+    def new_stream(self) -> int:
+        self._next_stream += 1
+        return self._next_stream
+
+    def record(self, stream: int) -> Any:
+        return _SimEvent()
+
+    def _alloc_pinned(self, nbytes: int) -> np.ndarray:
+        return np.empty(nbytes, np.uint8)
+
+
+class CupyRuntime(Runtime):
+    """A real GPU, through cupy's runtime bindings."""
+
+    name = "cupy"
+
+    def __init__(self) -> None:
+        super().__init__()
+        import cupy
+
+        self._cp = cupy
+        self._rt = cupy.cuda.runtime
+
+    def current_stream(self) -> int:
+        ptr = self._cp.cuda.get_current_stream().ptr
+        return ptr or LEGACY_STREAM
+
+    def synchronize(self, stream: int) -> None:
+        # cudaStreamLegacy is the handle 1 in the runtime API too.
+        self._rt.streamSynchronize(stream)
+
+    def to_host(self, host: np.ndarray, ptr: int, stream: int) -> None:
+        self._rt.memcpyAsync(host.ctypes.data, ptr, host.nbytes, _MEMCPY_D2H, stream)
+
+    def to_device(self, ptr: int, host: np.ndarray, stream: int) -> None:
+        self._rt.memcpyAsync(ptr, host.ctypes.data, host.nbytes, _MEMCPY_H2D, stream)
+
+    def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        self._rt.memcpyAsync(dst, src, nbytes, _MEMCPY_D2D, stream)
+
+    def new_stream(self) -> int:
+        stream = self._cp.cuda.Stream(non_blocking=True)
+        self._streams = getattr(self, "_streams", [])
+        self._streams.append(stream)  # kept alive for the process
+        return stream.ptr
+
+    def record(self, stream: int) -> Any:
+        event = self._cp.cuda.Event(block=False, disable_timing=True)
+        event.record(self._cp.cuda.ExternalStream(stream))
+        return event
+
+    def _alloc_pinned(self, nbytes: int) -> np.ndarray:
+        memory = self._cp.cuda.alloc_pinned_memory(nbytes)
+        return np.frombuffer(memory, np.uint8, nbytes)  # keeps ``memory`` alive
+
+
+_RUNTIME: Optional[Runtime] = None
+
+
+def simulated() -> bool:
+    """Whether pycoll runs CUDA code in numba's simulator (NUMBA_ENABLE_CUDASIM=1)."""
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "") == "1"
+
+
+def get() -> Runtime:
+    """The process's runtime, chosen on first use."""
+    global _RUNTIME
+    if _RUNTIME is None:
+        if simulated():
+            _RUNTIME = SimRuntime()
+        else:
+            try:
+                _RUNTIME = CupyRuntime()
+            except ImportError:
+                raise RuntimeError(
+                    "pycoll got a CUDA array but cannot reach CUDA: cupy is not "
+                    "installed; install it with pip install 'pycoll[gpu]'"
+                ) from None
+    return _RUNTIME
+
+
+def reset() -> None:
+    """Forget the runtime (tests)."""
+    global _RUNTIME
+    _RUNTIME = None

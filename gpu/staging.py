@@ -1,0 +1,145 @@
+"""Large staged all_reduce and broadcast: chunked, so copies overlap MPI.
+
+A message over ``PYCOLL_STAGE_CHUNK`` bytes (default 4 MiB) goes in chunks
+through one pinned host buffer. All device-to-host copies are queued at once
+on the caller's stream, each followed by an event; MPI then reduces (or
+broadcasts) chunk i as soon as its copy has landed, while the copies of the
+chunks after it are still running, and each finished chunk is copied back up
+on a second stream while MPI works on the next. It is one collective (one
+sequence number, one DETAIL check, one timeout, one Work): each chunk is a
+stage of the Work (see pycoll.work).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, List
+
+from . import runtime
+from .device import DeviceArray
+
+__all__ = ["chunk_bytes", "chunked", "pipelined"]
+
+
+def chunk_bytes() -> int:
+    """The chunk size (``PYCOLL_STAGE_CHUNK`` bytes; 0 turns chunking off)."""
+    text = os.environ.get("PYCOLL_STAGE_CHUNK", "").strip()
+    if not text:
+        return 4 << 20
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(
+            f"PYCOLL_STAGE_CHUNK={text!r}: give the chunk size in bytes (0 turns chunking off)"
+        )
+    return value
+
+
+def chunked(nbytes: int) -> bool:
+    """Whether a message of ``nbytes`` goes in chunks."""
+    chunk = chunk_bytes()
+    return 0 < chunk < nbytes
+
+
+def pipelined(
+    name: str, args: Dict[str, Any], dev: DeviceArray, rt: runtime.Runtime, stream: int
+) -> Any:
+    """all_reduce or broadcast of one device array, in chunks (module docstring)."""
+    from pycoll import _mpi, kernels
+    from pycoll.arrays import check_dtype, mpi_datatype
+    from pycoll.collectives._common import group_rank, run
+    from pycoll.groups import resolve
+    from pycoll.ops import ReduceOp, plan
+
+    pg = resolve(args.get("group"), name)
+    if pg is None:
+        return None
+    check_dtype(name, "tensor", dev.dtype)
+    n = dev.size
+    item = dev.dtype.itemsize
+    per = max(1, chunk_bytes() // item)
+    bounds = [(a, min(a + per, n)) for a in range(0, n, per)]
+    shape = f"shape={dev.shape}, {dev.dtype}"
+    comm = pg.comm
+    if name == "all_reduce":
+        op = args.get("op", ReduceOp.SUM)
+        how = plan(op, dev.dtype, name)
+        datatype = how.datatype
+        reading = writing = True
+        call = f"all_reduce({op.name}, {shape})"
+    else:
+        src = args["src"]
+        root = group_rank(pg, src, "src", name)
+        datatype = mpi_datatype(dev.dtype)
+        reading = root == pg._rank
+        writing = not reading
+        call = f"broadcast(src={src}, {shape})"
+    if writing and dev.readonly:
+        raise ValueError(f"{name}: tensor is read-only, so the result cannot be written into it")
+    buf = rt.take(dev.nbytes)
+    host = buf[: dev.nbytes].view(dev.dtype)
+    events: List[Any] = []
+    if reading:
+        for a, b in bounds:
+            rt.to_host(host[a:b], dev.ptr + a * item, stream)
+            events.append(rt.record(stream))
+    up = _copy_stream(rt)
+    size = pg._size
+
+    def start(i: int) -> Any:
+        a, b = bounds[i]
+        part = host[a:b]
+        if events:
+            events[i].synchronize()
+        if name == "all_reduce":
+            if how.prescale is not None:
+                kernels.scale(part, how.prescale, out=part)
+            return comm.Iallreduce(_mpi.MPI.IN_PLACE, [part, datatype], how.mpi_op)
+        return comm.Ibcast([part, datatype], root)
+
+    def land(i: int) -> None:
+        a, b = bounds[i]
+        part = host[a:b]
+        if name == "all_reduce" and how.average:
+            kernels.divide(part, size, out=part)
+        if writing:
+            rt.to_device(dev.ptr + a * item, part, up)
+
+    def stage(i: int) -> Callable[[], List[Any]]:
+        def go() -> List[Any]:
+            land(i - 1)
+            return [start(i)]
+
+        return go
+
+    def finish() -> None:
+        land(len(bounds) - 1)
+        rt.synchronize(up)
+        rt.give(buf)
+
+    return run(
+        pg,
+        name,
+        dev.nbytes,
+        start,
+        (0,),
+        bool(args.get("async_op")),
+        finish,
+        [dev.obj],
+        call,
+        None,
+        [stage(i) for i in range(1, len(bounds))],
+    )
+
+
+_STREAMS: Dict[int, int] = {}
+
+
+def _copy_stream(rt: runtime.Runtime) -> int:
+    """pycoll's stream for host-to-device copies (one per runtime)."""
+    key = id(rt)
+    if key not in _STREAMS:
+        _STREAMS[key] = rt.new_stream()
+    return _STREAMS[key]

@@ -1,0 +1,84 @@
+"""Host memory dressed as CUDA arrays, to drive pycoll.gpu without a GPU.
+
+:class:`FakeCAI` exposes ``__cuda_array_interface__`` (v3, with a stream);
+:class:`FakeDLPack` exposes ``__dlpack__``/``__dlpack_device__`` reporting a
+CUDA device, and records the stream its consumer asked for. Under
+pycoll.gpu's simulator runtime (NUMBA_ENABLE_CUDASIM=1) "device" memory is
+host memory, so MPI really moves these arrays' bytes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import List, Optional
+
+import numpy as np
+
+BF16_CODE = 4  # DLPack's kDLBfloat
+
+
+class FakeCAI:
+    def __init__(self, host: np.ndarray, stream: Optional[int] = 1, readonly: bool = False):
+        self.host = host
+        self.stream = stream
+        self.readonly = readonly
+        self.strides = None if host.flags.c_contiguous else host.strides
+
+    @property
+    def shape(self):
+        return self.host.shape
+
+    @property
+    def dtype(self):
+        return self.host.dtype
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        typestr = self.host.dtype.str
+        return {
+            "shape": self.host.shape,
+            "typestr": typestr,
+            "data": (self.host.__array_interface__["data"][0], self.readonly),
+            "strides": self.strides,
+            "version": 3,
+            "stream": self.stream,
+        }
+
+
+class FakeDLPack:
+    def __init__(self, host: np.ndarray):
+        self.host = host
+        self.asked: List[Optional[int]] = []  # streams consumers passed to __dlpack__
+
+    @property
+    def shape(self):
+        return self.host.shape
+
+    @property
+    def dtype(self):
+        return self.host.dtype
+
+    def __dlpack_device__(self):
+        return (2, 0)  # kDLCUDA, device 0
+
+    def __dlpack__(self, stream=None):
+        self.asked.append(stream)
+        if self.host.dtype.str == "<V2":  # bfloat16: numpy cannot export it, so
+            capsule = self.host.view(np.uint16).__dlpack__()  # export the words and
+            _retype(capsule, BF16_CODE)  # relabel the dtype, as a bfloat16 producer would
+            return capsule
+        return self.host.__dlpack__()
+
+
+def _retype(capsule, code: int) -> None:
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    address = get(capsule, b"dltensor")
+    # DLTensor: data (8), device (8), ndim (4), then dtype's code byte.
+    ctypes.c_uint8.from_address(address + 20).value = code
+
+
+def cuda_like(host: np.ndarray, kind: str = "cai", **kw):
+    """``host`` as a fake CUDA array of ``kind`` 'cai' or 'dlpack'."""
+    return FakeCAI(host, **kw) if kind == "cai" else FakeDLPack(host)

@@ -1,0 +1,221 @@
+"""Every collective on CUDA arrays, through real MPI, staged and CUDA-aware.
+
+The arrays are fakes over host memory (tests/gpu/fakes.py) and the runtime
+is pycoll.gpu's simulator, so the staging copies, the pinned pool, the
+stream synchronization and the aware path's hand-over to MPI all run for
+real; each rank checks its device array against numpy's answer."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from fakes import FakeCAI, FakeDLPack, cuda_like
+
+import pycoll
+from pycoll import ReduceOp, make_premul_sum
+from pycoll.gpu import collectives as gcoll
+from support import PREMUL_SCALE, assert_equal, data, reduce_all, valid_pairs
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F32 = np.dtype(np.float32)
+
+
+def rop(name):
+    return make_premul_sum(PREMUL_SCALE) if name == "PREMUL_SUM" else getattr(ReduceOp, name)
+
+
+def expected(op, dtype, world_size, shape=(6,)):
+    return reduce_all(op, [data(r, dtype, shape) for r in range(world_size)], world_size)
+
+
+@pytest.mark.parametrize("kind", ["cai", "dlpack"])
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("op,dtype", valid_pairs(), ids=str)
+def test_all_reduce(op, dtype, async_op, kind, path, rank, world_size):
+    if kind == "cai" and dtype == BF16:
+        kind = "dlpack"  # bfloat16 has no __cuda_array_interface__ typestr
+    host = data(rank, dtype)
+    x = cuda_like(host, kind)
+    work = pycoll.all_reduce(x, op=rop(op), async_op=async_op)
+    if async_op:
+        assert work.wait() is True and work.is_completed() and work.is_success()
+        assert work.result() == [x]  # the caller's device array, not a stand-in
+    else:
+        assert work is None
+    assert_equal(host, expected(op, dtype, world_size))
+
+
+@pytest.mark.parametrize("op", ["SUM", "AVG", "MAX", "PREMUL_SUM"])
+@pytest.mark.parametrize("dtype", [F32, np.dtype(np.float16), BF16], ids=str)
+def test_chunked_all_reduce(op, dtype, sim, monkeypatch, rank, world_size):
+    monkeypatch.setenv("PYCOLL_CUDA_AWARE", "0")
+    monkeypatch.setenv("PYCOLL_STAGE_CHUNK", "64")  # 32 chunks of 2 KiB total
+    from pycoll.gpu import aware
+
+    aware.reset()
+    shape = (1000 + 3,)  # chunks of unequal length
+    host = data(rank, dtype, shape)
+    pycoll.all_reduce(FakeDLPack(host), op=rop(op))
+    assert_equal(host, expected(op, dtype, world_size, shape))
+    aware.reset()
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+def test_chunked_broadcast(sim, monkeypatch, rank, world_size, async_op):
+    monkeypatch.setenv("PYCOLL_CUDA_AWARE", "0")
+    monkeypatch.setenv("PYCOLL_STAGE_CHUNK", "40")
+    src = world_size - 1
+    host = data(rank, F32, (101,))
+    work = pycoll.broadcast(FakeCAI(host), src=src, async_op=async_op)
+    if async_op:
+        work.wait()
+    assert_equal(host, data(src, F32, (101,)))
+    seq = pycoll.group.WORLD._seq
+    pycoll.broadcast(FakeCAI(host), src=src)
+    assert pycoll.group.WORLD._seq == seq + 1  # many chunks, one collective
+
+
+def test_broadcast_reduce_and_gathers(path, rank, world_size):
+    n = world_size
+    for src in range(n):
+        host = data(rank, F32)
+        pycoll.broadcast(FakeCAI(host), src=src)
+        assert_equal(host, data(src, F32))
+    for dst in range(n):
+        host = data(rank, F32)
+        pycoll.reduce(FakeCAI(host), dst=dst, op=ReduceOp.SUM)
+        assert_equal(host, expected("SUM", F32, n) if rank == dst else data(rank, F32))
+    out = np.zeros(6 * n, F32)
+    pycoll.all_gather_into_tensor(FakeCAI(out), FakeCAI(data(rank, F32)))
+    assert_equal(out, np.concatenate([data(r, F32) for r in range(n)]))
+    outs = [np.zeros(6, F32) for _ in range(n)]
+    pycoll.all_gather([FakeCAI(o) for o in outs], FakeCAI(data(rank, F32)))
+    for r in range(n):
+        assert_equal(outs[r], data(r, F32))
+    gathered = [np.zeros(6, F32) for _ in range(n)] if rank == 0 else None
+    targets = [FakeCAI(g) for g in gathered] if gathered else None
+    pycoll.gather(FakeCAI(data(rank, F32)), gather_list=targets, dst=0)
+    if rank == 0:
+        for r in range(n):
+            assert_equal(gathered[r], data(r, F32))
+
+
+def test_scatter_reduce_scatter_and_all_to_all(path, rank, world_size):
+    n = world_size
+    got = np.zeros(6, F32)
+    parts = [FakeCAI(data(r, F32, salt=1)) for r in range(n)] if rank == 0 else None
+    pycoll.scatter(FakeCAI(got), scatter_list=parts, src=0)
+    assert_equal(got, data(rank, F32, salt=1))
+    mine = np.zeros(6, F32)
+    full = np.concatenate([data(rank, F32, salt=r) for r in range(n)])
+    pycoll.reduce_scatter_tensor(FakeCAI(mine), FakeCAI(full), op=ReduceOp.SUM)
+    assert_equal(mine, reduce_all("SUM", [data(r, F32, salt=rank) for r in range(n)], n))
+    mine2 = np.zeros(6, F32)
+    inputs = [FakeCAI(data(rank, F32, salt=r)) for r in range(n)]
+    pycoll.reduce_scatter(FakeCAI(mine2), inputs, op=ReduceOp.MAX)
+    assert_equal(mine2, reduce_all("MAX", [data(r, F32, salt=rank) for r in range(n)], n))
+    out = np.zeros(2 * n, F32)
+    send = np.arange(2 * n, dtype=F32) + 100 * rank
+    pycoll.all_to_all_single(FakeCAI(out), FakeCAI(send))
+    want = np.concatenate(
+        [np.arange(2 * rank, 2 * rank + 2, dtype=F32) + 100 * r for r in range(n)]
+    )
+    assert_equal(out, want)
+    outs = [np.zeros(3, F32) for _ in range(n)]
+    ins = [FakeCAI(np.full(3, 10 * rank + r, F32)) for r in range(n)]
+    pycoll.all_to_all([FakeCAI(o) for o in outs], ins)
+    for r in range(n):
+        assert_equal(outs[r], np.full(3, 10 * r + rank, F32))
+
+
+def test_coalesced(path, rank, world_size):
+    a, b = data(rank, F32, (3,)), data(rank, np.dtype(np.float32), (5,), salt=2)
+    pycoll.all_reduce_coalesced([FakeCAI(a), FakeCAI(b)], op=ReduceOp.SUM)
+    assert_equal(a, expected("SUM", F32, world_size, (3,)))
+    want_b = reduce_all("SUM", [data(r, F32, (5,), salt=2) for r in range(world_size)], world_size)
+    assert_equal(b, want_b)
+    outs = [[np.zeros(2, F32)] for _ in range(world_size)]
+    pycoll.all_gather_coalesced([[FakeCAI(o[0])] for o in outs], [FakeCAI(np.full(2, rank, F32))])
+    for r in range(world_size):
+        assert_equal(outs[r][0], np.full(2, r, F32))
+
+
+def test_point_to_point(path, rank, world_size):
+    if world_size < 2:
+        pytest.skip("needs 2 ranks")
+    peer = 1 - rank if rank < 2 else None
+    if peer is None:
+        return
+    mine = np.full(4, rank + 1, F32)
+    got = np.zeros(4, F32)
+    if rank == 0:
+        pycoll.send(FakeCAI(mine), dst=1)
+        assert pycoll.recv(FakeCAI(got), src=1) == 1
+    else:
+        assert pycoll.recv(FakeCAI(got), src=0) == 0
+        pycoll.send(FakeCAI(mine), dst=0)
+    assert_equal(got, np.full(4, peer + 1, F32))
+    got2 = np.zeros(4, F32)
+    recv = pycoll.irecv(FakeCAI(got2), src=peer)
+    pycoll.isend(FakeCAI(mine), dst=peer).wait()
+    recv.wait()
+    assert recv.source_rank() == peer
+    assert_equal(got2, np.full(4, peer + 1, F32))
+
+
+def test_producer_stream_is_synchronized_before_mpi(path, sim, rank, world_size):
+    host = data(rank, F32)
+    x = FakeCAI(host, stream=0x1234)
+    pycoll.all_reduce(x)
+    assert sim.synchronized and sim.synchronized[0] == 0x1234
+    assert_equal(host, expected("SUM", F32, world_size))
+
+
+def test_stream_argument_is_the_one_used(path, sim, rank, world_size):
+    host = data(rank, F32)
+    fake = FakeDLPack(host)
+    pycoll.all_reduce(fake, stream=0x99)
+    assert fake.asked == [0x99]  # the producer orders its work before our stream
+    assert 0x99 in sim.synchronized
+    with pytest.raises(TypeError, match="stream must be a CUDA stream"):
+        pycoll.all_reduce(FakeCAI(data(rank, F32)), stream="fast")
+
+
+def test_pinned_buffers_are_reused(sim, monkeypatch, rank):
+    monkeypatch.setenv("PYCOLL_CUDA_AWARE", "0")
+    from pycoll.gpu import aware
+
+    aware.reset()
+    for _ in range(5):
+        pycoll.all_reduce(FakeCAI(data(rank, F32)))
+    assert sim.pinned_allocations == 1
+    aware.reset()
+
+
+def test_mixed_device_kinds_are_refused_before_anything_is_sent(sim, rank, world_size):
+    seq = pycoll.group.WORLD._seq
+    with pytest.raises(
+        ValueError,
+        match="all arrays of one call must be on one device kind.*"
+        r"output_tensor is a CUDA array and input_tensor is a numpy.ndarray",
+    ):
+        pycoll.all_gather_into_tensor(FakeCAI(np.zeros(6 * world_size, F32)), data(rank, F32))
+    with pytest.raises(ValueError, match=r"tensor_list\[0\] is a CUDA array"):
+        pycoll.all_gather([FakeCAI(np.zeros(6, F32))] * world_size, data(rank, F32))
+    assert pycoll.group.WORLD._seq == seq
+
+
+def test_bad_device_arrays_are_refused_with_the_host_messages(path, rank):
+    with pytest.raises(ValueError, match="all_reduce: tensor is not C-contiguous"):
+        pycoll.all_reduce(FakeCAI(np.zeros((4, 4), F32)[:, ::2]))
+    with pytest.raises(ValueError, match="ReduceOp.BAND is not defined for dtype float32"):
+        pycoll.all_reduce(FakeCAI(data(rank, F32)), op=ReduceOp.BAND)
+
+
+def test_specs_name_real_parameters():
+    import inspect
+
+    for name, spec in gcoll.SPECS.items():
+        params = inspect.signature(getattr(pycoll, name)).parameters
+        assert "stream" in params, name
+        for param, _, _ in spec:
+            assert param in params, (name, param)
