@@ -11,6 +11,8 @@ and Work handles are pycoll's usual ones, on one of two kinds of host array:
   copied down, MPI runs on host memory (its own reductions included), and
   outputs are copied back up. Large all_reduce and broadcast calls go in
   chunks (:mod:`pycoll.gpu.staging`), so copies overlap MPI's transfers.
+- **NCCL**, on a group whose backend is ``"cpu:mpi,cuda:nccl"``, for the
+  collectives NCCL has (:mod:`pycoll.gpu.nccl`).
 - **aware** (:func:`pycoll.gpu.cuda_aware`): the host collective gets an array
   over the device address (:func:`pycoll.gpu.device.host_alias`) and MPI
   reads and writes device memory itself. Only calls whose host code hands
@@ -36,9 +38,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from pycoll import arrays
+from pycoll.groups import STATE, resolve
 from pycoll.work import Future
 
-from . import runtime, staging
+from . import nccl, runtime, staging
 from .aware import cuda_aware
 from .device import DeviceArray, adapt, host_alias, is_device
 
@@ -192,6 +195,15 @@ def call(name: str, func: Callable[..., Any], args: Dict[str, Any]) -> Any:
     producers = {s.dev.stream for s in slots if s.dev.stream is not None}
     for p in producers - {stream}:
         rt.synchronize(p)
+    group = args.get("group")
+    hint = group if group is not None else STATE.default
+    if hint is not None and nccl.NCCL_BACKEND in getattr(hint, "_backend", ""):
+        pg = resolve(group, name)
+        if pg is None:
+            return None
+        devs = [s.dev for s in slots]
+        if nccl.wanted(name, pg, args, devs):
+            return nccl.run(name, pg, args, devs, stream)
     if cuda_aware().aware and _aware_ok(name, args, slots):
         return _aware(name, func, args, slots, rt, stream)
     if name in ("all_reduce", "broadcast") and staging.chunked(slots[0].dev.nbytes):

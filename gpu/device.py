@@ -110,11 +110,16 @@ def adapt(x: Any, func: str, name: str, consumer_stream: Optional[int] = None) -
         cai = getattr(x, "__cuda_array_interface__", None)
     except Exception:
         cai = None  # e.g. a torch bfloat16 tensor: DLPack below carries it
-    if cai is not None:
+    if cai is not None and not (_opaque(cai) and getattr(x, "__dlpack__", None) is not None):
         return _from_cai(x, cai, func, name)
     if getattr(x, "__dlpack__", None) is not None:
         return _from_dlpack(x, func, name, consumer_stream)
     raise TypeError(f"{func}: {name} is not a CUDA array ({type(x).__name__})")
+
+
+def _opaque(cai: dict) -> bool:
+    """A typestr that only says "n bytes" (torch's bfloat16): DLPack names it."""
+    return str(cai.get("typestr", ""))[1:2] == "V"
 
 
 def _contiguity(func: str, name: str, shape: Tuple[int, ...], strides: Any, itemsize: int) -> None:

@@ -15,6 +15,13 @@ float32's bits, is an LLVM bitcast on the GPU and a numpy view in the
 simulator.
 
 numba.cuda is imported on first use.
+
+Why numba.cuda and not cupy ElementwiseKernels: both were written and
+measured on an H100 (docs/benchmarks.md). cupy's ran float32 faster, but cupy
+compiles every kernel with flush-to-zero (``-ftz=true``, which its users
+cannot turn off), so float32 and bfloat16 subnormals come out as zero: not
+the host's answer. numba.cuda keeps IEEE subnormals, matched cupy on
+float16/bfloat16, and is the same source the simulator runs in CI.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ __all__ = ["combine", "scale", "divide", "OPS"]
 OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
 _CODE = {name: i for i, name in enumerate(OPS)}
 _THREADS = 256
-_MAX_BLOCKS = 4096  # grid-stride loops beyond this
+_MAX_BLOCKS = 4096  # grid-stride loops beyond this (measured faster than a thread per element)
 
 _KERNELS: Dict[Tuple[str, str], Any] = {}
 cuda: Any = None  # numba.cuda, imported by _build
@@ -275,9 +282,7 @@ def scale(x: DeviceArray, factor: Union[float, complex], stream: int) -> None:
     """``x *= factor`` in place (PREMUL_SUM's step), queued on ``stream``."""
     if isinstance(factor, complex) and factor.imag:
         raise ValueError("pycoll.gpu.kernels.scale: a complex factor is not supported on device")
-    value = _factor(x, factor, "pycoll.gpu.kernels.scale")
-    _, kernel = _kernels(x.dtype)
-    _launch(kernel, x, stream, _view(x), value, False)
+    _scale(x, _factor(x, factor, "pycoll.gpu.kernels.scale"), False, stream)
 
 
 def divide(x: DeviceArray, divisor: Union[int, float], stream: int) -> None:
@@ -285,5 +290,9 @@ def divide(x: DeviceArray, divisor: Union[int, float], stream: int) -> None:
     value = _factor(x, divisor, "pycoll.gpu.kernels.divide")
     if math.isnan(float(np.real(value))):
         raise ValueError("pycoll.gpu.kernels.divide: the divisor is NaN")
+    _scale(x, value, True, stream)
+
+
+def _scale(x: DeviceArray, value: Any, divide: bool, stream: int) -> None:
     _, kernel = _kernels(x.dtype)
-    _launch(kernel, x, stream, _view(x), value, True)
+    _launch(kernel, x, stream, _view(x), value, divide)

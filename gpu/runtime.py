@@ -160,13 +160,31 @@ class CupyRuntime(Runtime):
         return stream.ptr
 
     def record(self, stream: int) -> Any:
-        event = self._cp.cuda.Event(block=False, disable_timing=True)
-        event.record(self._cp.cuda.ExternalStream(stream))
-        return event
+        return _CudaEvent(self._rt, stream)
 
     def _alloc_pinned(self, nbytes: int) -> np.ndarray:
         memory = self._cp.cuda.alloc_pinned_memory(nbytes)
         return np.frombuffer(memory, np.uint8, nbytes)  # keeps ``memory`` alive
+
+
+class _CudaEvent:
+    """A CUDA event recorded on a stream (the runtime API's, no timing)."""
+
+    _DISABLE_TIMING = 2
+
+    def __init__(self, rt: Any, stream: int) -> None:
+        self._rt = rt
+        self._event = rt.eventCreateWithFlags(self._DISABLE_TIMING)
+        rt.eventRecord(self._event, stream)
+
+    def synchronize(self) -> None:
+        self._rt.eventSynchronize(self._event)
+
+    def __del__(self) -> None:
+        try:
+            self._rt.eventDestroy(self._event)
+        except Exception:  # interpreter shutdown: the context is gone anyway
+            pass
 
 
 _RUNTIME: Optional[Runtime] = None

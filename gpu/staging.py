@@ -1,6 +1,7 @@
 """Large staged all_reduce and broadcast: chunked, so copies overlap MPI.
 
-A message over ``PYCOLL_STAGE_CHUNK`` bytes (default 4 MiB) goes in chunks
+A message over ``PYCOLL_STAGE_CHUNK`` bytes (default 1 MiB, measured best
+on an H100 with 2 ranks: docs/benchmarks.md) goes in chunks
 through one pinned host buffer. All device-to-host copies are queued at once
 on the caller's stream, each followed by an event; MPI then reduces (or
 broadcasts) chunk i as soon as its copy has landed, while the copies of the
@@ -25,7 +26,7 @@ def chunk_bytes() -> int:
     """The chunk size (``PYCOLL_STAGE_CHUNK`` bytes; 0 turns chunking off)."""
     text = os.environ.get("PYCOLL_STAGE_CHUNK", "").strip()
     if not text:
-        return 4 << 20
+        return 1 << 20
     try:
         value = int(text)
     except ValueError:

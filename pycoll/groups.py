@@ -69,6 +69,7 @@ class ProcessGroup:
         "_rec",
         "_word",
         "_timeout_s",
+        "_nccl",
     )
 
     def __init__(
@@ -85,6 +86,7 @@ class ProcessGroup:
         self.timeout = timeout
         self._timeout_s = timeout.total_seconds()
         self._seq = 0
+        self._nccl: Any = None  # the NCCL communicator, made on first use (pycoll.gpu.nccl)
         self._destroyed = False
         self._children = 0  # groups made from this one, for their names
         self._lock = threading.Lock()  # one issue order per group (pycoll.watch)
@@ -111,7 +113,7 @@ class ProcessGroup:
         return self._size
 
     def name(self) -> str:
-        """The backend's name, ``"mpi"`` (as torch's ``ProcessGroup.name()``)."""
+        """The backend's name, ``"mpi"`` or a config such as ``"cpu:mpi,cuda:nccl"``."""
         return self._backend
 
     def sequence_number(self) -> int:
@@ -221,19 +223,28 @@ def resolve(group: Any, func: str) -> Optional[ProcessGroup]:
     )
 
 
-def _parse_backend(backend: Optional[str]) -> str:
+def parse_backend(backend: Optional[str], func: str) -> str:
+    """``"mpi"``, or a backend config such as ``"cpu:mpi,cuda:nccl"`` (torch's
+    format, checked by pycoll.gpu.BackendConfig), normalized. Host arrays
+    always go through MPI, so a config must give ``cpu`` to ``mpi``."""
     if backend is None:
         return BACKEND
     if not isinstance(backend, str):
-        raise TypeError(
-            f"init_process_group: backend must be a string, got {type(backend).__name__}"
-        )
-    if backend.strip().lower() != BACKEND:
+        raise TypeError(f"{func}: backend must be a string, got {type(backend).__name__}")
+    from pycoll.gpu.backend_config import BackendConfig
+
+    try:
+        mapping = BackendConfig(backend).get_device_backend_map()
+    except ValueError as exc:
+        raise ValueError(f"{func}: {exc}") from None
+    if mapping.get("cpu") != BACKEND:
         raise ValueError(
-            f"init_process_group: backend {backend!r} is not available; pycoll runs "
-            f"on MPI, so use backend='mpi' (or leave it out)"
+            f"{func}: backend {backend!r} is not available alone; pycoll runs host "
+            f"arrays on MPI, so name both: backend='cpu:mpi,cuda:nccl' (or 'mpi')"
         )
-    return BACKEND
+    if mapping.get("cuda", BACKEND) == BACKEND:
+        return BACKEND
+    return ",".join(f"{d}:{b}" for d, b in mapping.items())
 
 
 def init_process_group(
@@ -252,7 +263,9 @@ def init_process_group(
     MPI. Every rank of the communicator must call it (it is collective).
 
     Args:
-        backend: ``"mpi"`` (the only backend; None means the same).
+        backend: ``"mpi"`` (None means the same), or a backend config naming
+            one backend per device kind, ``"cpu:mpi,cuda:nccl"``: CUDA arrays
+            then go through NCCL where it has the collective (pycoll.gpu.nccl).
         init_method: None or ``"env://"``; MPI does the rendezvous, so any
             other value is refused rather than silently ignored.
         timeout: the default timeout of operations on the group.
@@ -273,7 +286,7 @@ def init_process_group(
             "init_process_group: trying to initialize the default process "
             "group twice! Call destroy_process_group() first."
         )
-    backend_name = _parse_backend(backend)
+    backend_name = parse_backend(backend, "init_process_group")
     if init_method not in (None, "env://"):
         raise ValueError(
             f"init_process_group: init_method={init_method!r} is not used: MPI connects "
@@ -387,7 +400,7 @@ def get_world_size(group: Optional[ProcessGroup] = None) -> int:
 
 
 def get_backend(group: Optional[ProcessGroup] = None) -> str:
-    """The backend of ``group``: always ``"mpi"``."""
+    """The backend of ``group``: ``"mpi"``, or its config (``"cpu:mpi,cuda:nccl"``)."""
     pg = resolve_quiet(group, "get_backend")
     if pg is None:
         raise ValueError("get_backend: this rank is not a member of the group")

@@ -14,7 +14,15 @@ from datetime import timedelta
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _mpi
-from .groups import BACKEND, STATE, GroupMember, ProcessGroup, not_initialized, resolve
+from .groups import (
+    BACKEND,
+    STATE,
+    GroupMember,
+    ProcessGroup,
+    not_initialized,
+    parse_backend,
+    resolve,
+)
 
 __all__ = ["new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group"]
 
@@ -33,9 +41,12 @@ def _default(func: str) -> ProcessGroup:
     return pg
 
 
-def _check_backend(func: str, backend: Optional[str]) -> None:
-    if backend is not None and (not isinstance(backend, str) or backend.lower() != BACKEND):
-        raise ValueError(f"{func}: backend {backend!r} is not available; groups run on MPI")
+def _check_backend(func: str, backend: Optional[str]) -> str:
+    """The new group's backend: ``backend`` checked, or the default group's."""
+    if backend is None:
+        default = STATE.default
+        return default._backend if default is not None else BACKEND
+    return parse_backend(backend, func)
 
 
 def _timeout(func: str, timeout: Optional[timedelta], parent: ProcessGroup) -> timedelta:
@@ -74,10 +85,11 @@ def _ranks(func: str, name: str, ranks: Any, valid: Sequence[int]) -> List[int]:
 
 
 def _register(
-    comm: Any, ranks: List[int], name: str, timeout: timedelta, desc: Optional[str]
+    comm: Any, ranks: List[int], name: str, timeout: timedelta, desc: Optional[str], backend: str
 ) -> ProcessGroup:
     comm.Set_name(f"pycoll:{name}")
     pg = ProcessGroup(comm, ranks, name, timeout, desc or name)
+    pg._backend = backend
     STATE.groups[name] = pg
     return pg
 
@@ -114,7 +126,7 @@ def new_group(
     """
     func = "new_group"
     world = _default(func)
-    _check_backend(func, backend)
+    chosen = _check_backend(func, backend)
     group_timeout = _timeout(func, timeout, world)
     members = (
         list(range(world.size()))
@@ -142,7 +154,7 @@ def new_group(
                 return GroupMember.NON_GROUP_MEMBER
     finally:
         mpi_group.Free()
-    return _register(comm, members, name, group_timeout, group_desc)
+    return _register(comm, members, name, group_timeout, group_desc, chosen)
 
 
 def _split(
@@ -152,6 +164,7 @@ def _split(
     kind: str,
     timeout: Optional[timedelta],
     desc: Optional[str],
+    backend: str,
 ) -> Tuple[int, Optional[ProcessGroup]]:
     """Split ``parent`` into the disjoint sets of parent group ranks in ``layout``
     (collective over ``parent``); return this rank's index and part (-1, None
@@ -164,7 +177,7 @@ def _split(
     if comm == MPI.COMM_NULL:
         return color, None
     ranks = [parent._ranks[i] for i in sorted(layout[color])]
-    return color, _register(comm, ranks, f"{name}.{color}", group_timeout, desc)
+    return color, _register(comm, ranks, f"{name}.{color}", group_timeout, desc, backend)
 
 
 def new_subgroups(
@@ -188,7 +201,7 @@ def new_subgroups(
     parent = resolve(group, func)
     if parent is None:
         raise ValueError(f"{func}: this rank is not a member of the group to split")
-    _check_backend(func, backend)
+    chosen = _check_backend(func, backend)
     n = parent.size()
     if group_size is None:
         MPI = _mpi.MPI
@@ -204,7 +217,7 @@ def new_subgroups(
                 f"{func}: the group's size {n} must be divisible by group_size {group_size}"
             )
         layout = [tuple(range(i, i + group_size)) for i in range(0, n, group_size)]
-    color, mine = _split(func, parent, layout, "subgroup", timeout, group_desc)
+    color, mine = _split(func, parent, layout, "subgroup", timeout, group_desc, chosen)
     if mine is None:  # every rank is in one subgroup
         raise RuntimeError(f"{func}: MPI left rank {parent.rank()} out of every subgroup")
     subgroups: List[Subgroup] = [
@@ -231,9 +244,9 @@ def new_subgroups_by_enumeration(
     """
     func = "new_subgroups_by_enumeration"
     world = _default(func)
-    _check_backend(func, backend)
+    chosen = _check_backend(func, backend)
     layout = _disjoint(func, ranks_per_subgroup_list, world.size())
-    color, mine = _split(func, world, layout, "enum", timeout, group_desc)
+    color, mine = _split(func, world, layout, "enum", timeout, group_desc, chosen)
     subgroups: List[Subgroup] = [
         mine if i == color and mine is not None else GroupMember.NON_GROUP_MEMBER
         for i in range(len(layout))
@@ -284,4 +297,4 @@ def split_group(
     if split_ranks is None:
         raise ValueError(f"{func}: split_ranks is required (lists of parent group ranks)")
     layout = _disjoint(func, split_ranks, parent.size())
-    return _split(func, parent, layout, "split", timeout, group_desc)[1]
+    return _split(func, parent, layout, "split", timeout, group_desc, parent._backend)[1]

@@ -23,6 +23,8 @@ if os.environ.get("PYCOLL_TEST_GPU", "") != "1":
 
 # Tests that start their own jobs or processes: they run in the plain pass only.
 _OWN_JOBS = ("launch/", "testing/", "test_hangs.py")
+# Tests of one process's code (no MPI): the plain pass runs them once.
+_ONE_PROCESS = ("gpu/test_kernels.py", "gpu/test_device.py")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,7 +43,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
         return
     keep, drop = [], []
     for item in items:
-        own = any(part in item.nodeid for part in _OWN_JOBS)
+        own = any(part in item.nodeid for part in _OWN_JOBS + _ONE_PROCESS)
         (drop if own else keep).append(item)
         if not own:
             item.add_marker(pytest.mark.mpi(ranks=ranks))

@@ -1,0 +1,225 @@
+"""NCCL for CUDA arrays, on groups whose backend is ``"cpu:mpi,cuda:nccl"``.
+
+A group made with that backend (``init_process_group``, ``new_group`` and
+the other group constructors take it) sends its CUDA arrays through NCCL for
+the collectives NCCL has: all_reduce (SUM, PRODUCT, MIN, MAX, AVG, and
+PREMUL_SUM as a device scaling then SUM), broadcast, reduce,
+all_gather_into_tensor and reduce_scatter_tensor (without PREMUL_SUM), on
+the dtypes NCCL reduces (8/32/64-bit integers, float16, bfloat16, float32,
+float64). Everything else on that group, and every host array, goes through
+MPI as usual.
+
+Each group gets its own NCCL communicator on first use: rank 0 of the group
+makes the unique id and broadcasts it over the group's MPI communicator. An
+NCCL collective is still one pycoll collective: counted, checked at DETAIL,
+published on the progress board, and bounded by the group's timeout (the
+wait polls a CUDA event, so a peer that never arrives gives
+DistTimeoutError). The collective runs on the caller's stream; a
+synchronous call returns once it is done, an ``async_op=True`` one returns a
+Work whose ``wait()`` waits for it.
+
+cupy's NCCL bindings (``cupy.cuda.nccl``) carry the calls; without them a
+CUDA array on such a group is a RuntimeError saying what to install.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from pycoll.arrays import BFLOAT16
+
+from .device import DeviceArray
+
+__all__ = ["wanted", "run"]
+
+NCCL_BACKEND = "cuda:nccl"
+_DTYPES = {
+    np.dtype(np.int8): 0,
+    np.dtype(np.uint8): 1,
+    np.dtype(np.int32): 2,
+    np.dtype(np.uint32): 3,
+    np.dtype(np.int64): 4,
+    np.dtype(np.uint64): 5,
+    np.dtype(np.float16): 6,
+    np.dtype(np.float32): 7,
+    np.dtype(np.float64): 8,
+    BFLOAT16: 9,
+}
+_OPS = {"SUM": 0, "PRODUCT": 1, "MAX": 2, "MIN": 3, "AVG": 4}
+_COLLECTIVES = (
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+)
+_NOT_READY = 600  # cudaErrorNotReady
+
+
+def wanted(name: str, pg: Any, args: Dict[str, Any], devs: List[DeviceArray]) -> bool:
+    """Whether this call on ``pg`` goes through NCCL (see the module docstring)."""
+    if NCCL_BACKEND not in pg._backend or name not in _COLLECTIVES:
+        return False
+    if any(d.dtype not in _DTYPES for d in devs) or len({d.dtype for d in devs}) != 1:
+        return False
+    op = args.get("op")
+    if op is None:
+        return True
+    if op.name == "PREMUL_SUM":
+        return name == "all_reduce" and (devs[0].dtype.kind == "f" or devs[0].dtype == BFLOAT16)
+    if op.name == "AVG" and devs[0].dtype.kind in "iu":
+        return False  # the host path refuses it, with its message
+    return op.name in _OPS
+
+
+def _module() -> Any:
+    try:
+        from cupy.cuda import nccl
+    except ImportError:
+        nccl = None
+    if nccl is None or not getattr(nccl, "available", False):
+        raise RuntimeError(
+            "this group's backend sends CUDA arrays through NCCL, but cupy's NCCL "
+            "bindings are not available; install cupy with NCCL (pip install "
+            "'pycoll[gpu]' nvidia-nccl-cu12), or use backend='mpi'"
+        )
+    return nccl
+
+
+def communicator(pg: Any) -> Any:
+    """The group's NCCL communicator, made on first use (collective)."""
+    if pg._nccl is None:
+        nccl = _module()
+        import cupy
+
+        # NCCL refuses two ranks on one GPU with a bare "invalid usage"; say
+        # which ranks share one, on every rank, before NCCL is asked.
+        buses = pg.comm.allgather(cupy.cuda.Device().pci_bus_id)
+        shared = [pg._ranks[i] for i, bus in enumerate(buses) if buses.count(bus) > 1]
+        if shared:
+            raise RuntimeError(
+                f"NCCL needs one GPU per rank, but ranks {shared} of group "
+                f"{pg.group_desc!r} share a GPU; give each rank its own "
+                f"(pycoll-run --gpus-per-rank 1, or CUDA_VISIBLE_DEVICES), or use backend='mpi'"
+            )
+        uid = nccl.get_unique_id() if pg.rank() == 0 else None
+        uid = pg.comm.bcast(uid, root=0)
+        pg._nccl = nccl.NcclCommunicator(pg.size(), uid, pg.rank())
+    return pg._nccl
+
+
+class NcclWork:
+    """The Work of an NCCL collective: done when the caller's stream has run it."""
+
+    def __init__(self, pg: Any, op: str, seq: int, event: Any, result: List[Any]) -> None:
+        self._pg = pg
+        self.op = op
+        self.seq = seq
+        self._event = event
+        self._result = result
+        self._exc: Optional[BaseException] = None
+        self._done = False
+
+    def _poll(self) -> bool:
+        if not self._done:
+            import cupy
+
+            try:
+                status = cupy.cuda.runtime.eventQuery(self._event)
+            except cupy.cuda.runtime.CUDARuntimeError as exc:
+                if getattr(exc, "status", None) != _NOT_READY:
+                    raise
+                status = _NOT_READY
+            if status != _NOT_READY:
+                self._done = True
+                cupy.cuda.runtime.eventDestroy(self._event)
+        return self._done
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        from pycoll import watch
+
+        limit = self._pg._timeout_s if timeout is None else float(timeout)
+        start = time.monotonic()
+        while not self._poll():
+            elapsed = time.monotonic() - start
+            if elapsed >= limit:
+                self._exc = watch.timed_out(self._pg, self.op, self.seq, elapsed, limit, [])
+                raise self._exc
+            time.sleep(0 if elapsed < 0.01 else 0.001)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._poll()
+
+    def is_success(self) -> bool:
+        return self._poll() and self._exc is None
+
+    def exception(self) -> Optional[BaseException]:
+        return self._exc
+
+    def result(self) -> List[Any]:
+        self.wait()
+        return self._result
+
+
+def run(name: str, pg: Any, args: Dict[str, Any], devs: List[DeviceArray], stream: int) -> Any:
+    """Issue collective ``name`` through NCCL on ``stream``; wait unless async."""
+    from pycoll.collectives._common import group_rank, sequenced
+    from pycoll.ops import plan
+
+    from . import kernels
+
+    _module()  # before anything is counted: every rank raises alike
+    import cupy
+
+    nccl_op = 0
+    op = args.get("op")
+    dev = devs[0]
+    if op is not None:
+        plan(op, dev.dtype, name)  # the host path's checks and messages
+        nccl_op = 0 if op.name == "PREMUL_SUM" else _OPS[op.name]
+    root = None
+    if name in ("broadcast", "reduce"):
+        key = "src" if name == "broadcast" else "dst"
+        root = group_rank(pg, args[key], key, name)
+    dtype = _DTYPES[dev.dtype]
+    shape = f"shape={dev.shape}, {dev.dtype}"
+    opname = f"{op.name}, " if op is not None else ""
+    call = f"{name}({opname}{shape})"
+    if len(devs) == 2:
+        out, inp = devs
+        if name == "all_gather_into_tensor" and out.size != inp.size * pg.size():
+            raise ValueError(
+                f"{name}: output_tensor holds {out.size} elements but must hold "
+                f"{inp.size * pg.size()} (input_tensor.size x group size)"
+            )
+        if name == "reduce_scatter_tensor" and inp.size != out.size * pg.size():
+            raise ValueError(
+                f"{name}: input holds {inp.size} elements but must hold "
+                f"{out.size * pg.size()} (output.size x group size)"
+            )
+    with sequenced(pg, name, call) as seq:
+        comm = communicator(pg)
+        if op is not None and op.name == "PREMUL_SUM":
+            kernels.scale(dev, op._scale, stream)
+        if name == "all_reduce":
+            comm.allReduce(dev.ptr, dev.ptr, dev.size, dtype, nccl_op, stream)
+        elif name == "broadcast":
+            comm.bcast(dev.ptr, dev.size, dtype, root, stream)
+        elif name == "reduce":
+            comm.reduce(dev.ptr, dev.ptr, dev.size, dtype, nccl_op, root, stream)
+        elif name == "all_gather_into_tensor":
+            out, inp = devs
+            comm.allGather(inp.ptr, out.ptr, inp.size, dtype, stream)
+        else:
+            out, inp = devs
+            comm.reduceScatter(inp.ptr, out.ptr, out.size, dtype, nccl_op, stream)
+        event = cupy.cuda.runtime.eventCreateWithFlags(2)  # no timing
+        cupy.cuda.runtime.eventRecord(event, stream)
+        work = NcclWork(pg, name, seq, event, [devs[0].obj])
+        if not args.get("async_op"):
+            work.wait()
+    return work if args.get("async_op") else None
