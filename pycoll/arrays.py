@@ -66,11 +66,15 @@ def mpi_datatype(dtype: np.dtype) -> Any:
     return MPI_TYPES[dtype]
 
 
+# Functions that work on host memory only (their messages do not offer CUDA arrays).
+_HOST_ONLY = ("pycoll.kernels", "FusedAllReduce")
+
+
 def _type_error(func: str, name: str, x: Any) -> TypeError:
-    return TypeError(
-        f"{func}: {name} must be a numpy.ndarray or a CUDA array (cupy, torch.cuda, "
-        f"anything with __cuda_array_interface__ or __dlpack__), got {type(x).__name__}"
-    )
+    what = "a numpy.ndarray"
+    if not func.startswith(_HOST_ONLY):
+        what += " or a CUDA array (cupy, torch.cuda, anything with __cuda_array_interface__)"
+    return TypeError(f"{func}: {name} must be {what}, got {type(x).__name__}")
 
 
 # DLPack's device types for CUDA memory (kDLCUDA, kDLCUDAManaged).

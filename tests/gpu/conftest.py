@@ -13,6 +13,30 @@ REQUIRE_GPU = os.environ.get("PYCOLL_TEST_GPU", "") == "1"
 
 
 @pytest.fixture
+def real_gpu(monkeypatch):
+    """cupy, on a real GPU with pycoll.gpu's real runtime; skips without one
+    (fails under PYCOLL_TEST_GPU=1)."""
+    reason = None
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            reason = "no CUDA device"
+    except Exception as exc:  # no cupy, no driver
+        reason = f"no GPU here ({type(exc).__name__}: {exc})"
+    if reason is None and runtime.simulated():
+        reason = "NUMBA_ENABLE_CUDASIM=1 is set (set PYCOLL_TEST_GPU=1 for real-GPU runs)"
+    if reason is not None:
+        if REQUIRE_GPU:
+            pytest.fail(f"PYCOLL_TEST_GPU=1 but {reason}")
+        pytest.skip(reason)
+    monkeypatch.setattr(runtime, "_RUNTIME", None)
+    aware.reset()
+    yield cupy
+    aware.reset()
+
+
+@pytest.fixture
 def sim(monkeypatch):
     """pycoll.gpu's simulator runtime (device memory is host memory), fresh."""
     if not runtime.simulated():

@@ -7,32 +7,18 @@ failure. Run on a GPU machine as
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import REQUIRE_GPU
 
 import pycoll
 from pycoll import ReduceOp
-from pycoll.gpu import aware, runtime
+from pycoll.gpu import aware
 from support import assert_equal, data, reduce_all
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 @pytest.fixture
-def cp(monkeypatch):
-    try:
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            raise RuntimeError("no CUDA device")
-    except Exception as exc:
-        if REQUIRE_GPU:
-            pytest.fail(f"PYCOLL_TEST_GPU=1 but no usable GPU: {exc}")
-        pytest.skip(f"no GPU: {exc}")
-    if runtime.simulated():
-        pytest.fail("NUMBA_ENABLE_CUDASIM=1 is set; a real-GPU run needs it unset")
-    monkeypatch.setattr(runtime, "_RUNTIME", None)
-    yield cupy
-    aware.reset()
+def cp(real_gpu):
+    return real_gpu
 
 
 @pytest.mark.parametrize("chunk", ["0", "4096"], ids=["whole", "chunked"])
