@@ -19,9 +19,11 @@ and Work handles are pycoll's usual ones, on one of two kinds of host array:
   buffers to MPI untouched go this way: all_reduce, reduce,
   reduce_scatter_tensor with MPI's predefined ops (AVG and PREMUL_SUM add a
   device division or scaling around SUM), broadcast, all_gather_into_tensor,
-  all_to_all_single and point-to-point. Other calls (lists of arrays,
-  float16/bfloat16 arithmetic and NaN-propagating MIN/MAX, which are MPI user
-  ops running on the host, overlapping arrays) are staged even then.
+  all_to_all_single and point-to-point. A synchronous all_reduce of floats
+  whose op is one of pycoll's MPI user ops (float16/bfloat16 arithmetic,
+  NaN-propagating MIN/MAX), which MPI runs on the host, goes through pycoll's
+  own device ring instead (:mod:`pycoll.gpu.ring`). Other calls (lists of
+  arrays, overlapping arrays, async reductions with such ops) are staged.
 
 Streams: before MPI sees any data, pycoll synchronizes the stream each array
 was produced on (the stream in its ``__cuda_array_interface__``, or the
@@ -204,8 +206,11 @@ def call(name: str, func: Callable[..., Any], args: Dict[str, Any]) -> Any:
         devs = [s.dev for s in slots]
         if nccl.wanted(name, pg, args, devs):
             return nccl.run(name, pg, args, devs, stream)
-    if cuda_aware().aware and _aware_ok(name, args, slots):
-        return _aware(name, func, args, slots, rt, stream)
+    if cuda_aware().aware:
+        if _aware_ok(name, args, slots):
+            return _aware(name, func, args, slots, rt, stream)
+        if _ring_ok(name, args, slots):
+            return _ring(args, slots[0].dev, rt, stream)
     if name in ("all_reduce", "broadcast") and staging.chunked(slots[0].dev.nbytes):
         return staging.pipelined(name, args, slots[0].dev, rt, stream)
     return _staged(name, func, args, slots, rt, stream)
@@ -236,6 +241,39 @@ def _aware_ok(name: str, args: Dict[str, Any], slots: List[_Slot]) -> bool:
     except ValueError:
         return False  # the host call raises it, with the same message
     return how.plain and how.mpi_op.is_predefined
+
+
+def _ring_ok(name: str, args: Dict[str, Any], slots: List[_Slot]) -> bool:
+    """A synchronous all_reduce of floats whose op MPI cannot run on device
+    memory (a pycoll user op): pycoll's device ring (pycoll.gpu.ring)."""
+    if name != "all_reduce" or args.get("async_op") or len(slots) != 1:
+        return False
+    from pycoll.ops import ReduceOp
+
+    op = args.get("op", ReduceOp.SUM)
+    dev = slots[0].dev
+    if not isinstance(op, ReduceOp) or dev.readonly:
+        return False
+    if arrays.dtype_kind(dev.dtype) not in ("half", "float"):
+        return False
+    return op.name in ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "PREMUL_SUM")
+
+
+def _ring(args: Dict[str, Any], dev: DeviceArray, rt: runtime.Runtime, stream: int) -> None:
+    from pycoll.ops import ReduceOp, plan
+
+    from . import ring
+
+    pg = resolve(args.get("group"), "all_reduce")
+    if pg is None:
+        return None
+    op = args.get("op", ReduceOp.SUM)
+    plan(op, dev.dtype, "all_reduce")  # the host path's checks and messages
+    part = dev.size // pg.size() + 1
+    ptr, owner = rt.scratch(part * dev.dtype.itemsize)
+    scratch = DeviceArray(owner, ptr, (part,), dev.dtype, False, None)
+    ring.all_reduce(pg, dev, op, stream, rt, scratch)
+    return None
 
 
 def _aware(

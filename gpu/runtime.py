@@ -18,7 +18,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -49,6 +49,11 @@ class Runtime:
         raise NotImplementedError
 
     def new_stream(self) -> int:
+        raise NotImplementedError
+
+    def scratch(self, nbytes: int) -> Tuple[int, Any]:
+        """Device memory of ``nbytes`` for pycoll's own use: (address, the
+        object that owns it, to keep while the memory is used)."""
         raise NotImplementedError
 
     def record(self, stream: int) -> Any:
@@ -120,6 +125,10 @@ class SimRuntime(Runtime):
     def record(self, stream: int) -> Any:
         return _SimEvent()
 
+    def scratch(self, nbytes: int) -> Tuple[int, Any]:
+        owner = np.empty(max(nbytes, 1), np.uint8)
+        return owner.ctypes.data, owner
+
     def _alloc_pinned(self, nbytes: int) -> np.ndarray:
         return np.empty(nbytes, np.uint8)
 
@@ -161,6 +170,10 @@ class CupyRuntime(Runtime):
 
     def record(self, stream: int) -> Any:
         return _CudaEvent(self._rt, stream)
+
+    def scratch(self, nbytes: int) -> Tuple[int, Any]:
+        owner = self._cp.empty(max(nbytes, 1), self._cp.uint8)
+        return owner.data.ptr, owner
 
     def _alloc_pinned(self, nbytes: int) -> np.ndarray:
         memory = self._cp.cuda.alloc_pinned_memory(nbytes)

@@ -70,6 +70,7 @@ class ProcessGroup:
         "_word",
         "_timeout_s",
         "_nccl",
+        "_ring",
     )
 
     def __init__(
@@ -87,6 +88,7 @@ class ProcessGroup:
         self._timeout_s = timeout.total_seconds()
         self._seq = 0
         self._nccl: Any = None  # the NCCL communicator, made on first use (pycoll.gpu.nccl)
+        self._ring: Any = None  # a duplicate communicator for pycoll.gpu.ring's messages
         self._destroyed = False
         self._children = 0  # groups made from this one, for their names
         self._lock = threading.Lock()  # one issue order per group (pycoll.watch)
@@ -373,6 +375,8 @@ def _free(pg: ProcessGroup) -> None:
     if not pg._destroyed:
         if pg._broken is None:  # a timed-out operation may still use the communicator
             pg.comm.Free()
+            if pg._ring is not None:
+                pg._ring.Free()
         pg._destroyed = True
         pg._rec = None
 

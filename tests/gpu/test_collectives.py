@@ -219,3 +219,25 @@ def test_specs_name_real_parameters():
         assert "stream" in params, name
         for param, _, _ in spec:
             assert param in params, (name, param)
+
+
+@pytest.mark.parametrize("size", [1, 7, 301])
+@pytest.mark.parametrize("op", ["SUM", "MAX", "AVG", "PREMUL_SUM"])
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16), BF16, F32], ids=str)
+def test_aware_user_ops_go_through_the_device_ring(
+    dtype, op, size, sim, monkeypatch, rank, world_size
+):
+    monkeypatch.setenv("PYCOLL_CUDA_AWARE", "1")
+    from pycoll.gpu import aware
+
+    aware.reset()
+    if dtype == F32 and op in ("SUM", "AVG", "PREMUL_SUM"):
+        op = "MIN"  # float32 SUM is MPI's own op: the ring is for pycoll's user ops
+    host = data(rank, dtype, (size,))
+    seq = pycoll.group.WORLD._seq
+    pycoll.all_reduce(FakeDLPack(host), op=rop(op))
+    assert_equal(host, expected(op, dtype, world_size, (size,)))
+    assert pycoll.group.WORLD._seq == seq + 1
+    assert sim.pinned_allocations == 0  # nothing was staged
+    assert (pycoll.group.WORLD._ring is not None) == (world_size > 1)
+    aware.reset()
