@@ -17,12 +17,9 @@ import numpy as np
 BF16_CODE = 4  # DLPack's kDLBfloat
 
 
-class FakeCAI:
-    def __init__(self, host: np.ndarray, stream: Optional[int] = 1, readonly: bool = False):
+class _HostBacked:
+    def __init__(self, host: np.ndarray):
         self.host = host
-        self.stream = stream
-        self.readonly = readonly
-        self.strides = None if host.flags.c_contiguous else host.strides
 
     @property
     def shape(self):
@@ -31,6 +28,14 @@ class FakeCAI:
     @property
     def dtype(self):
         return self.host.dtype
+
+
+class FakeCAI(_HostBacked):
+    def __init__(self, host: np.ndarray, stream: Optional[int] = 1, readonly: bool = False):
+        super().__init__(host)
+        self.stream = stream
+        self.readonly = readonly
+        self.strides = None if host.flags.c_contiguous else host.strides
 
     @property
     def __cuda_array_interface__(self) -> dict:
@@ -45,18 +50,10 @@ class FakeCAI:
         }
 
 
-class FakeDLPack:
+class FakeDLPack(_HostBacked):
     def __init__(self, host: np.ndarray):
-        self.host = host
+        super().__init__(host)
         self.asked: List[Optional[int]] = []  # streams consumers passed to __dlpack__
-
-    @property
-    def shape(self):
-        return self.host.shape
-
-    @property
-    def dtype(self):
-        return self.host.dtype
 
     def __dlpack_device__(self):
         return (2, 0)  # kDLCUDA, device 0

@@ -73,3 +73,16 @@ def test_host_alias_is_the_same_memory():
     assert alias.ctypes.data == host.ctypes.data
     alias[0, 0] = 7
     assert host[0, 0] == 7
+
+
+def test_an_opaque_cai_with_dlpack_goes_through_dlpack():
+    # torch's bfloat16 CUDA tensors: a "<V2" typestr, and a DLPack export that names it
+    class TorchLike(FakeDLPack):
+        @property
+        def __cuda_array_interface__(self):
+            return FakeCAI(self.host.view(np.uint16).view("V2")).__cuda_array_interface__
+
+    host = np.arange(3, dtype=np.float32).astype(BF16)
+    fake = TorchLike(host)
+    d = adapt(fake, "f", "x", consumer_stream=5)
+    assert d.dtype == BF16 and fake.asked == [5]
