@@ -56,6 +56,10 @@ class Runtime:
         object that owns it, to keep while the memory is used)."""
         raise NotImplementedError
 
+    def wait(self, stream: int, event: Any) -> None:
+        """Make later work on ``stream`` wait for ``event`` (on the GPU)."""
+        raise NotImplementedError
+
     def record(self, stream: int) -> Any:
         """An event marking the work queued on ``stream`` so far; ``.synchronize()`` waits."""
         raise NotImplementedError
@@ -70,6 +74,7 @@ class Runtime:
         self._free: Dict[int, List[np.ndarray]] = {}
         self._lock = threading.Lock()
         self.pinned_allocations = 0
+        self.pinned_bytes = 0  # held by the pool, in use or free
 
     def take(self, nbytes: int) -> np.ndarray:
         """A pinned uint8 buffer of at least ``nbytes`` from the pool."""
@@ -79,6 +84,7 @@ class Runtime:
             if free:
                 return free.pop()
         self.pinned_allocations += 1
+        self.pinned_bytes += size
         return self._alloc_pinned(size)
 
     def give(self, buf: np.ndarray) -> None:
@@ -125,6 +131,9 @@ class SimRuntime(Runtime):
     def record(self, stream: int) -> Any:
         return _SimEvent()
 
+    def wait(self, stream: int, event: Any) -> None:
+        pass  # copies are done when they return
+
     def scratch(self, nbytes: int) -> Tuple[int, Any]:
         owner = np.empty(max(nbytes, 1), np.uint8)
         return owner.ctypes.data, owner
@@ -170,6 +179,9 @@ class CupyRuntime(Runtime):
 
     def record(self, stream: int) -> Any:
         return _CudaEvent(self._rt, stream)
+
+    def wait(self, stream: int, event: Any) -> None:
+        self._rt.streamWaitEvent(stream, event._event, 0)
 
     def scratch(self, nbytes: int) -> Tuple[int, Any]:
         owner = self._cp.empty(max(nbytes, 1), self._cp.uint8)

@@ -1,20 +1,22 @@
 """Large staged all_reduce and broadcast: chunked, so copies overlap MPI.
 
 A message over ``PYCOLL_STAGE_CHUNK`` bytes (default 1 MiB, measured best
-on an H100 with 2 ranks: docs/benchmarks.md) goes in chunks
-through one pinned host buffer. All device-to-host copies are queued at once
-on the caller's stream, each followed by an event; MPI then reduces (or
-broadcasts) chunk i as soon as its copy has landed, while the copies of the
-chunks after it are still running, and each finished chunk is copied back up
-on a second stream while MPI works on the next. It is one collective (one
-sequence number, one DETAIL check, one timeout, one Work): each chunk is a
-stage of the Work (see pycoll.work).
+on an H100 with 2 ranks: docs/benchmarks.md) goes in chunks through a ring of
+three chunk-sized pinned slots, so the pinned memory a call holds does not
+grow with the message. While MPI reduces (or broadcasts) chunk i, chunk i+1
+is being copied down on the caller's stream and chunk i-1 copied up on a
+second stream; a slot is refilled only after its last chunk has gone up (a
+wait on the GPU, not on the host). It is one collective (one sequence number,
+one DETAIL check, one timeout, one Work): each chunk is a stage of the Work
+(see pycoll.work).
 """
 
 from __future__ import annotations
 
 import os
 from typing import Any, Callable, Dict, List
+
+import numpy as np
 
 from . import runtime
 from .device import DeviceArray
@@ -79,21 +81,34 @@ def pipelined(
         call = f"broadcast(src={src}, {shape})"
     if writing and dev.readonly:
         raise ValueError(f"{name}: tensor is read-only, so the result cannot be written into it")
-    buf = rt.take(dev.nbytes)
-    host = buf[: dev.nbytes].view(dev.dtype)
-    events: List[Any] = []
-    if reading:
-        for a, b in bounds:
-            rt.to_host(host[a:b], dev.ptr + a * item, stream)
-            events.append(rt.record(stream))
-    up = _copy_stream(rt)
+    nchunks = len(bounds)
+    slots = min(SLOTS, nchunks)
+    buf = rt.take(slots * per * item)  # a few chunks of pinned memory, whatever the size
+    down: List[Any] = [None] * nchunks  # event: chunk i is in its slot
+    up: List[Any] = [None] * nchunks  # event: chunk i is back in device memory
+    out = _copy_stream(rt)
     size = pg._size
 
-    def start(i: int) -> Any:
+    def slot(i: int) -> np.ndarray:
         a, b = bounds[i]
-        part = host[a:b]
-        if events:
-            events[i].synchronize()
+        base = (i % slots) * per * item
+        return buf[base : base + (b - a) * item].view(dev.dtype)
+
+    def fetch(i: int) -> None:
+        """Queue chunk i's copy down, once its slot's last chunk has gone up."""
+        if not reading or i >= nchunks:
+            return
+        if writing and i >= slots:
+            rt.wait(stream, up[i - slots])  # on the GPU: the host does not block
+        rt.to_host(slot(i), dev.ptr + bounds[i][0] * item, stream)
+        down[i] = rt.record(stream)
+
+    def start(i: int) -> Any:
+        part = slot(i)
+        if reading:
+            down[i].synchronize()
+        elif i >= slots:
+            up[i - slots].synchronize()  # the slot's last chunk has left it
         if name == "all_reduce":
             if how.prescale is not None:
                 kernels.scale(part, how.prescale, out=part)
@@ -101,12 +116,13 @@ def pipelined(
         return comm.Ibcast([part, datatype], root)
 
     def land(i: int) -> None:
-        a, b = bounds[i]
-        part = host[a:b]
+        part = slot(i)
         if name == "all_reduce" and how.average:
             kernels.divide(part, size, out=part)
         if writing:
-            rt.to_device(dev.ptr + a * item, part, up)
+            rt.to_device(dev.ptr + bounds[i][0] * item, part, out)
+            up[i] = rt.record(out)
+        fetch(i + slots)
 
     def stage(i: int) -> Callable[[], List[Any]]:
         def go() -> List[Any]:
@@ -116,10 +132,13 @@ def pipelined(
         return go
 
     def finish() -> None:
-        land(len(bounds) - 1)
-        rt.synchronize(up)
+        land(nchunks - 1)
+        rt.synchronize(out)
+        rt.synchronize(stream)
         rt.give(buf)
 
+    for i in range(slots):
+        fetch(i)
     return run(
         pg,
         name,
@@ -136,6 +155,7 @@ def pipelined(
 
 
 _STREAMS: Dict[int, int] = {}
+SLOTS = 3  # chunks of pinned memory in flight: one going down, one in MPI, one going up
 
 
 def _copy_stream(rt: runtime.Runtime) -> int:

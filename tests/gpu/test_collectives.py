@@ -59,6 +59,20 @@ def test_chunked_all_reduce(op, dtype, sim, monkeypatch, rank, world_size):
     aware.reset()
 
 
+def test_chunked_staging_pins_a_few_chunks_not_the_message(sim, monkeypatch, rank, world_size):
+    monkeypatch.setenv("PYCOLL_CUDA_AWARE", "0")
+    monkeypatch.setenv("PYCOLL_STAGE_CHUNK", str(64 << 10))
+    from pycoll.gpu import aware
+
+    aware.reset()
+    shape = (1 << 20,)  # 4 MiB of float32: 64 chunks
+    host = data(rank, F32, shape)
+    pycoll.all_reduce(FakeCAI(host), op=ReduceOp.MAX)
+    assert_equal(host, expected("MAX", F32, world_size, shape))
+    assert sim.pinned_bytes <= 256 << 10  # three 64 KiB slots (the pool rounds to 256 KiB)
+    aware.reset()
+
+
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
 def test_chunked_broadcast(sim, monkeypatch, rank, world_size, async_op):
     monkeypatch.setenv("PYCOLL_CUDA_AWARE", "0")
