@@ -1,11 +1,13 @@
-"""pycoll.gpu: GPU arrays over MPI (in progress).
+"""pycoll.gpu: CUDA arrays in pycoll's collectives.
 
-What is here so far:
+Every collective takes CUDA arrays (cupy, torch CUDA tensors, anything with
+``__cuda_array_interface__`` or CUDA ``__dlpack__``); :mod:`pycoll.gpu.collectives`
+sends them through NCCL, a CUDA-aware MPI, or pinned host memory. Public here:
 
 - :func:`cuda_aware`: whether the MPI library can take device pointers, and why
   pycoll thinks so (see :mod:`pycoll.gpu.aware`).
 - :class:`BackendConfig`: torch's backend-config strings (``"cpu:mpi,cuda:nccl"``),
-  parsed and checked.
+  parsed and checked; ``init_process_group(backend=...)`` takes them.
 
 Importing this module needs neither cupy nor a GPU.
 """

@@ -1,7 +1,8 @@
 """pycoll: collective communication on MPI, with torch.distributed's API.
 
 Arrays are numpy arrays (any dtype in ``pycoll.arrays.SUPPORTED_DTYPES``,
-bfloat16 included). Importing pycoll does not start MPI, nor import numpy
+bfloat16 included) or CUDA arrays (cupy, torch CUDA tensors: see pycoll.gpu).
+Importing pycoll does not start MPI, nor import numpy
 or the collectives (they load on first use); :func:`init_process_group`
 starts MPI.
 
