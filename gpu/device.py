@@ -16,14 +16,11 @@ from typing import Any, Optional, Tuple
 import ml_dtypes
 import numpy as np
 
-from pycoll.arrays import check_dtype, is_cuda
+from pycoll.arrays import CUDA_DLPACK, check_dtype, is_cuda
 
-__all__ = ["DeviceArray", "adapt", "CUDA_DEVICE_TYPES"]
+from .runtime import LEGACY_STREAM
 
-# DLPack device types that are CUDA device memory: kDLCUDA, kDLCUDAManaged.
-CUDA_DEVICE_TYPES = (2, 13)
-# DLPack's stream convention for the legacy default stream.
-LEGACY_STREAM = 1
+__all__ = ["DeviceArray", "adapt"]
 
 # DLPack (code, bits) -> numpy dtype, for the dtypes pycoll sends.
 _DL_DTYPES = {
@@ -189,7 +186,7 @@ _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 def _from_dlpack(x: Any, func: str, name: str, consumer_stream: Optional[int]) -> DeviceArray:
     device_type, _ = x.__dlpack_device__()
-    if int(device_type) not in CUDA_DEVICE_TYPES:
+    if int(device_type) not in CUDA_DLPACK:
         raise TypeError(f"{func}: {name} is a DLPack array on device type {device_type}, not CUDA")
     stream = LEGACY_STREAM if consumer_stream is None else consumer_stream
     capsule = x.__dlpack__(stream=stream)

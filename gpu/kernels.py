@@ -211,10 +211,9 @@ def _storage(dtype: np.dtype) -> Tuple[str, np.dtype]:
     """The kernel kind of ``dtype`` and the dtype the kernel sees."""
     if dtype == BFLOAT16:
         return "bf16", np.dtype(np.uint16)
-    kind = dtype_kind(dtype)
     if dtype == np.float16:
         return "f16", dtype
-    return {"half": "f16"}.get(kind, kind), dtype
+    return dtype_kind(dtype), dtype
 
 
 def _kernels(dtype: np.dtype) -> Tuple[Any, Any]:

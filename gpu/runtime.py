@@ -25,13 +25,11 @@ import numpy as np
 __all__ = ["Runtime", "CupyRuntime", "SimRuntime", "get", "reset"]
 
 LEGACY_STREAM = 1
-_MEMCPY_H2D, _MEMCPY_D2H, _MEMCPY_D2D = 1, 2, 3
+_MEMCPY_H2D, _MEMCPY_D2H = 1, 2
 
 
 class Runtime:
     """What pycoll needs of CUDA. Copies are asynchronous on ``stream``."""
-
-    name = "none"
 
     def current_stream(self) -> int:
         raise NotImplementedError
@@ -43,9 +41,6 @@ class Runtime:
         raise NotImplementedError
 
     def to_device(self, ptr: int, host: np.ndarray, stream: int) -> None:
-        raise NotImplementedError
-
-    def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         raise NotImplementedError
 
     def new_stream(self) -> int:
@@ -101,8 +96,6 @@ class _SimEvent:
 class SimRuntime(Runtime):
     """Device memory is host memory (numba's CUDA simulator's model)."""
 
-    name = "simulator"
-
     def __init__(self) -> None:
         super().__init__()
         self.synchronized: List[int] = []  # every stream synchronized, in order
@@ -120,9 +113,6 @@ class SimRuntime(Runtime):
 
     def to_device(self, ptr: int, host: np.ndarray, stream: int) -> None:
         ctypes.memmove(ptr, host.ctypes.data, host.nbytes)
-
-    def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        ctypes.memmove(dst, src, nbytes)
 
     def new_stream(self) -> int:
         self._next_stream += 1
@@ -145,8 +135,6 @@ class SimRuntime(Runtime):
 class CupyRuntime(Runtime):
     """A real GPU, through cupy's runtime bindings."""
 
-    name = "cupy"
-
     def __init__(self) -> None:
         super().__init__()
         import cupy
@@ -167,9 +155,6 @@ class CupyRuntime(Runtime):
 
     def to_device(self, ptr: int, host: np.ndarray, stream: int) -> None:
         self._rt.memcpyAsync(ptr, host.ctypes.data, host.nbytes, _MEMCPY_H2D, stream)
-
-    def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        self._rt.memcpyAsync(dst, src, nbytes, _MEMCPY_D2D, stream)
 
     def new_stream(self) -> int:
         stream = self._cp.cuda.Stream(non_blocking=True)

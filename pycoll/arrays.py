@@ -78,7 +78,7 @@ def _type_error(func: str, name: str, x: Any) -> TypeError:
 
 
 # DLPack's device types for CUDA memory (kDLCUDA, kDLCUDAManaged).
-_CUDA_DLPACK = (2, 13)
+CUDA_DLPACK = (2, 13)
 
 
 def is_cuda(x: Any) -> bool:
@@ -93,7 +93,7 @@ def is_cuda(x: Any) -> bool:
     if device is None:
         return False
     try:
-        return int(device()[0]) in _CUDA_DLPACK
+        return int(device()[0]) in CUDA_DLPACK
     except Exception:
         return False
 
