@@ -193,6 +193,12 @@ def call(name: str, func: Callable[..., Any], args: Dict[str, Any]) -> Any:
         if x is not None
     ]
     _roles(name, args, slots)
+    for s in slots:
+        if s.role != IN and s.dev.readonly:
+            raise ValueError(
+                f"{name}: {_label(s.path)} is read-only, so the result cannot be written "
+                f"into it; pass a writeable array (e.g. a copy)"
+            )
     # The producers' work must be done before MPI or a copy reads the data.
     producers = {s.dev.stream for s in slots if s.dev.stream is not None}
     for p in producers - {stream}:
@@ -252,7 +258,7 @@ def _ring_ok(name: str, args: Dict[str, Any], slots: List[_Slot]) -> bool:
 
     op = args.get("op", ReduceOp.SUM)
     dev = slots[0].dev
-    if not isinstance(op, ReduceOp) or dev.readonly:
+    if not isinstance(op, ReduceOp):
         return False
     if arrays.dtype_kind(dev.dtype) not in ("half", "float"):
         return False

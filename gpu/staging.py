@@ -51,7 +51,7 @@ def pipelined(
 ) -> Any:
     """all_reduce or broadcast of one device array, in chunks (module docstring)."""
     from pycoll import _mpi, kernels
-    from pycoll.arrays import check_dtype, mpi_datatype
+    from pycoll.arrays import mpi_datatype
     from pycoll.collectives._common import group_rank, run
     from pycoll.groups import resolve
     from pycoll.ops import ReduceOp, plan
@@ -59,7 +59,6 @@ def pipelined(
     pg = resolve(args.get("group"), name)
     if pg is None:
         return None
-    check_dtype(name, "tensor", dev.dtype)
     n = dev.size
     item = dev.dtype.itemsize
     per = max(1, chunk_bytes() // item)
@@ -79,8 +78,6 @@ def pipelined(
         reading = root == pg._rank
         writing = not reading
         call = f"broadcast(src={src}, {shape})"
-    if writing and dev.readonly:
-        raise ValueError(f"{name}: tensor is read-only, so the result cannot be written into it")
     nchunks = len(bounds)
     slots = min(SLOTS, nchunks)
     buf = rt.take(slots * per * item)  # a few chunks of pinned memory, whatever the size

@@ -225,6 +225,24 @@ def test_bad_device_arrays_are_refused_with_the_host_messages(path, rank):
         pycoll.all_reduce(FakeCAI(data(rank, F32)), op=ReduceOp.BAND)
 
 
+@pytest.mark.parametrize("chunk", ["0", "64"], ids=["whole", "chunked"])
+def test_read_only_device_arrays_are_refused_where_written(path, monkeypatch, chunk, rank):
+    monkeypatch.setenv("PYCOLL_STAGE_CHUNK", chunk)
+    host = data(rank, F32, (100,))
+    before = host.copy()
+    seq = pycoll.group.WORLD._seq
+    with pytest.raises(ValueError, match="all_reduce: tensor is read-only.*writeable"):
+        pycoll.all_reduce(FakeCAI(host, readonly=True))
+    out = FakeCAI(np.zeros(100 * pycoll.get_world_size(), F32), readonly=True)
+    with pytest.raises(ValueError, match="output_tensor is read-only"):
+        pycoll.all_gather_into_tensor(out, FakeCAI(host))
+    assert_equal(host, before)
+    assert pycoll.group.WORLD._seq == seq
+    # read-only where it is only read: the source of a broadcast
+    pycoll.broadcast(FakeCAI(host, readonly=rank == 0), src=0)
+    assert_equal(host, data(0, F32, (100,)))
+
+
 def test_specs_name_real_parameters():
     import inspect
 
