@@ -31,6 +31,8 @@ _MEMCPY_H2D, _MEMCPY_D2H = 1, 2
 class Runtime:
     """What pycoll needs of CUDA. Copies are asynchronous on ``stream``."""
 
+    _side: Optional[int]  # pycoll's own stream, once made
+
     def current_stream(self) -> int:
         raise NotImplementedError
 
@@ -43,8 +45,14 @@ class Runtime:
     def to_device(self, ptr: int, host: np.ndarray, stream: int) -> None:
         raise NotImplementedError
 
-    def new_stream(self) -> int:
+    def _new_stream(self) -> int:
         raise NotImplementedError
+
+    def side_stream(self) -> int:
+        """pycoll's own stream (copies back up run on it), made on first use."""
+        if self._side is None:
+            self._side = self._new_stream()
+        return self._side
 
     def scratch(self, nbytes: int) -> Tuple[int, Any]:
         """Device memory of ``nbytes`` for pycoll's own use: (address, the
@@ -70,6 +78,7 @@ class Runtime:
         self._lock = threading.Lock()
         self.pinned_allocations = 0
         self.pinned_bytes = 0  # held by the pool, in use or free
+        self._side = None
 
     def take(self, nbytes: int) -> np.ndarray:
         """A pinned uint8 buffer of at least ``nbytes`` from the pool."""
@@ -99,7 +108,6 @@ class SimRuntime(Runtime):
     def __init__(self) -> None:
         super().__init__()
         self.synchronized: List[int] = []  # every stream synchronized, in order
-        self._next_stream = 0x5000
         self.current = LEGACY_STREAM  # what current_stream() answers; tests set it
 
     def current_stream(self) -> int:
@@ -114,9 +122,8 @@ class SimRuntime(Runtime):
     def to_device(self, ptr: int, host: np.ndarray, stream: int) -> None:
         ctypes.memmove(ptr, host.ctypes.data, host.nbytes)
 
-    def new_stream(self) -> int:
-        self._next_stream += 1
-        return self._next_stream
+    def _new_stream(self) -> int:
+        return 0x5001  # any handle other than the caller's: streams are only recorded
 
     def record(self, stream: int) -> Any:
         return _SimEvent()
@@ -156,11 +163,9 @@ class CupyRuntime(Runtime):
     def to_device(self, ptr: int, host: np.ndarray, stream: int) -> None:
         self._rt.memcpyAsync(ptr, host.ctypes.data, host.nbytes, _MEMCPY_H2D, stream)
 
-    def new_stream(self) -> int:
-        stream = self._cp.cuda.Stream(non_blocking=True)
-        self._streams = getattr(self, "_streams", [])
-        self._streams.append(stream)  # kept alive for the process
-        return stream.ptr
+    def _new_stream(self) -> int:
+        self._side_owner = self._cp.cuda.Stream(non_blocking=True)  # lives with the runtime
+        return self._side_owner.ptr
 
     def record(self, stream: int) -> Any:
         return _CudaEvent(self._rt, stream)

@@ -83,7 +83,7 @@ def pipelined(
     buf = rt.take(slots * per * item)  # a few chunks of pinned memory, whatever the size
     down: List[Any] = [None] * nchunks  # event: chunk i is in its slot
     up: List[Any] = [None] * nchunks  # event: chunk i is back in device memory
-    out = _copy_stream(rt)
+    out = rt.side_stream()
     size = pg._size
 
     def slot(i: int) -> np.ndarray:
@@ -151,13 +151,4 @@ def pipelined(
     )
 
 
-_STREAMS: Dict[int, int] = {}
 SLOTS = 3  # chunks of pinned memory in flight: one going down, one in MPI, one going up
-
-
-def _copy_stream(rt: runtime.Runtime) -> int:
-    """pycoll's stream for host-to-device copies (one per runtime)."""
-    key = id(rt)
-    if key not in _STREAMS:
-        _STREAMS[key] = rt.new_stream()
-    return _STREAMS[key]
