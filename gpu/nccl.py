@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from pycoll.arrays import BFLOAT16
+from pycoll.arrays import BFLOAT16, check_size
 
 from .device import DeviceArray
 
@@ -189,18 +189,13 @@ def run(name: str, pg: Any, args: Dict[str, Any], devs: List[DeviceArray], strea
     shape = f"shape={dev.shape}, {dev.dtype}"
     opname = f"{op.name}, " if op is not None else ""
     call = f"{name}({opname}{shape})"
-    if len(devs) == 2:
+    if name == "all_gather_into_tensor":  # the host collectives' checks, on device arrays
         out, inp = devs
-        if name == "all_gather_into_tensor" and out.size != inp.size * pg.size():
-            raise ValueError(
-                f"{name}: output_tensor holds {out.size} elements but must hold "
-                f"{inp.size * pg.size()} (input_tensor.size x group size)"
-            )
-        if name == "reduce_scatter_tensor" and inp.size != out.size * pg.size():
-            raise ValueError(
-                f"{name}: input holds {inp.size} elements but must hold "
-                f"{out.size * pg.size()} (output.size x group size)"
-            )
+        why = "input_tensor.size x group size"
+        check_size(name, "output_tensor", out, inp.size * pg.size(), why)  # type: ignore[arg-type]
+    elif name == "reduce_scatter_tensor":
+        out, inp = devs
+        check_size(name, "input", inp, out.size * pg.size(), "output.size x group size")  # type: ignore[arg-type]
     with sequenced(pg, name, call) as seq:
         comm = communicator(pg)
         if op is not None and op.name == "PREMUL_SUM":
