@@ -236,9 +236,10 @@ def parse_backend(backend: Optional[str], func: str) -> str:
     from pycoll.gpu.backend_config import BackendConfig
 
     try:
-        mapping = BackendConfig(backend).get_device_backend_map()
+        config = BackendConfig(backend)
     except ValueError as exc:
         raise ValueError(f"{func}: {exc}") from None
+    mapping = config.get_device_backend_map()
     if mapping.get("cpu") != BACKEND:
         raise ValueError(
             f"{func}: backend {backend!r} is not available alone; pycoll runs host "
@@ -246,7 +247,7 @@ def parse_backend(backend: Optional[str], func: str) -> str:
         )
     if mapping.get("cuda", BACKEND) == BACKEND:
         return BACKEND
-    return ",".join(f"{d}:{b}" for d, b in mapping.items())
+    return str(config)
 
 
 def init_process_group(
@@ -377,6 +378,8 @@ def _free(pg: ProcessGroup) -> None:
             pg.comm.Free()
             if pg._ring is not None:
                 pg._ring.Free()
+            if pg._nccl is not None:
+                pg._nccl.destroy()  # NCCL holds device memory per communicator
         pg._destroyed = True
         pg._rec = None
 
