@@ -21,22 +21,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from typing import Any, Callable, List
 
 import numpy as np
 
-
-def _median_time(fn: Callable[[], Any], iters: int, comm: Any, sync: Callable[[], None]) -> float:
-    times: List[float] = []
-    for _ in range(iters):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    every = comm.allgather(float(np.median(times)))
-    return max(every)  # the slowest rank decides a collective's time
+from .extras import _best  # median seconds per call, the slowest rank's
 
 
 def _sizes(lo: int, hi: int, factor: int) -> List[int]:
@@ -104,7 +93,7 @@ def allreduce_table(args: argparse.Namespace) -> None:
                     raise SystemExit(f"wrong result: {fn.__name__} {dt} {nbytes}")
                 x[...] = 0
                 h[...] = 0  # zeros stay zeros under SUM: timing runs need no reset
-                row.append(nbytes / _median_time(fn, iters, comm, sync) / 1e9)
+                row.append(nbytes / _best(lambda: (fn(), sync()), iters, comm) / 1e9)
             if rank == 0:
                 print(
                     f"{dt.name:>8} {_fmt(nbytes):>8} {row[0]:12.2f} {row[1]:11.2f} {row[2]:11.2f}"
