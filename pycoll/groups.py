@@ -309,6 +309,7 @@ def init_process_group(
         raise ValueError(f"init_process_group: timeout must be positive, got {timeout}")
     debug.set_debug_level_from_env()
     from . import watch
+    from .kernels.threads import cores
 
     watch.set_wait_mode_from_env()
     MPI = _mpi.load()
@@ -334,6 +335,7 @@ def init_process_group(
     node = own.Split_type(MPI.COMM_TYPE_SHARED, key=me)
     STATE.local_rank, STATE.local_size = node.Get_rank(), node.Get_size()
     node.Free()
+    watch.set_spinning(STATE.local_size <= cores())
     STATE.board = Board(own, timeout.total_seconds())
     pg = ProcessGroup(own, list(range(size)), group_name or "default_pg", timeout)
     pg._backend = backend_name

@@ -62,6 +62,8 @@ PID, HOST, LAST, _SPARE = 0, 1, 2, 3
 HEADER = 4
 WORDS = HEADER + 2 * SLOTS
 BUSY = 1
+# An operation's low byte while it runs: pack(seq, op, True) is seq << 8 | BUSY_CODE[op].
+BUSY_CODE = {name: code << 1 | BUSY for name, code in CODE.items()}
 READ_TIMEOUT = 2.0  # seconds to wait for one peer's record
 EXIT_WAIT = 5.0  # at exit, seconds to wait for the other ranks to free the board
 

@@ -39,6 +39,13 @@ _yield = os.sched_yield
 _now = time.monotonic
 WATCHDOG_TICK_S = 0.25
 SPIN_S = 0.05  # poll flat out this long, then pause between polls
+# Tests of a request before a wait first gives up the core. Where each rank
+# has a core of its own, the peers are about to finish and a yield (a system
+# call) costs more than many tests; where ranks outnumber cores, a peer may
+# need this core to finish, so the wait yields between tests from the start.
+SPIN_TESTS = 64
+OVERSUBSCRIBED_TESTS = 2
+_spins = range(OVERSUBSCRIBED_TESTS)
 PAUSE_S = 2e-4
 
 
@@ -92,6 +99,12 @@ def _watch_blocking() -> None:
         if elapsed >= pg._timeout_s:
             error = timed_out(pg, op, seq, elapsed, pg._timeout_s, [], abort=True)
             raise AssertionError(f"unreachable: {error}")  # timed_out exits
+
+
+def set_spinning(own_core: bool) -> None:
+    """Spin on a request before yielding only if this rank has a core of its own."""
+    global _spins
+    _spins = range(SPIN_TESTS if own_core else OVERSUBSCRIBED_TESTS)
 
 
 def backend_error(op: str, seq: Optional[int], exc: BaseException) -> DistBackendError:
@@ -165,8 +178,9 @@ def wait1(pg: ProcessGroup, op: str, seq: Optional[int], request: Any) -> None:
     """:func:`wait` for a single request: the hot path of every synchronous call."""
     test = request.Test
     try:
-        if test():
-            return
+        for _ in _spins:
+            if test():
+                return
         for _ in range(31):
             _yield()
             if test():
@@ -194,8 +208,9 @@ def wait(
     MPI = _mpi.MPI
     testall = MPI.Request.Testall
     try:
-        if testall(requests, statuses):
-            return
+        for _ in _spins:
+            if testall(requests, statuses):
+                return
         start = _now()
         limit = pg._timeout_s if timeout is None else timeout
         spins = 0

@@ -192,3 +192,14 @@ def test_wait_modes_from_env(pg, monkeypatch, value, blocking):
         assert pycoll.watch.BLOCKING is blocking
     finally:
         pycoll.watch.BLOCKING = before
+
+
+def test_waits_spin_only_where_each_rank_has_a_core(pg, world_size):
+    # The suite runs 1-4 ranks on one node; with more ranks than cores a wait
+    # must yield the core from its second test on.
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    expected = pycoll.watch.SPIN_TESTS if world_size <= cores else 2
+    assert STATE.local_size == world_size
+    assert len(pycoll.watch._spins) == expected

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, List, Optional, Union
 
 from .. import _mpi, debug, watch
 from ..groups import ProcessGroup
-from ..progress import CODE, LAST
+from ..progress import BUSY_CODE, LAST
 from ..work import Work
 
 DETAIL = debug.DebugLevel.DETAIL
@@ -128,17 +128,18 @@ def plain(pg: ProcessGroup, op: str, start: Callable, blocking: Callable, *args:
     if lock is not None:
         lock.acquire()
         claim(pg)
+    blocks = watch.BLOCKING
     try:
         if pg._broken is not None:
             raise watch.broken(pg, op)
         seq = pg._seq = pg._seq + 1
         rec = pg._rec
         word = pg._word
-        busy = seq << 8 | CODE[op] << 1 | 1  # progress.pack(seq, op, True), inlined
+        busy = seq << 8 | BUSY_CODE[op]  # progress.pack(seq, op, True), inlined
         rec[word] = busy
         rec[LAST] = word
         try:
-            if watch.BLOCKING:
+            if blocks:
                 watch.inflight = (pg, op, seq)
                 blocking(*args)
                 watch.inflight = None
@@ -152,7 +153,7 @@ def plain(pg: ProcessGroup, op: str, start: Callable, blocking: Callable, *args:
             pg._busy = False
         else:
             lock.release()
-    if not watch.BLOCKING:
+    if not blocks:
         watch.wait1(pg, op, seq, request)
     if rec[word] == busy:
         rec[word] = busy - 1

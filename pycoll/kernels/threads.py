@@ -23,7 +23,8 @@ _COUNT: Optional[int] = None
 _VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
 
 
-def _cores() -> int:
+def cores() -> int:
+    """The cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -52,7 +53,7 @@ def per_rank(ranks_here: Optional[int] = None) -> int:
                 f"set it to the number of threads each rank's kernels may use"
             )
         return int(text)
-    return max(1, _cores() // (ranks_here or _ranks_here()))
+    return max(1, cores() // (ranks_here or _ranks_here()))
 
 
 def count() -> int:
