@@ -71,6 +71,7 @@ class ProcessGroup:
         "_timeout_s",
         "_nccl",
         "_ring",
+        "_staged",
     )
 
     def __init__(
@@ -88,7 +89,10 @@ class ProcessGroup:
         self._timeout_s = timeout.total_seconds()
         self._seq = 0
         self._nccl: Any = None  # the NCCL communicator, made on first use (pycoll.gpu.nccl)
-        self._ring: Any = None  # a duplicate communicator for pycoll.gpu.ring's messages
+        self._ring: Any = None  # a duplicate communicator for pycoll's ring (collectives.ring)
+        # Works made of several steps (each started once the last is done), in
+        # issue order, until they complete: see Work.wait.
+        self._staged: List[Any] = []
         self._destroyed = False
         self._children = 0  # groups made from this one, for their names
         self._lock = threading.Lock()  # one issue order per group (pycoll.watch)

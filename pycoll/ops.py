@@ -150,12 +150,15 @@ class Plan(NamedTuple):
         average: divide the result by the group size (AVG).
         datatype: the MPI datatype of one element.
         plain: MPI does everything (no pre-scaling, no averaging).
-        split: a large all_reduce on 3 ranks or more goes faster as a
-            reduce-scatter, then an all-gather (see :data:`SPLIT_BYTES`):
-            MPICH reduces a user op by recursive doubling (every rank reduces
-            the whole buffer log2(n) times) where it would use Rabenseifner's
-            algorithm for a builtin op; an AVG then divides only this rank's
-            1/n of the result.
+        split: a large all_reduce goes faster through pycoll's ring
+            (pycoll.collectives.ring: a reduce-scatter, then an all-gather,
+            over point-to-point messages; from :data:`SPLIT_BYTES`, or
+            :data:`SPLIT_BYTES_TWO_RANKS` on two ranks). On MPICH, for
+            pycoll's user ops (MPICH reduces a user op by recursive doubling,
+            every rank reducing the whole buffer, and on one node its
+            collectives on large buffers measured 2-4x slower than the same
+            bytes exchanged point to point) and for AVG of real floats (the
+            division then runs on this rank's 1/n of the result).
     """
 
     mpi_op: Any
@@ -219,9 +222,12 @@ def _split_bytes() -> int:
     return int(text)
 
 
-# all_reduce calls with a Plan.split op from this many bytes go as a
-# reduce-scatter plus an all-gather (measured crossover: docs/benchmarks.md).
+# all_reduce calls with a Plan.split op from this many bytes (3 ranks or more)
+# go through pycoll's ring (measured crossover: docs/benchmarks.md).
 SPLIT_BYTES = _split_bytes()
+# On two ranks, MPI's own way (every element combined once, in one exchange)
+# is as fast up to 4 MiB; the ring is faster from 8 MiB.
+SPLIT_BYTES_TWO_RANKS = max(SPLIT_BYTES, 8 << 20) if SPLIT_BYTES else 0
 
 _WHY = {
     "bool": "AVG and PREMUL_SUM have no boolean result; cast to a floating dtype",
@@ -270,7 +276,9 @@ def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
             f"dtype {dtype}; use a real scale or complex arrays"
         )
     average = name == "AVG"
-    split = SPLIT_BYTES > 0 and _mpi.VENDOR == "MPICH" and user_op
+    split = (
+        SPLIT_BYTES > 0 and _mpi.VENDOR == "MPICH" and (user_op or (average and kind == "float"))
+    )
     result = Plan(mpi_op, scale, average, mpi_datatype(dtype), scale is None and not average, split)
     if scale is None:  # a PREMUL_SUM scale often changes every step: do not cache it
         op._plans[dtype] = result

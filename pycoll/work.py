@@ -188,12 +188,31 @@ class Work:
         """
         if not self._done:
             seconds = None if timeout is None else to_seconds(timeout)
+            if self._stages is not None:
+                self._finish_earlier(seconds)
             with self._lock:
                 if not self._done:
                     self._drive(True, seconds)
         if self._exc is not None:
             raise self._exc
         return True
+
+    def _finish_earlier(self, timeout: Optional[float]) -> None:
+        """Drive the group's staged Works issued before this one to completion.
+
+        A staged Work starts its next step only when it is driven, so ranks
+        waiting for such Works in different orders would each wait for a step
+        the other has not started. Finishing them in issue order first, on
+        every rank, makes any order of waits safe."""
+        staged = self._pg._staged
+        while staged and staged[0] is not self:
+            earlier = staged[0]
+            try:
+                earlier.wait(timeout)
+            except Exception:
+                return  # its own wait() reports it; this one goes on to its own
+            if staged and staged[0] is earlier:
+                staged.pop(0)
 
     def is_completed(self) -> bool:
         """True once the operation has completed (successfully or not). Never blocks."""
@@ -263,6 +282,11 @@ class Work:
             except Exception as exc:  # raised by wait(); Ctrl-C still propagates
                 self._exc = exc
         self._done = True
+        if self._stages is not None:
+            try:
+                self._pg._staged.remove(self)
+            except ValueError:
+                pass
         if self.seq is not None:
             watch.end(self._pg, self.seq)
         if debug.LEVEL:

@@ -67,12 +67,16 @@ def run(
         except _mpi.MPI.Exception as exc:
             watch.end(pg, seq)
             raise watch.backend_error(op, seq, exc) from None
-    if async_op or stages:
-        work = Work(op, seq, [request], finish, result, pg, nbytes, stages=stages)
+        if stages:
+            work = Work(op, seq, [request], finish, result, pg, nbytes, stages=stages)
+            pg._staged.append(work)  # in issue order, under the lock
+    if stages:
         if async_op:
             return work
         work.wait()
         return None
+    if async_op:
+        return Work(op, seq, [request], finish, result, pg, nbytes)
     t0 = time.perf_counter() if debug.LEVEL else 0.0
     watch.wait1(pg, op, seq, request)
     watch.end(pg, seq)

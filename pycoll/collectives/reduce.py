@@ -24,9 +24,10 @@ from ..arrays import (
     on_device,
 )
 from ..groups import STATE, ProcessGroup, resolve
-from ..ops import SPLIT_BYTES, Plan, ReduceOp, plan
+from ..ops import SPLIT_BYTES, SPLIT_BYTES_TWO_RANKS, Plan, ReduceOp, plan
 from ..work import Work
 from ._common import group_rank, plain, run, sig
+from .ring import Ring
 
 __all__ = [
     "all_reduce",
@@ -51,9 +52,13 @@ def _plan(op: ReduceOp, dtype: np.dtype, func: str) -> Plan:
 MEAN_OF_TWO_BYTES = 32 << 20
 
 
+def _split_from(ranks: int) -> int:
+    """The size from which an all_reduce with a Plan.split op is split."""
+    return SPLIT_BYTES if ranks > 2 else SPLIT_BYTES_TWO_RANKS
+
+
 def _mean_of_two(x: np.ndarray) -> bool:
-    kind = x.dtype.kind
-    if kind == "c":
+    if x.dtype.kind == "c":
         return False  # complex: AVG stays a SUM plus a per-component division
     return x.dtype.itemsize == 2 or x.nbytes < MEAN_OF_TWO_BYTES
 
@@ -123,12 +128,12 @@ def all_reduce(
     except (AttributeError, KeyError):
         how = plan(op, tensor.dtype, "all_reduce")
     mpi_op, plainly, average = how.mpi_op, how.plain, how.average
+    if how.split and pg._size > 1 and tensor.nbytes >= _split_from(pg._size):
+        return _all_reduce_ring(pg, tensor, op, how, async_op)
     if average and pg._size == 2 and _mean_of_two(tensor):
         # Two ranks: each element is combined exactly once, so AVG is one user
         # op, (a + b) / 2, and no second pass over the result.
         mpi_op, plainly, average = kernels.mean_of_two_op(tensor.dtype), True, False
-    elif how.split and tensor.nbytes >= SPLIT_BYTES and pg._size > 2:
-        return _all_reduce_split(pg, tensor, op, how, async_op)
     comm = pg.comm
     if plainly and not async_op and not debug.LEVEL:
         plain(
@@ -155,37 +160,44 @@ def all_reduce(
     )
 
 
-def _all_reduce_split(
+def _all_reduce_ring(
     pg: ProcessGroup, tensor: np.ndarray, op: ReduceOp, how: Plan, async_op: bool
 ) -> Optional[Work]:
-    """all_reduce as MPI_Ireduce_scatter (each rank gets its 1/n of the
-    result), an AVG's division of that part, then MPI_Iallgatherv."""
-    n, me = pg._size, pg._rank
+    """all_reduce in pycoll's ring (pycoll.collectives.ring): a reduce-scatter
+    whose steps combine with pycoll's kernels, an AVG's division of this rank's
+    part, then an all-gather."""
     flat = tensor.reshape(-1)
-    base, extra = divmod(flat.size, n)
-    counts = [base + (1 if i < extra else 0) for i in range(n)]
-    displacements = [base * i + min(i, extra) for i in range(n)]
-    mine = np.empty(counts[me], tensor.dtype)
-    T = how.datatype
-    comm = pg.comm
+    n = pg._size
+    name = "SUM" if how.average or how.prescale is not None else op.name
+    scratch = np.empty(flat.size // n + 1, tensor.dtype)
 
-    def gather() -> list:
-        if how.average:
-            kernels.divide(mine, n, out=mine)
-        return [comm.Iallgatherv([mine, T], [flat, (counts, displacements), T])]
+    def combine(start: int, count: int) -> None:
+        kernels.reduce(name, scratch[:count], flat[start : start + count])
 
+    def reduced(start: int, count: int) -> None:
+        part = flat[start : start + count]
+        kernels.divide(part, n, out=part)
+
+    ring = Ring(
+        pg,
+        flat.view(np.uint8),
+        scratch.view(np.uint8),
+        tensor.dtype.itemsize,
+        combine,
+        reduced if how.average else None,
+    )
     return run(
         pg,
         "all_reduce",
         tensor.nbytes,
-        comm.Ireduce_scatter,
-        ([flat, T], [mine, T], counts, how.mpi_op),
+        ring.start,
+        (),
         async_op,
         None,
         [tensor],
         lambda: f"all_reduce({op.name}, {sig(tensor)})",
         _prescaler(tensor, how.prescale),
-        [gather],
+        ring.stages,
     )
 
 

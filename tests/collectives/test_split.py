@@ -1,7 +1,8 @@
-"""Large all_reduce with one of pycoll's user ops on MPICH and 3 ranks or more:
-a reduce-scatter, an AVG's division of this rank's part, an all-gather. Same
-answers as numpy's, on every rank, for sizes that do not divide by the number
-of ranks (on 1 or 2 ranks, and on Open MPI, the same tests check the usual path)."""
+"""Large all_reduce with one of pycoll's user ops, or a float AVG, on MPICH:
+pycoll's ring (a reduce-scatter, an AVG's division of this rank's part, an
+all-gather). Same answers as numpy's, on every rank, for sizes that do not
+divide by the number of ranks (on 1 rank, and on Open MPI, the same tests
+check the usual path)."""
 
 import numpy as np
 import pytest
@@ -25,13 +26,14 @@ def rop(name):
 
 
 @pytest.fixture(params=["large", "forced"])
-def threshold(request, monkeypatch):
+def threshold(request, monkeypatch, world_size):
     """'large': past the real threshold; 'forced': a tiny threshold, so small
     arrays (and counts smaller than the number of ranks) take the path too."""
     if request.param == "forced":
         monkeypatch.setattr(reduce_module, "SPLIT_BYTES", 1)
+        monkeypatch.setattr(reduce_module, "SPLIT_BYTES_TWO_RANKS", 1)
         return 1
-    return reduce_module.SPLIT_BYTES
+    return reduce_module._split_from(world_size)
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
@@ -56,6 +58,58 @@ def test_the_path_is_taken_where_it_should_be(pg):
     nan_max = plan(ReduceOp.MAX, np.dtype(np.float32), "t")
     mpich = _mpi.VENDOR == "MPICH"
     assert half.split == mpich and nan_max.split == mpich
-    # MPI's builtin ops already get Rabenseifner's algorithm (AVG included: measured)
+    # MPI's builtin ops keep MPI's algorithms; a float AVG takes the ring
+    # (its division then covers 1/n of the data), a complex one does not.
     assert plan(ReduceOp.SUM, np.dtype(np.float32), "t").split is False
-    assert plan(ReduceOp.AVG, np.dtype(np.float32), "t").split is False
+    assert plan(ReduceOp.AVG, np.dtype(np.float32), "t").split == mpich
+    assert plan(ReduceOp.AVG, np.dtype(np.complex64), "t").split is False
+
+
+def forced(monkeypatch):
+    monkeypatch.setattr(reduce_module, "SPLIT_BYTES", 1)
+    monkeypatch.setattr(reduce_module, "SPLIT_BYTES_TWO_RANKS", 1)
+
+
+def test_the_ring_carries_the_call(pg, monkeypatch, rank, world_size):
+    from pycoll import _mpi
+
+    forced(monkeypatch)
+    x = data(rank, np.dtype(np.float32), (10,))
+    pycoll.all_reduce(x, op=ReduceOp.AVG)
+    expected = reduce_all(
+        "AVG", [data(r, np.dtype(np.float32), (10,)) for r in range(world_size)], world_size
+    )
+    assert_equal(x, expected)
+    ring_used = _mpi.VENDOR == "MPICH" and world_size > 1
+    assert (pg._ring is not None) == ring_used
+
+
+def test_rings_in_flight_together_keep_their_messages_apart(monkeypatch, rank, world_size):
+    # Three async rings on one group, waited for in opposite orders on
+    # different ranks: each ring's later steps start when its Work is driven,
+    # so without a tag per ring a step of one would match a step of another.
+    forced(monkeypatch)
+    dtype = np.dtype(np.float16)  # sums of these inputs are exact in any order
+    count = 1000 * world_size + 3
+    inputs = [data(rank + 10 * k, dtype, (count,)) for k in range(3)]
+    works = [pycoll.all_reduce(x, op=ReduceOp.SUM, async_op=True) for x in inputs]
+    for k in range(3) if rank % 2 == 0 else reversed(range(3)):
+        assert works[k].wait() is True
+    for k in range(3):
+        expected = reduce_all(
+            "SUM", [data(r + 10 * k, dtype, (count,)) for r in range(world_size)], world_size
+        )
+        assert_equal(inputs[k], expected)
+
+
+def test_sync_and_async_calls_match(monkeypatch, rank, world_size):
+    forced(monkeypatch)
+    x = data(rank, np.dtype(np.float16), (257,))
+    if rank % 2:
+        assert pycoll.all_reduce(x, op=ReduceOp.MAX, async_op=True).wait() is True
+    else:
+        assert pycoll.all_reduce(x, op=ReduceOp.MAX) is None
+    expected = reduce_all(
+        "MAX", [data(r, np.dtype(np.float16), (257,)) for r in range(world_size)], world_size
+    )
+    assert_equal(x, expected)

@@ -1,0 +1,135 @@
+"""pycoll's own ring all_reduce, for reductions MPI does slowly or cannot do.
+
+A ring is a reduce-scatter (n - 1 steps: send one part to the right
+neighbour, receive one from the left, combine it into this rank's copy) and
+an all-gather (n - 1 steps passing the reduced parts on). Each rank moves
+2 (n - 1) / n of the array, as MPI's own large-message algorithms do, but
+over point-to-point messages, which on one node measured 2-4x faster than
+MPICH's collectives on large buffers (docs/benchmarks.md); and the combine is
+pycoll's kernel (pycoll.kernels), not MPI's call of a user op.
+
+Two callers: large host all_reduce with pycoll's user ops or a float AVG on
+MPICH (pycoll.collectives.reduce, synchronous or async), and device arrays
+under CUDA-aware MPI (pycoll.gpu.ring), whose combine runs on the GPU. The
+caller supplies the combine step and runs the Ring through
+pycoll.collectives._common.run, which counts it and bounds its waits.
+
+Messages go over a duplicate of the group's communicator, made on first use
+(``MPI_Comm_idup``, waited for within the group's timeout), so they never match
+the user's point-to-point messages, and each ring's messages carry a tag from
+its sequence number, so two rings in flight on one group (async calls) never
+match each other's. The whole ring is one collective: one sequence number, one
+DETAIL check, one Work whose stages are the ring's steps (pycoll.work), so a
+synchronous call and an async one match on every rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Tuple
+
+import numpy as np
+
+from .. import _mpi, watch
+
+__all__ = ["Ring", "parts"]
+
+TAGS = 1 << 15  # MPI guarantees tags below 32768
+
+
+def parts(count: int, n: int) -> Tuple[List[int], List[int]]:
+    """(counts, starts): ``count`` elements cut into ``n`` parts in rank order."""
+    base, extra = divmod(count, n)
+    counts = [base + (1 if i < extra else 0) for i in range(n)]
+    starts = [base * i + min(i, extra) for i in range(n)]
+    return counts, starts
+
+
+class Ring:
+    """One ring all_reduce, in place, as a first MPI operation (:meth:`start`)
+    and the steps after it (:attr:`stages`), for :func:`pycoll.collectives.
+    _common.run`, which counts, checks and waits for them.
+
+    Args:
+        pg: the group.
+        data: the array's bytes (a uint8 view MPI reads and writes).
+        scratch: bytes for one received part (``len(data) // n + itemsize`` or more).
+        itemsize: bytes per element; parts are cut on element boundaries.
+        combine: ``combine(start, count)`` folds the first ``count`` elements
+            received into ``scratch`` into elements ``start..start+count`` of
+            the array, and returns once they are written.
+        reduced: ``reduced(start, count)`` runs on this rank's fully reduced
+            part before the all-gather (an AVG's division, on 1/n of the data).
+    """
+
+    def __init__(
+        self,
+        pg: Any,
+        data: np.ndarray,
+        scratch: np.ndarray,
+        itemsize: int,
+        combine: Callable[[int, int], None],
+        reduced: Optional[Callable[[int, int], None]] = None,
+    ) -> None:
+        self.pg, self.data, self.scratch, self.itemsize = pg, data, scratch, itemsize
+        self.combine, self.reduced = combine, reduced
+        n, me = pg.size(), pg.rank()
+        self.counts, self.starts = parts(len(data) // itemsize, n)
+        self.right, self.left = (me + 1) % n, (me - 1) % n
+        self.comm: Any = None
+        self.tag = 0
+        # Reduce-scatter: at step k this rank sends part (me - k) and receives
+        # part (me - k - 1) into scratch; part (me + 1) ends reduced here. Then
+        # the all-gather: send part (me + 1 - k), receive part (me - k) in place.
+        rs = [((me - k) % n, (me - k - 1) % n) for k in range(n - 1)]
+        ag = [((me + 1 - k) % n, (me - k) % n) for k in range(n - 1)]
+        self._plan = [(send, recv, True) for send, recv in rs] + [
+            (send, recv, False) for send, recv in ag
+        ]
+        self._at = 0
+        self.stages = [self._next for _ in range(len(self._plan) - 1)]
+
+    def start(self) -> Any:
+        """Start the first step (called under the group's lock, once the call
+        is counted: the tag comes from its sequence number)."""
+        pg = self.pg
+        if not self._plan:  # one rank: nothing to send
+            return _mpi.MPI.REQUEST_NULL
+        self.tag = pg._seq % TAGS
+        if pg._ring is None:  # made once per group, by its first ring, on every member
+            comm, request = pg.comm.Idup()
+            watch.wait(pg, "all_reduce", pg._seq, [request])
+            pg._ring = comm
+        self.comm = pg._ring
+        return self._exchange()
+
+    def _exchange(self) -> Any:
+        send, recv, scattering = self._plan[self._at]
+        item = self.itemsize
+        lo, size = self.starts[send] * item, self.counts[send] * item
+        if scattering:
+            into = self.scratch[: self.counts[recv] * item]
+        else:
+            at = self.starts[recv] * item
+            into = self.data[at : at + self.counts[recv] * item]
+        byte = _mpi.MPI.BYTE
+        return self.comm.Isendrecv(
+            [self.data[lo : lo + size], byte],
+            self.right,
+            self.tag,
+            [into, byte],
+            self.left,
+            self.tag,
+        )
+
+    def _next(self) -> List[Any]:
+        """Finish the step just completed (a combine while scattering) and
+        start the next one."""
+        send, recv, scattering = self._plan[self._at]
+        if scattering and self.counts[recv]:
+            self.combine(self.starts[recv], self.counts[recv])
+        self._at += 1
+        if self.reduced is not None and scattering and not self._plan[self._at][2]:
+            own = (self.pg.rank() + 1) % self.pg.size()
+            if self.counts[own]:
+                self.reduced(self.starts[own], self.counts[own])
+        return [self._exchange()]
