@@ -27,7 +27,7 @@ from ..groups import STATE, ProcessGroup, resolve
 from ..ops import SPLIT_BYTES, SPLIT_BYTES_TWO_RANKS, Plan, ReduceOp, plan
 from ..work import Work
 from ._common import group_rank, plain, run, sig
-from .ring import Ring
+from .ring import Ring, parts
 
 __all__ = [
     "all_reduce",
@@ -164,28 +164,22 @@ def _all_reduce_ring(
     pg: ProcessGroup, tensor: np.ndarray, op: ReduceOp, how: Plan, async_op: bool
 ) -> Optional[Work]:
     """all_reduce in pycoll's ring (pycoll.collectives.ring): a reduce-scatter
-    whose steps combine with pycoll's kernels, an AVG's division of this rank's
-    part, then an all-gather."""
+    whose steps combine with pycoll's kernels (an AVG's last one dividing too,
+    so its division covers this rank's 1/n of the data, in the same pass),
+    then an all-gather."""
     flat = tensor.reshape(-1)
     n = pg._size
     name = "SUM" if how.average or how.prescale is not None else op.name
     scratch = np.empty(flat.size // n + 1, tensor.dtype)
+    # The last reduce-scatter step receives this rank's own part: an AVG
+    # divides there, in the same pass as its last sum.
+    own = parts(flat.size, n)[1][(pg._rank + 1) % n]
 
     def combine(start: int, count: int) -> None:
-        kernels.reduce(name, scratch[:count], flat[start : start + count])
+        last = how.average and start == own
+        kernels.reduce(name, scratch[:count], flat[start : start + count], n if last else None)
 
-    def reduced(start: int, count: int) -> None:
-        part = flat[start : start + count]
-        kernels.divide(part, n, out=part)
-
-    ring = Ring(
-        pg,
-        flat.view(np.uint8),
-        scratch.view(np.uint8),
-        tensor.dtype.itemsize,
-        combine,
-        reduced if how.average else None,
-    )
+    ring = Ring(pg, flat.view(np.uint8), scratch.view(np.uint8), tensor.dtype.itemsize, combine)
     return run(
         pg,
         "all_reduce",

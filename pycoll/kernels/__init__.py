@@ -113,7 +113,9 @@ def _check_pair(name: str, dtype: np.dtype, func: str) -> None:
     check_pair(name, dtype, func)
 
 
-def reduce(op: Any, src: np.ndarray, dst: np.ndarray) -> None:
+def reduce(
+    op: Any, src: np.ndarray, dst: np.ndarray, divide_by: Optional[Union[int, float]] = None
+) -> None:
     """``dst = op(src, dst)`` elementwise, in place, as MPI's reduction step does.
 
     Args:
@@ -121,6 +123,9 @@ def reduce(op: Any, src: np.ndarray, dst: np.ndarray) -> None:
             MIN/MAX propagate NaN as numpy.minimum/maximum do; on bool, SUM and
             MAX are "any", PRODUCT and MIN "all", as in torch.
         src, dst: C-contiguous arrays of one supported dtype and one shape.
+        divide_by: SUM of floating arrays only: ``dst = (src + dst) / divide_by``,
+            the sum rounded to the dtype first, in one pass (an AVG's last
+            combine: what SUM, then :func:`divide`, gives).
     """
     func = "pycoll.kernels.reduce"
     name = _op_name(op, func)
@@ -132,14 +137,22 @@ def reduce(op: Any, src: np.ndarray, dst: np.ndarray) -> None:
             f"and {dst.dtype}{dst.shape}"
         )
     _check_pair(name, dst.dtype, func)
-    from .elementwise import reduce_kernel
+    from .elementwise import reduce_kernel, sum_divide_kernel
 
     storage, hw = _storage(dst.dtype), f16c()
+    if divide_by is None:
+        threads.run(
+            lambda p: reduce_kernel(name, storage, hw, p), dst.nbytes, _words(src), _words(dst)
+        )
+        return
+    if name != "SUM" or dtype_kind(dst.dtype) not in ("float", "half"):
+        raise ValueError(
+            f"{func}: divide_by applies to SUM of real floating arrays, got "
+            f"ReduceOp.{name} on {dst.dtype}"
+        )
+    divisor = _factor(divide_by, dst.dtype, func)
     threads.run(
-        lambda p: reduce_kernel(name, storage, hw, p),
-        dst.nbytes,
-        _words(src),
-        _words(dst),
+        lambda p: sum_divide_kernel(storage, hw, p), dst.nbytes, _words(src), _words(dst), divisor
     )
 
 

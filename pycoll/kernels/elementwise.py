@@ -25,6 +25,7 @@ __all__ = [
     "load_store",
     "reduce_kernel",
     "mean_of_two_kernel",
+    "sum_divide_kernel",
     "scale_kernel",
     "divide_kernel",
 ]
@@ -144,6 +145,13 @@ def _mean_of_two(a, b):
         b[i] = store(load(store(load(a[i]) + load(b[i]))) * ONE_HALF)
 
 
+def _sum_divide(a, b, d):
+    # The last step of an AVG whose other steps were SUMs: the sum rounded to
+    # the storage type, then divided, as SUM and then a division would give.
+    for i in prange(a.size):
+        b[i] = store(load(store(load(a[i]) + load(b[i]))) / d)
+
+
 # In place, the same loops over one array: given x twice, LLVM cannot rule out
 # overlap and falls back to scalar code (4x slower here).
 
@@ -221,6 +229,12 @@ def mean_of_two_kernel(storage: str, f16c: bool, parallel: bool) -> Callable:
     """``k(a, b)``: ``b[i] = (a[i] + b[i]) / 2`` with the sum rounded to the
     storage type first; AVG on a group of two ranks, as one MPI user op."""
     return _build("mean2", _mean_of_two, storage, f16c, parallel)
+
+
+def sum_divide_kernel(storage: str, f16c: bool, parallel: bool) -> Callable:
+    """``k(a, b, d)``: ``b[i] = (a[i] + b[i]) / d`` with the sum rounded to the
+    storage type first (``d`` in the arithmetic type); an AVG's last combine."""
+    return _build("sum_divide", _sum_divide, storage, f16c, parallel)
 
 
 def scale_kernel(storage: str, f16c: bool, parallel: bool, inplace: bool = False) -> Callable:

@@ -229,3 +229,24 @@ def test_mean_of_two_is_sum_then_halve(dtype):
     else:
         kernel(a, got)
     assert_bits_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", ["float16", BF16, "float32", "float64"], ids=str)
+def test_sum_then_divide_in_one_pass_matches_numpy(dtype):
+    # An AVG's last combine: the sum rounded to the dtype, then the division
+    # rounded once, exactly as numpy's add then true_divide.
+    dtype = np.dtype(dtype)
+    a, b = random_array(dtype, seed=7), random_array(dtype, seed=8)
+    for n in (2, 3, 7):
+        with np.errstate(all="ignore"):
+            want = ((a + b).astype(dtype) / dtype.type(n)).astype(dtype)
+        out = b.copy()
+        kernels.reduce("SUM", a, out, divide_by=n)
+        assert_bits_equal(out, want)
+
+
+@pytest.mark.parametrize("op,dtype", [("MAX", "float32"), ("SUM", "int32"), ("SUM", "complex64")])
+def test_divide_by_is_refused_where_it_has_no_meaning(op, dtype):
+    x = np.ones(4, dtype)
+    with pytest.raises(ValueError, match="divide_by applies to SUM of real floating arrays"):
+        kernels.reduce(op, x.copy(), x, divide_by=2)
