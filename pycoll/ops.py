@@ -211,10 +211,11 @@ _KERNEL_OPS = {
 }
 
 
-def _split_bytes() -> int:
+def _split_bytes() -> Optional[int]:
+    """``PYCOLL_SPLIT_BYTES``, or None where it is not set."""
     text = os.environ.get("PYCOLL_SPLIT_BYTES", "").strip()
     if not text:
-        return 4 << 20
+        return None
     if not text.isdigit():
         raise ValueError(
             f"PYCOLL_SPLIT_BYTES={text!r}: set it to a number of bytes (0: never split)"
@@ -222,12 +223,14 @@ def _split_bytes() -> int:
     return int(text)
 
 
-# all_reduce calls with a Plan.split op from this many bytes (3 ranks or more)
-# go through pycoll's ring (measured crossover: docs/benchmarks.md).
-SPLIT_BYTES = _split_bytes()
-# On two ranks, MPI's own way (every element combined once, in one exchange)
-# is as fast up to 4 MiB; the ring is faster from 8 MiB.
-SPLIT_BYTES_TWO_RANKS = max(SPLIT_BYTES, 8 << 20) if SPLIT_BYTES else 0
+# all_reduce calls with a Plan.split op from this many bytes go through
+# pycoll's ring (measured crossovers: docs/benchmarks.md). On two ranks MPI's
+# own way (every element combined once, in one exchange) is as fast up to
+# 4 MiB and the ring faster from 8 MiB; on more, the ring from 4 MiB.
+# PYCOLL_SPLIT_BYTES, where set, is the size for every number of ranks.
+_SET = _split_bytes()
+SPLIT_BYTES = 4 << 20 if _SET is None else _SET
+SPLIT_BYTES_TWO_RANKS = 8 << 20 if _SET is None else _SET
 
 _WHY = {
     "bool": "AVG and PREMUL_SUM have no boolean result; cast to a floating dtype",

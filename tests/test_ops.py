@@ -113,3 +113,24 @@ def test_op_of_wrong_type(pg):
 def test_complex_scale_on_real_dtype(pg):
     with pytest.raises(ValueError, match="complex PREMUL_SUM scale"):
         pycoll.all_reduce(np.zeros(2), op=make_premul_sum(1j))
+
+
+@pytest.mark.parametrize(
+    "value,expected",
+    [(None, (4 << 20, 8 << 20)), ("0", (0, 0)), ("1", (1, 1)), ("65536", (65536, 65536))],
+)
+def test_split_bytes_defaults_and_override(value, expected):
+    # The defaults differ by rank count (measured crossovers); a value the user
+    # sets applies to every rank count. Read at import: a fresh interpreter each.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYCOLL_SPLIT_BYTES"}
+    if value is not None:
+        env["PYCOLL_SPLIT_BYTES"] = value
+    code = "from pycoll import ops; print(ops.SPLIT_BYTES, ops.SPLIT_BYTES_TWO_RANKS)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert tuple(map(int, out)) == expected
