@@ -424,6 +424,10 @@ class DeviceWork:
 
     def result(self) -> List[Any]:
         self.wait()
+        return self._device_result()
+
+    def _device_result(self) -> List[Any]:
+        """The host Work's outputs, each host alias replaced by its device array."""
         mine = {id(s.host): s.dev.obj for s in self._slots}
         return [mine.get(id(x), x) for x in self._work.result()]
 
@@ -445,5 +449,4 @@ class DeviceWork:
         if self._exc is not None:
             future.set_exception(self._exc)
         else:
-            mine = {id(s.host): s.dev.obj for s in self._slots}
-            future.set_result([mine.get(id(x), x) for x in self._work.result()])
+            future.set_result(self._device_result())

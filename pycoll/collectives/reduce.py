@@ -27,7 +27,7 @@ from ..groups import STATE, ProcessGroup, resolve
 from ..ops import SPLIT_BYTES, SPLIT_BYTES_TWO_RANKS, Plan, ReduceOp, plan
 from ..work import Work
 from ._common import group_rank, plain, run, sig
-from .ring import Ring, parts
+from .ring import Ring
 
 __all__ = [
     "all_reduce",
@@ -48,7 +48,8 @@ def _plan(op: ReduceOp, dtype: np.dtype, func: str) -> Plan:
 # Up to this size a two-rank AVG of float32/float64 runs as one user op; above
 # it MPI's builtin SUM (Rabenseifner: each rank reduces half the buffer, where
 # a user op gets recursive doubling and reduces all of it) plus a division
-# measured faster. float16/bfloat16 are user ops anyway: always. (docs/benchmarks.md)
+# measured faster. float16/bfloat16 are user ops anyway: always. On MPICH a
+# large AVG takes pycoll's ring before this applies. (docs/benchmarks.md)
 MEAN_OF_TWO_BYTES = 32 << 20
 
 
@@ -171,12 +172,11 @@ def _all_reduce_ring(
     n = pg._size
     name = "SUM" if how.average or how.prescale is not None else op.name
     scratch = np.empty(flat.size // n + 1, tensor.dtype)
-    # The last reduce-scatter step receives this rank's own part: an AVG
-    # divides there, in the same pass as its last sum.
-    own = parts(flat.size, n)[1][(pg._rank + 1) % n]
 
     def combine(start: int, count: int) -> None:
-        last = how.average and start == own
+        # The last reduce-scatter step receives this rank's own part: an AVG
+        # divides there, in the same pass as its last sum.
+        last = how.average and start == ring.starts[ring.own]
         kernels.reduce(name, scratch[:count], flat[start : start + count], n if last else None)
 
     ring = Ring(pg, flat.view(np.uint8), scratch.view(np.uint8), tensor.dtype.itemsize, combine)

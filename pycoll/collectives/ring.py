@@ -75,10 +75,11 @@ class Ring:
         n, me = pg.size(), pg.rank()
         self.counts, self.starts = parts(len(data) // itemsize, n)
         self.right, self.left = (me + 1) % n, (me - 1) % n
+        self.own = (me + 1) % n  # the part that ends fully reduced on this rank
         self.comm: Any = None
         self.tag = 0
         # Reduce-scatter: at step k this rank sends part (me - k) and receives
-        # part (me - k - 1) into scratch; part (me + 1) ends reduced here. Then
+        # part (me - k - 1) into scratch; the last step receives its own. Then
         # the all-gather: send part (me + 1 - k), receive part (me - k) in place.
         rs = [((me - k) % n, (me - k - 1) % n) for k in range(n - 1)]
         ag = [((me + 1 - k) % n, (me - k) % n) for k in range(n - 1)]
@@ -128,8 +129,8 @@ class Ring:
         if scattering and self.counts[recv]:
             self.combine(self.starts[recv], self.counts[recv])
         self._at += 1
+        own = self.own
         if self.reduced is not None and scattering and not self._plan[self._at][2]:
-            own = (self.pg.rank() + 1) % self.pg.size()
             if self.counts[own]:
                 self.reduced(self.starts[own], self.counts[own])
         return [self._exchange()]
