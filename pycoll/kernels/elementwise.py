@@ -138,11 +138,29 @@ def _divide(x, d, out):
 ONE_HALF = np.float32(0.5)
 
 
+# Where the sum rounds to infinity in the storage type: float16's 65520
+# (65504 plus half a step, a tie rounded up to the even infinity) and
+# bfloat16's float32 equivalent (bits 0x7F7F8000); never, for the others.
+OVERFLOW = {
+    "float16": np.float32(65520.0),
+    "bfloat16": np.uint32(0x7F7F8000).view(np.float32),
+    "native": np.float32(np.inf),
+}
+overflow = OVERFLOW["native"]
+
+
 def _mean_of_two(a, b):
-    # AVG over exactly two contributions: the rounded sum, then halved (exact,
-    # so the same as dividing by 2), as SUM-then-divide would give.
+    # AVG over exactly two contributions, as SUM-then-divide gives it: the sum
+    # rounded to the storage type, then halved. One rounding does the same:
+    # halving is exact in float32 and commutes with rounding wherever the
+    # half stays normal, and a sum small enough for its half not to (below
+    # float16's 2**-13, bfloat16's 2**-125) is a multiple of the smallest
+    # subnormal that the storage type holds exactly. The exception is a sum
+    # that rounds to infinity when its half would not: kept whole, it does.
+    # (A second rounding cost as much as the sum here.)
     for i in prange(a.size):
-        b[i] = store(load(store(load(a[i]) + load(b[i]))) * ONE_HALF)
+        x = load(a[i]) + load(b[i])
+        b[i] = store(x if abs(x) >= overflow else x * ONE_HALF)
 
 
 def _sum_divide(a, b, d):
@@ -228,7 +246,8 @@ def reduce_kernel(op: str, storage: str, f16c: bool, parallel: bool) -> Callable
 def mean_of_two_kernel(storage: str, f16c: bool, parallel: bool) -> Callable:
     """``k(a, b)``: ``b[i] = (a[i] + b[i]) / 2`` with the sum rounded to the
     storage type first; AVG on a group of two ranks, as one MPI user op."""
-    return _build("mean2", _mean_of_two, storage, f16c, parallel)
+    limit = OVERFLOW.get(storage, OVERFLOW["native"])
+    return _build("mean2", _mean_of_two, storage, f16c, parallel, overflow=limit)
 
 
 def sum_divide_kernel(storage: str, f16c: bool, parallel: bool) -> Callable:

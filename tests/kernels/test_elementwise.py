@@ -3,6 +3,7 @@ bit, on every supported dtype and op, random bit patterns included (so
 infinities, NaN, subnormals and ties all occur); both float16 paths, and the
 parallel build, are run explicitly."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -229,6 +230,37 @@ def test_mean_of_two_is_sum_then_halve(dtype):
     else:
         kernel(a, got)
     assert_bits_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    "dtype,f16c",
+    [("float16", True), ("float16", False), (BF16, False)],
+    ids=["float16-f16c", "float16-portable", "bfloat16"],
+)
+def test_mean_of_two_at_the_edges_of_the_range(dtype, f16c):
+    """Every 16-bit pattern averaged with the values where rounding the sum
+    first matters: sums that round to infinity though their half would not
+    (65504 + 65504 in float16), halves that fall among the subnormals, ties."""
+    dtype = np.dtype(dtype)
+    if f16c and not kernels.f16c():
+        pytest.skip("this CPU has no F16C")
+    info = ml_dtypes.finfo(dtype)
+    partners = [0.0, -0.0, 1.0, -1.5, info.max, -info.max, info.max / 2, info.tiny]
+    partners += [info.smallest_subnormal, 3 * info.smallest_subnormal, np.inf, np.nan]
+    every = np.arange(1 << 16, dtype=np.uint16).view(dtype)
+    storage = "bfloat16" if dtype == BF16 else "float16"
+    kernel = elementwise.mean_of_two_kernel(storage, f16c, False)
+    for value in partners:
+        other = np.full(every.size, value, dtype)
+        with np.errstate(all="ignore"):
+            want = (expected("SUM", every, other) / dtype.type(2)).astype(dtype)
+        got = other.copy()
+        kernel(every.view(np.uint16), got.view(np.uint16))
+        assert_bits_equal(got, want)
+    top = np.array([info.max], dtype)
+    got = top.copy()
+    kernel(top.view(np.uint16), got.view(np.uint16))
+    assert np.isinf(got[0]), "the sum overflows, so the average is infinite, as SUM then divide"
 
 
 @pytest.mark.parametrize("dtype", ["float16", BF16, "float32", "float64"], ids=str)
