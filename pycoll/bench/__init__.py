@@ -3,7 +3,9 @@
 Run under MPI: ``pycoll-run -n 4 pycoll-bench ...``, ``mpiexec -n 4 pycoll-bench``
 or ``scripts/bench``. The default is an nccl-tests-style table (see
 :mod:`pycoll.bench.table`); ``--kernels``, ``--fusion``, ``--overlap`` and
-``--groups`` measure one thing each (see :mod:`pycoll.bench.extras`).
+``--groups`` measure one thing each, and ``--targets`` times float32,
+float16 and bfloat16 all_reduce SUM and AVG side by side in one run for the
+ratios between them (see :mod:`pycoll.bench.extras`).
 ``--json`` prints one JSON document instead of text. The exit status is 1 when
 any checked result was wrong.
 """
@@ -59,7 +61,9 @@ def _parser() -> argparse.ArgumentParser:
         default=",".join(COLLECTIVES),
         help=f"comma-separated, from {', '.join(COLLECTIVES)} (default: all)",
     )
-    p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"), help="default 8")
+    p.add_argument(
+        "-b", "--minbytes", type=parse_size, default=None, help="default 8 (--targets: 1M)"
+    )
     p.add_argument(
         "-e", "--maxbytes", type=parse_size, default=parse_size("64M"), help="default 64M"
     )
@@ -83,14 +87,15 @@ def _parser() -> argparse.ArgumentParser:
         "--iters",
         type=int,
         default=None,
-        help="timed calls per size (default: OSU's 1000 up to 8 KiB, 100 above)",
+        help="timed calls per size (default: OSU's 1000 up to 8 KiB, 100 above; "
+        "--targets: per case and round, default 10)",
     )
     p.add_argument(
         "-w",
         "--warmup_iters",
         type=int,
         default=None,
-        help="untimed calls first (default: OSU's 100 up to 8 KiB, 10 above)",
+        help="untimed calls first (default: OSU's 100 up to 8 KiB, 10 above; --targets: 2)",
     )
     p.add_argument(
         "-c",
@@ -127,6 +132,15 @@ def _parser() -> argparse.ArgumentParser:
         help="time making N groups of two ranks, with and without "
         "use_local_synchronization (even number of ranks)",
     )
+    what.add_argument(
+        "--targets",
+        type=int,
+        nargs="?",
+        const=7,
+        metavar="ROUNDS",
+        help="float16 and bfloat16 all_reduce SUM against float32, and AVG against SUM, "
+        "timed in ROUNDS (7) interleaved rounds over -b..-e",
+    )
     return p
 
 
@@ -141,6 +155,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.stepfactor < 2:
         parser.error("-f/--stepfactor must be at least 2")
+    if args.minbytes is None:
+        args.minbytes = parse_size("1M" if args.targets else "8")
+    if args.targets is not None and args.targets < 1:
+        parser.error("--targets: ROUNDS must be at least 1")
     chosen = [c.strip() for c in args.collectives.split(",") if c.strip()]
     for c in chosen:
         if c not in COLLECTIVES:
@@ -168,6 +186,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     rank = comm.Get_rank()
     mpi_name = MPI.Get_library_version().splitlines()[0].strip()
     try:
+        if args.targets:
+            report = extras.targets(
+                comm,
+                sizes(args.minbytes, args.maxbytes, args.stepfactor),
+                args.targets,
+                10 if args.iters is None else args.iters,
+                2 if args.warmup_iters is None else args.warmup_iters,
+            )
+            if rank == 0:
+                report["mpi"] = mpi_name
+                print(json.dumps(report, indent=1) if args.json else extras.targets_table(report))
+            return 1 if report["wrong"] else 0
         if args.kernels or args.fusion or args.overlap or args.groups:
             if args.kernels:
                 report = extras.kernels(comm)

@@ -1,4 +1,5 @@
-"""pycoll-bench's other measurements: the kernels, fusion, overlap, group creation.
+"""pycoll-bench's other measurements: the kernels, fusion, overlap, group
+creation, and the dtype/op targets of the reductions.
 
 Each is collective over ``comm`` (every rank calls it) and returns a dict;
 times are the slowest rank's unless said otherwise.
@@ -9,11 +10,11 @@ from __future__ import annotations
 import statistics
 import time
 from functools import partial
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["kernels", "fusion", "overlap", "group_creation"]
+__all__ = ["kernels", "fusion", "overlap", "group_creation", "targets"]
 
 
 def _best(call: Callable[[], Any], repeats: int, comm: Any) -> float:
@@ -209,3 +210,131 @@ def group_creation(count: int, comm: Any) -> Dict[str, Any]:
         global_us_per_new_group=comm.allreduce(t_global, op=MPI.MAX) * 1e6,
         world_sequence_unchanged_by_local=bool(comm.allreduce(world_untouched, op=MPI.LAND)),
     )
+
+
+# The pairs whose bandwidths the targets compare: (name, numerator, denominator,
+# least ratio). The half types' SUM against float32's, each dtype's AVG
+# against its own SUM.
+TARGETS: Tuple[Tuple[str, Tuple[str, str], Tuple[str, str], float], ...] = (
+    ("f16/f32 SUM", ("float16", "SUM"), ("float32", "SUM"), 0.8),
+    ("bf16/f32 SUM", ("bfloat16", "SUM"), ("float32", "SUM"), 0.8),
+    ("f32 AVG/SUM", ("float32", "AVG"), ("float32", "SUM"), 0.9),
+    ("f16 AVG/SUM", ("float16", "AVG"), ("float16", "SUM"), 0.9),
+    ("bf16 AVG/SUM", ("bfloat16", "AVG"), ("bfloat16", "SUM"), 0.9),
+)
+
+
+def targets(
+    comm: Any,
+    sizes: List[int],
+    rounds: int = 7,
+    iters: int = 10,
+    warmup: int = 2,
+    pycoll_call: Optional[Callable[..., Any]] = None,
+) -> Dict[str, Any]:
+    """all_reduce of float32, float16 and bfloat16, SUM and AVG, at each size,
+    timed in interleaved blocks so that the ratios the targets name are
+    measured side by side in one run: on a shared machine the speed drifts
+    from one run to the next by more than the differences looked for.
+
+    Each of ``rounds`` rounds times a block of ``iters`` calls of every
+    case, in an order rotated each round; a block's time is the median over
+    ranks of each rank's mean per call. A ratio is the median over rounds of
+    the two cases' bandwidth ratio within the round; its spread (min, max
+    over rounds) is reported too. Every case's result is checked against
+    numpy once, before it is timed."""
+    import ml_dtypes
+    from mpi4py import MPI
+
+    from .table import Case, RawOps
+
+    cases = [(dtype, op) for op in ("SUM", "AVG") for dtype in ("float32", "float16", "bfloat16")]
+    dtypes: Dict[str, np.dtype] = {
+        "float32": np.dtype(np.float32),
+        "float16": np.dtype(np.float16),
+        "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    }
+    raw_ops = RawOps(MPI)
+    rows: List[Dict[str, Any]] = []
+    wrong = 0
+    try:
+        for nbytes in sizes:
+            made = {
+                key: Case(
+                    "all_reduce", nbytes, dtypes[key[0]], key[1], 0, comm, raw_ops, pycoll_call
+                )
+                for key in cases
+            }
+            for case in made.values():
+                wrong += comm.allreduce(case.wrong("in-place"), op=MPI.SUM)
+                call = case.variants["in-place"]
+                for _ in range(warmup):
+                    call()  # type: ignore[misc]
+            seconds: Dict[Tuple[str, str], List[float]] = {key: [] for key in cases}
+            for r in range(rounds):
+                for key in cases[r % len(cases) :] + cases[: r % len(cases)]:
+                    call = made[key].variants["in-place"]
+                    comm.Barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(iters):
+                        call()  # type: ignore[misc]
+                    mean = (time.perf_counter() - t0) / iters
+                    seconds[key].append(statistics.median(comm.allgather(mean)))
+            row: Dict[str, Any] = {"bytes": made[cases[0]].bytes}
+            for key in cases:
+                row[f"{key[0]} {key[1]} GB/s"] = (
+                    row["bytes"] / statistics.median(seconds[key]) / 1e9
+                )
+            for name, num, den, least in TARGETS:
+                # bandwidth ratio = time ratio inverted, round by round
+                paired = [d / n for n, d in zip(seconds[num], seconds[den])]
+                row[name] = statistics.median(paired)
+                row[name + " min"] = min(paired)
+                row[name + " max"] = max(paired)
+                row[name + " met"] = row[name] >= least
+            rows.append(row)
+    finally:
+        raw_ops.free()
+    return dict(
+        ranks=comm.Get_size(),
+        rounds=rounds,
+        iters=iters,
+        wrong=wrong,
+        targets={name: least for name, _, _, least in TARGETS},
+        all_met=all(row[name + " met"] for row in rows for name, *_ in TARGETS),
+        rows=rows,
+    )
+
+
+def targets_table(report: Dict[str, Any]) -> str:
+    """:func:`targets`' report as text: each case's algbw, then each ratio as
+    its median over rounds, (min-max), and whether it meets its target."""
+    names = [name for name, *_ in TARGETS]
+    cases = (
+        [k[: -len(" GB/s")] for k in report["rows"][0] if k.endswith(" GB/s")]
+        if report["rows"]
+        else []
+    )
+    lines = [
+        f"# all_reduce, {report['ranks']} ranks, {report['rounds']} interleaved rounds of "
+        f"{report['iters']} calls per case; algbw in GB/s; ratios: median over rounds "
+        f"(min-max), '+' where the target is met, '-' where not; wrong results: "
+        f"{report['wrong']}",
+        "# targets: "
+        + ", ".join(f"{name} >= {least}" for name, least in report["targets"].items()),
+        f"{'bytes':>9} "
+        + " ".join(f"{c.replace('float', 'f'):>9}" for c in cases)
+        + " | "
+        + " ".join(f"{name:>19}" for name in names),
+    ]
+    for row in report["rows"]:
+        cells = [f"{row[c + ' GB/s']:>9.3f}" for c in cases]
+        ratios = [
+            f"{row[n]:.2f} ({row[n + ' min']:.2f}-{row[n + ' max']:.2f}) "
+            f"{'+' if row[n + ' met'] else '-'}"
+            for n in names
+        ]
+        lines.append(
+            f"{row['bytes']:>9} " + " ".join(cells) + " | " + " ".join(f"{r:>19}" for r in ratios)
+        )
+    return "\n".join(lines)

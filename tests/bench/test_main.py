@@ -83,6 +83,52 @@ def test_extra_measurements_as_json(uninitialized, capsys, monkeypatch, flag, ke
             assert all(r["pycoll_GBps"] > 0 and r["numpy_GBps"] > 0 for r in doc["rows"])
 
 
+def test_targets_as_json(uninitialized, capsys):
+    """--targets: every case at every size, each ratio's median inside its
+    own spread over rounds, and the verdict the same as the ratio's."""
+    code, doc = run_json(capsys, ["--targets", "3", "-b", "64K", "-e", "128K", "-n", "2"])
+    assert code == 0
+    assert not pycoll.is_initialized()
+    if doc is not None:
+        assert doc["wrong"] == 0 and doc["rounds"] == 3 and doc["iters"] == 2
+        assert [row["bytes"] for row in doc["rows"]] == [64 << 10, 128 << 10]
+        assert set(doc["targets"]) == {
+            "f16/f32 SUM",
+            "bf16/f32 SUM",
+            "f32 AVG/SUM",
+            "f16 AVG/SUM",
+            "bf16 AVG/SUM",
+        }
+        for row in doc["rows"]:
+            for dtype in ("float32", "float16", "bfloat16"):
+                assert row[f"{dtype} SUM GB/s"] > 0 and row[f"{dtype} AVG GB/s"] > 0
+            for name, least in doc["targets"].items():
+                assert row[name + " min"] <= row[name] <= row[name + " max"]
+                assert row[name + " met"] == (row[name] >= least)
+        assert doc["all_met"] == all(
+            row[name + " met"] for row in doc["rows"] for name in doc["targets"]
+        )
+
+
+def test_targets_count_a_wrong_result(pg, world_size):
+    """A reduction that answers MAX where SUM or AVG is asked is counted as
+    wrong on every rank, before anything is timed."""
+    from pycoll.bench import extras
+
+    def broken(tensor, op=pycoll.ReduceOp.SUM, **kw):
+        return pycoll.all_reduce(tensor, op=pycoll.ReduceOp.MAX, **kw)
+
+    comm = pg.comm.Dup()
+    try:
+        report = extras.targets(comm, [1024], rounds=1, iters=1, warmup=0, pycoll_call=broken)
+    finally:
+        comm.Free()
+    if world_size == 1:
+        assert report["wrong"] == 0  # one rank: MAX, SUM and AVG agree
+    else:
+        assert report["wrong"] > 0
+
+
 def test_size_parsing():
     assert bench.parse_size("64M") == 64 << 20
     assert bench.parse_size("1K") == 1024
@@ -99,6 +145,7 @@ def test_size_parsing():
         (["-d", "float8"], "unknown datatype 'float8'"),
         (["-o", "band", "-d", "float32"], "bitwise ops apply to integers"),
         (["-f", "1"], "at least 2"),
+        (["--targets", "0"], "ROUNDS must be at least 1"),
     ],
 )
 def test_bad_options_are_refused(uninitialized, capsys, args, message):
