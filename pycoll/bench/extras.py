@@ -241,7 +241,8 @@ def targets(
     case, in an order rotated each round; a block's time is the median over
     ranks of each rank's mean per call. A ratio is the median over rounds of
     the two cases' bandwidth ratio within the round; its spread (min, max
-    over rounds) is reported too. Every case's result is checked against
+    over rounds) and each round's ratio (to pool several runs) are reported
+    too. Every case's result is checked against
     numpy once, before it is timed."""
     import ml_dtypes
     from mpi4py import MPI
@@ -291,6 +292,7 @@ def targets(
                 row[name] = statistics.median(paired)
                 row[name + " min"] = min(paired)
                 row[name + " max"] = max(paired)
+                row[name + " rounds"] = paired
                 row[name + " met"] = row[name] >= least
             rows.append(row)
     finally:

@@ -104,6 +104,7 @@ def test_targets_as_json(uninitialized, capsys):
                 assert row[f"{dtype} SUM GB/s"] > 0 and row[f"{dtype} AVG GB/s"] > 0
             for name, least in doc["targets"].items():
                 assert row[name + " min"] <= row[name] <= row[name + " max"]
+                assert len(row[name + " rounds"]) == 3
                 assert row[name + " met"] == (row[name] >= least)
         assert doc["all_met"] == all(
             row[name + " met"] for row in doc["rows"] for name in doc["targets"]
