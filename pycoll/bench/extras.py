@@ -32,11 +32,31 @@ def _best(call: Callable[[], Any], repeats: int, comm: Any) -> float:
     return comm.allreduce(statistics.median(times), op=MPI.MAX)
 
 
+def _mean_of_two(a: np.ndarray, b: np.ndarray) -> None:
+    """The combine of AVG on two ranks (the MPI user op's kernel): b = (a + b) / 2."""
+    from .. import kernels as k
+    from ..kernels import elementwise, threads
+
+    storage, hw = k._storage(b.dtype), k.f16c()
+    threads.run(
+        lambda p: elementwise.mean_of_two_kernel(storage, hw, p),
+        b.nbytes,
+        k._words(a),
+        k._words(b),
+    )
+
+
+def _numpy_mean_of_two(a: np.ndarray, b: np.ndarray) -> None:
+    np.add(a, b, out=b)
+    np.divide(b, 2, out=b)
+
+
 def kernels(comm: Any, nbytes: int = 64 << 20, repeats: int = 10) -> Dict[str, Any]:
     """Two arrays reduced in memory (``b = a op b``), every rank at once, as
     GB/s of memory traffic (3 x bytes: two reads, one write), against numpy
     doing the same and against a plain copy (2 x bytes), the memory limit.
-    AVG's division counts 2 x bytes (one read, one write)."""
+    AVG's division counts 2 x bytes (one read, one write); the two-rank AVG's
+    combine (``b = (a + b) / 2``, one pass in pycoll, two in numpy) 3 x bytes."""
     import ml_dtypes
 
     from .. import kernels as k
@@ -60,6 +80,7 @@ def kernels(comm: Any, nbytes: int = 64 << 20, repeats: int = 10) -> Dict[str, A
             ("SUM", 3, partial(k.reduce, "SUM", a, b), partial(np.add, a, b, out=b)),
             ("MAX", 3, partial(k.reduce, "MAX", a, b), partial(np.maximum, a, b, out=b)),
             ("AVG divide", 2, partial(k.divide, b, 1, out=b), partial(np.divide, b, 1, out=b)),
+            ("AVG of two", 3, partial(_mean_of_two, a, b), partial(_numpy_mean_of_two, a, b)),
         ]
         for op, traffic, ours, theirs in cases:
             rows.append(
