@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["kernels", "fusion", "overlap", "group_creation", "targets"]
+__all__ = ["kernels", "fusion", "overlap", "group_creation", "targets", "pool_targets"]
 
 
 def _best(call: Callable[[], Any], repeats: int, comm: Any) -> float:
@@ -245,6 +245,17 @@ TARGETS: Tuple[Tuple[str, Tuple[str, str], Tuple[str, str], float], ...] = (
 )
 
 
+def _ratio(row: Dict[str, Any], name: str, rounds: List[float], least: float) -> None:
+    """A ratio's entries in a row: the median of its rounds, their quartiles,
+    min and max, the rounds themselves, and whether the median meets ``least``."""
+    row[name] = statistics.median(rounds)
+    q1, _, q3 = statistics.quantiles(rounds, n=4) if len(rounds) > 1 else rounds * 3
+    row[name + " q1"], row[name + " q3"] = q1, q3
+    row[name + " min"], row[name + " max"] = min(rounds), max(rounds)
+    row[name + " rounds"] = rounds
+    row[name + " met"] = row[name] >= least
+
+
 def targets(
     comm: Any,
     sizes: List[int],
@@ -261,9 +272,9 @@ def targets(
     Each of ``rounds`` rounds times a block of ``iters`` calls of every
     case, in an order rotated each round; a block's time is the median over
     ranks of each rank's mean per call. A ratio is the median over rounds of
-    the two cases' bandwidth ratio within the round; its spread (min, max
-    over rounds) and each round's ratio (to pool several runs) are reported
-    too. Every case's result is checked against
+    the two cases' bandwidth ratio within the round; its quartiles, min and
+    max over rounds, and each round's ratio (to pool several runs) are
+    reported too. Every case's result is checked against
     numpy once, before it is timed."""
     import ml_dtypes
     from mpi4py import MPI
@@ -310,11 +321,7 @@ def targets(
             for name, num, den, least in TARGETS:
                 # bandwidth ratio = time ratio inverted, round by round
                 paired = [d / n for n, d in zip(seconds[num], seconds[den])]
-                row[name] = statistics.median(paired)
-                row[name + " min"] = min(paired)
-                row[name + " max"] = max(paired)
-                row[name + " rounds"] = paired
-                row[name + " met"] = row[name] >= least
+                _ratio(row, name, paired, least)
             rows.append(row)
     finally:
         raw_ops.free()
@@ -331,7 +338,7 @@ def targets(
 
 def targets_table(report: Dict[str, Any]) -> str:
     """:func:`targets`' report as text: each case's algbw, then each ratio as
-    its median over rounds, (min-max), and whether it meets its target."""
+    its median over rounds, (its quartiles), and whether it meets its target."""
     names = [name for name, *_ in TARGETS]
     cases = (
         [k[: -len(" GB/s")] for k in report["rows"][0] if k.endswith(" GB/s")]
@@ -341,7 +348,7 @@ def targets_table(report: Dict[str, Any]) -> str:
     lines = [
         f"# all_reduce, {report['ranks']} ranks, {report['rounds']} interleaved rounds of "
         f"{report['iters']} calls per case; algbw in GB/s; ratios: median over rounds "
-        f"(min-max), '+' where the target is met, '-' where not; wrong results: "
+        f"(first-third quartile), '+' where the target is met, '-' where not; wrong results: "
         f"{report['wrong']}",
         "# targets: "
         + ", ".join(f"{name} >= {least}" for name, least in report["targets"].items()),
@@ -353,7 +360,7 @@ def targets_table(report: Dict[str, Any]) -> str:
     for row in report["rows"]:
         cells = [f"{row[c + ' GB/s']:>9.3f}" for c in cases]
         ratios = [
-            f"{row[n]:.2f} ({row[n + ' min']:.2f}-{row[n + ' max']:.2f}) "
+            f"{row[n]:.2f} ({row[n + ' q1']:.2f}-{row[n + ' q3']:.2f}) "
             f"{'+' if row[n + ' met'] else '-'}"
             for n in names
         ]
@@ -361,3 +368,34 @@ def targets_table(report: Dict[str, Any]) -> str:
             f"{row['bytes']:>9} " + " ".join(cells) + " | " + " ".join(f"{r:>19}" for r in ratios)
         )
     return "\n".join(lines)
+
+
+def pool_targets(reports: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Several runs of :func:`targets` (their JSON) as one report: each ratio
+    the median of every run's rounds together, its spread their min and max,
+    each bandwidth the median of the runs'. The runs must share rank count
+    and sizes."""
+    first = reports[0]
+    shape = [(r["ranks"], [row["bytes"] for row in r["rows"]]) for r in reports]
+    if any(s != shape[0] for s in shape):
+        raise ValueError(f"runs differ in ranks or sizes: {shape}; pool like with like")
+    rows = []
+    for i, row in enumerate(first["rows"]):
+        pooled: Dict[str, Any] = {"bytes": row["bytes"]}
+        for key in row:
+            if key.endswith(" GB/s"):
+                pooled[key] = statistics.median(r["rows"][i][key] for r in reports)
+        for name, least in first["targets"].items():
+            _ratio(
+                pooled, name, [x for r in reports for x in r["rows"][i][name + " rounds"]], least
+            )
+        rows.append(pooled)
+    return dict(
+        ranks=first["ranks"],
+        rounds=sum(r["rounds"] for r in reports),
+        iters=first["iters"],
+        wrong=sum(r["wrong"] for r in reports),
+        targets=first["targets"],
+        all_met=all(row[name + " met"] for row in rows for name in first["targets"]),
+        rows=rows,
+    )

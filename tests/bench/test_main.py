@@ -104,6 +104,7 @@ def test_targets_as_json(uninitialized, capsys):
                 assert row[f"{dtype} SUM GB/s"] > 0 and row[f"{dtype} AVG GB/s"] > 0
             for name, least in doc["targets"].items():
                 assert row[name + " min"] <= row[name] <= row[name + " max"]
+                assert row[name + " min"] <= row[name + " q1"] <= row[name + " q3"]
                 assert len(row[name + " rounds"]) == 3
                 assert row[name + " met"] == (row[name] >= least)
         assert doc["all_met"] == all(
@@ -128,6 +129,35 @@ def test_targets_count_a_wrong_result(pg, world_size):
         assert report["wrong"] == 0  # one rank: MAX, SUM and AVG agree
     else:
         assert report["wrong"] > 0
+
+
+def _report(ranks, rounds_by_size):
+    """A --targets report by hand: every ratio's rounds as given, per size."""
+    from pycoll.bench import extras
+
+    least = {name: bound for name, _, _, bound in extras.TARGETS}
+    rows = []
+    for nbytes, rounds in rounds_by_size.items():
+        row = {"bytes": nbytes, "float32 SUM GB/s": 1.0}
+        for name in least:
+            row[name + " rounds"] = rounds
+        rows.append(row)
+    return dict(ranks=ranks, rounds=2, iters=10, wrong=0, targets=least, rows=rows)
+
+
+def test_pooled_targets_take_the_median_of_every_round():
+    from pycoll.bench import extras
+
+    pooled = extras.pool_targets([_report(2, {1024: [1.0, 0.5]}), _report(2, {1024: [0.7, 0.85]})])
+    row = pooled["rows"][0]
+    assert pooled["rounds"] == 4
+    assert row["f16/f32 SUM"] == pytest.approx(0.775)  # median of 0.5, 0.7, 0.85, 1.0
+    assert row["f16/f32 SUM met"] is False and row["f32 AVG/SUM met"] is False
+    assert (row["f16/f32 SUM min"], row["f16/f32 SUM max"]) == (0.5, 1.0)
+    assert pooled["all_met"] is False
+    assert extras.pool_targets([_report(2, {1024: [0.95, 1.2]})])["all_met"] is True
+    with pytest.raises(ValueError, match="pool like with like"):
+        extras.pool_targets([_report(2, {1024: [1.0]}), _report(4, {1024: [1.0]})])
 
 
 def test_size_parsing():
