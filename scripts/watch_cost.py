@@ -18,12 +18,12 @@ on rank 0.
 """
 
 import os
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import pycoll
+from pycoll.bench.table import time_block
 from pycoll.collectives import _common
 from pycoll.collectives import reduce as reduce_module
 
@@ -63,13 +63,9 @@ def call():
 
 
 def bench(f, n=20000):
-    for _ in range(2000):
-        f()
-    comm.Barrier()
-    t = time.perf_counter()
-    for _ in range(n):
-        f()
-    return (time.perf_counter() - t) / n * 1e6
+    """Microseconds per call: pycoll-bench's timer (2,000 warm-up calls, a
+    barrier, then ``n`` calls)."""
+    return time_block(f, n, 2000, comm) * 1e6
 
 
 rows = []
