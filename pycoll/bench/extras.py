@@ -32,20 +32,6 @@ def _best(call: Callable[[], Any], repeats: int, comm: Any) -> float:
     return comm.allreduce(statistics.median(times), op=MPI.MAX)
 
 
-def _mean_of_two(a: np.ndarray, b: np.ndarray) -> None:
-    """The combine of AVG on two ranks (the MPI user op's kernel): b = (a + b) / 2."""
-    from .. import kernels as k
-    from ..kernels import elementwise, threads
-
-    storage, hw = k._storage(b.dtype), k.f16c()
-    threads.run(
-        lambda p: elementwise.mean_of_two_kernel(storage, hw, p),
-        b.nbytes,
-        k._words(a),
-        k._words(b),
-    )
-
-
 def _numpy_mean_of_two(a: np.ndarray, b: np.ndarray) -> None:
     np.add(a, b, out=b)
     np.divide(b, 2, out=b)
@@ -80,7 +66,13 @@ def kernels(comm: Any, nbytes: int = 64 << 20, repeats: int = 10) -> Dict[str, A
             ("SUM", 3, partial(k.reduce, "SUM", a, b), partial(np.add, a, b, out=b)),
             ("MAX", 3, partial(k.reduce, "MAX", a, b), partial(np.maximum, a, b, out=b)),
             ("AVG divide", 2, partial(k.divide, b, 1, out=b), partial(np.divide, b, 1, out=b)),
-            ("AVG of two", 3, partial(_mean_of_two, a, b), partial(_numpy_mean_of_two, a, b)),
+            # divide_by=2 is the two-rank AVG's kernel, the MPI user op's combine
+            (
+                "AVG of two",
+                3,
+                partial(k.reduce, "SUM", a, b, divide_by=2),
+                partial(_numpy_mean_of_two, a, b),
+            ),
         ]
         for op, traffic, ours, theirs in cases:
             rows.append(
@@ -276,16 +268,16 @@ def targets(
     max over rounds, and each round's ratio (to pool several runs) are
     reported too. Every case's result is checked against
     numpy once, before it is timed."""
-    import ml_dtypes
     from mpi4py import MPI
 
-    from .table import Case, RawOps
+    from ..arrays import BFLOAT16
+    from .table import Case, RawOps, time_block
 
     cases = [(dtype, op) for op in ("SUM", "AVG") for dtype in ("float32", "float16", "bfloat16")]
     dtypes: Dict[str, np.dtype] = {
         "float32": np.dtype(np.float32),
         "float16": np.dtype(np.float16),
-        "bfloat16": np.dtype(ml_dtypes.bfloat16),
+        "bfloat16": BFLOAT16,
     }
     raw_ops = RawOps(MPI)
     rows: List[Dict[str, Any]] = []
@@ -306,12 +298,7 @@ def targets(
             seconds: Dict[Tuple[str, str], List[float]] = {key: [] for key in cases}
             for r in range(rounds):
                 for key in cases[r % len(cases) :] + cases[: r % len(cases)]:
-                    call = made[key].variants["in-place"]
-                    comm.Barrier()
-                    t0 = time.perf_counter()
-                    for _ in range(iters):
-                        call()  # type: ignore[misc]
-                    mean = (time.perf_counter() - t0) / iters
+                    mean = time_block(made[key].variants["in-place"], iters, 0, comm)  # type: ignore[arg-type]
                     seconds[key].append(statistics.median(comm.allgather(mean)))
             row: Dict[str, Any] = {"bytes": made[cases[0]].bytes}
             for key in cases:
