@@ -26,24 +26,18 @@ from mpi4py import MPI
 import pycoll
 from pycoll import ReduceOp, kernels
 from pycoll.arrays import BFLOAT16
+from pycoll.bench import parse_size
 from pycoll.bench.table import time_block
 from pycoll.collectives.reduce import _all_reduce_ring
 from pycoll.collectives.ring import parts
 from pycoll.groups import STATE
 from pycoll.ops import plan
 
-UNITS = {"K": 1 << 10, "M": 1 << 20}
-
-
-def size(text: str) -> int:
-    return int(text[:-1]) * UNITS[text[-1]] if text[-1] in UNITS else int(text)
-
-
 pycoll.init_process_group()
 comm = MPI.COMM_WORLD
 n, me = comm.size, comm.rank
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 7
-sizes = [size(s) for s in (sys.argv[2] if len(sys.argv) > 2 else "1M,2M").split(",")]
+sizes = [parse_size(s) for s in (sys.argv[2] if len(sys.argv) > 2 else "1M,2M").split(",")]
 dtypes = [np.dtype(np.float32), np.dtype(np.float16), BFLOAT16]
 SUM, AVG = ReduceOp.SUM, ReduceOp.AVG
 
