@@ -36,6 +36,28 @@ __all__ = [
 
 BACKEND = "mpi"
 DEFAULT_TIMEOUT = timedelta(minutes=30)
+TIMEOUT_ENV = "PYCOLL_TIMEOUT"  # seconds: the default timeout, set without editing code
+
+
+def default_timeout() -> timedelta:
+    """``PYCOLL_TIMEOUT`` seconds where it is set, else 30 minutes (torch's default).
+
+    Raises:
+        ValueError: the variable is not a positive number of seconds.
+    """
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(
+            f"The value of {TIMEOUT_ENV} must be a positive number of seconds "
+            f"(e.g. {TIMEOUT_ENV}=60), got {raw!r}"
+        )
+    return timedelta(seconds=seconds)
 
 
 class ProcessGroup:
@@ -257,7 +279,7 @@ def parse_backend(backend: Optional[str], func: str) -> str:
 def init_process_group(
     backend: Optional[str] = BACKEND,
     init_method: Optional[str] = None,
-    timeout: timedelta = DEFAULT_TIMEOUT,
+    timeout: Optional[timedelta] = None,
     world_size: int = -1,
     rank: int = -1,
     store: Any = None,
@@ -275,7 +297,9 @@ def init_process_group(
             then go through NCCL where it has the collective (pycoll.gpu.nccl).
         init_method: None or ``"env://"``; MPI does the rendezvous, so any
             other value is refused rather than silently ignored.
-        timeout: the default timeout of operations on the group.
+        timeout: the default timeout of operations on the group (and of the
+            groups made from it). None: ``PYCOLL_TIMEOUT`` seconds where that
+            is set, else 30 minutes.
         world_size: if given, checked against the communicator's size.
         rank: if given, checked against this process's rank.
         store: must be None: MPI needs no key-value store.
@@ -304,6 +328,8 @@ def init_process_group(
             "init_process_group: store must be None: MPI connects the ranks "
             "without a key-value store"
         )
+    if timeout is None:
+        timeout = default_timeout()
     if not isinstance(timeout, timedelta):
         raise TypeError(
             f"init_process_group: timeout must be a datetime.timedelta, got "

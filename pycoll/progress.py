@@ -16,8 +16,10 @@ sent until a diagnosis is needed.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import socket
+import sys
 import time
 import zlib
 from typing import Any, Dict, List, Optional
@@ -103,12 +105,15 @@ class Board:
         self.rec[HOST] = _host_id()
         self._next = 0
         self.closed = False
+        # Set once an operation timed out on this rank: teardown then leaves
+        # the window (see close).
+        self.abandoned = False
         atexit.register(self._end_epoch)
 
     def _end_epoch(self) -> None:
         """At exit without destroy_process_group: free the window if every
-        rank gets here within a few seconds (MPI would complain about it at
-        MPI_Finalize), else just close the read epoch."""
+        rank gets here within a few seconds (MPICH's UCX layer warns about a
+        window left to MPI_Finalize), else leave it."""
         self.close(EXIT_WAIT)
 
     def claim(self, uid: int) -> int:
@@ -140,28 +145,72 @@ class Board:
         return out
 
     def close(self, timeout: Optional[float] = None) -> None:
-        """Free the window (collective over the default group).
+        """Free the window, which is collective over the default group, only
+        where every rank is known to free it too; otherwise leave it to
+        MPI_Finalize. Never waits longer than ``timeout`` seconds per round
+        (default: the default group's timeout).
 
-        Freeing synchronizes every rank, so the ranks first check, within the
-        timeout (default: the default group's), that all of them are here;
-        otherwise the window is left to MPI_Finalize, as a rank may be stuck
-        or gone.
+        MPI_Win_free cannot be interrupted, so one rank freeing while another
+        does not hangs the first for good. Two nonblocking rounds decide it:
+        a MIN-reduction of every rank's vote (0 once an operation timed out
+        on that rank: its MPI state is unknown), then, only where that came
+        back 1, a barrier among the ranks that saw it. A rank that gives up
+        in round one never enters round two, so the others give up there too
+        instead of freeing a window it will not free.
         """
         if self.closed:
             return
         self.closed = True
         atexit.unregister(self._end_epoch)
-        req = self.comm.Ibarrier()
-        end = time.monotonic() + (self.timeout if timeout is None else timeout)
-        while not req.Test():
-            if time.monotonic() > end:
-                self.win.Unlock_all()
-                return
-            time.sleep(1e-4)
+        limit = self.timeout if timeout is None else timeout
+        vote = np.array([0 if self.abandoned else 1], np.int32)
+        agreed = np.zeros(1, np.int32)
+        votes = self.comm.Iallreduce(vote, agreed, op=_mpi.MPI.MIN)
+        if self.abandoned:  # say no, and wait for nobody
+            keep_alive([votes, vote, agreed])
+            self.win.Unlock_all()
+            sys.stderr.write(
+                f"pycoll: rank {self.comm.Get_rank()}: an operation timed out on this rank, "
+                f"so MPI's state is unknown: teardown leaves pycoll's communicators and "
+                f"window to MPI_Finalize instead of waiting on the other ranks\n"
+            )
+            sys.stderr.flush()
+            return
+        if not _complete(votes, limit) or not agreed[0]:
+            keep_alive([votes, vote, agreed])
+            self.win.Unlock_all()
+            return
+        barrier = self.comm.Ibarrier()
+        if not _complete(barrier, limit):
+            keep_alive([barrier])
+            self.win.Unlock_all()
+            return
         self.win.Unlock_all()
         self.rec.release()
         self.win.Free()
         self.comm.Free()
+
+
+def _complete(request: Any, timeout: float) -> bool:
+    """Poll ``request`` for at most ``timeout`` seconds; True once it completed."""
+    end = time.monotonic() + timeout
+    while not request.Test():
+        if time.monotonic() > end:
+            return False
+        time.sleep(1e-4)
+    return True
+
+
+def keep_alive(objects: List[Any]) -> None:
+    """Keep abandoned MPI requests (and the buffers they hold) alive for good.
+
+    An operation that timed out may still be written to by MPI, even inside
+    MPI_Finalize, which mpi4py calls after the interpreter has freed its
+    objects: Open MPI was seen to crash there on a freed receive buffer. A
+    reference that is never given back keeps the memory valid to the end.
+    """
+    for obj in objects:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
 def describe(ranks: List[int], uid: int, seq: int, board: Board, names: Dict[int, str]) -> Any:

@@ -282,6 +282,9 @@ def timed_out(
     error = DistTimeoutError(message, op, seq, elapsed, missing)
     pg._broken = error
     pg._pending.extend(requests)  # MPI may still write into their buffers
+    progress.keep_alive(requests)  # ... even during MPI_Finalize
+    if board is not None:
+        board.abandoned = True  # teardown must not wait on the other ranks
     if abort or os.environ.get(ABORT_ENV, "").strip() == "1":
         why = f"{WAIT_ENV}=blocking" if abort else f"{ABORT_ENV}=1"
         sys.stderr.write(f"pycoll: {message}\npycoll: {why}: aborting the job\n")

@@ -1,14 +1,16 @@
 """Jobs that hang on purpose, run by tests/test_hangs.py under mpiexec.
 
-Usage: mpiexec -n 4 python tests/hang_scenarios.py SCENARIO
+Usage: mpiexec -n 4 python tests/hang_scenarios.py SCENARIO [destroy]
 
 Every rank prints one JSON line saying what happened to it, so the test can
-check the diagnosis on every surviving rank.
+check the diagnosis on every surviving rank. With ``destroy``, every rank
+then calls destroy_process_group and prints a second line once it returned.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from datetime import timedelta
@@ -43,8 +45,9 @@ def attempt(rank: int, call) -> None:
         report(rank, error=None, seconds=time.monotonic() - start)
 
 
-def main(scenario: str) -> None:
-    pycoll.init_process_group(timeout=TIMEOUT)
+def main(scenario: str, then: str = "") -> None:
+    # PYCOLL_TIMEOUT, when the test sets it, is the default group's timeout.
+    pycoll.init_process_group(**({} if "PYCOLL_TIMEOUT" in os.environ else {"timeout": TIMEOUT}))
     rank = pycoll.get_rank()
     x = np.ones(4, np.float32)
     pycoll.all_reduce(x)  # seq 1: everyone
@@ -73,7 +76,11 @@ def main(scenario: str) -> None:
         attempt(rank, lambda: pycoll.all_reduce(y))
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
+    if then == "destroy":
+        start = time.monotonic()
+        pycoll.destroy_process_group()
+        report(rank, destroyed=True, seconds=time.monotonic() - start)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

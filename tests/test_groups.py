@@ -298,3 +298,21 @@ def test_public_surface():
     for name in pycoll.__all__:
         assert hasattr(pycoll, name), name
     assert len(set(pycoll.__all__)) == len(pycoll.__all__)
+
+
+def test_pycoll_timeout_is_the_default_timeout(uninitialized, monkeypatch):
+    monkeypatch.setenv("PYCOLL_TIMEOUT", "42.5")
+    pycoll.init_process_group()
+    assert pycoll.group.WORLD.timeout == timedelta(seconds=42.5)
+    pycoll.destroy_process_group()
+    # An explicit timeout still wins.
+    pycoll.init_process_group(timeout=timedelta(seconds=7))
+    assert pycoll.group.WORLD.timeout == timedelta(seconds=7)
+
+
+@pytest.mark.parametrize("raw", ["soon", "0", "-3", "inf", "nan"])
+def test_pycoll_timeout_that_is_not_a_positive_number_is_refused(uninitialized, monkeypatch, raw):
+    monkeypatch.setenv("PYCOLL_TIMEOUT", raw)
+    with pytest.raises(ValueError, match=r"PYCOLL_TIMEOUT must be a positive number of seconds"):
+        pycoll.init_process_group()
+    assert not pycoll.is_initialized()

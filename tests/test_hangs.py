@@ -35,7 +35,7 @@ def one_rank(world_size):
         pytest.skip("launches its own 4-rank jobs; runs in the single-rank pass")
 
 
-def run_job(scenario: str, **env: str) -> Tuple[int, List[Dict], str, float]:
+def run_job(scenario: str, *then: str, **env: str) -> Tuple[int, List[Dict], str, float]:
     mpiexec = Path(sys.executable).with_name("mpiexec")
     if not mpiexec.exists():
         pytest.skip(f"no mpiexec next to {sys.executable}")
@@ -44,7 +44,7 @@ def run_job(scenario: str, **env: str) -> Tuple[int, List[Dict], str, float]:
     environ.update(env)
     start = time.monotonic()
     proc = subprocess.run(
-        [str(mpiexec), "-n", str(RANKS), sys.executable, str(SCRIPT), scenario],
+        [str(mpiexec), "-n", str(RANKS), sys.executable, str(SCRIPT), scenario, *then],
         capture_output=True,
         text=True,
         env=environ,
@@ -66,7 +66,7 @@ def _reports(out: str) -> List[Dict]:
 
 
 def by_rank(reports: List[Dict]) -> Dict[int, Dict]:
-    ranks = {r["rank"]: r for r in reports}
+    ranks = {r["rank"]: r for r in reports if "destroyed" not in r}
     assert sorted(ranks) == list(range(RANKS)), reports
     return ranks
 
@@ -140,6 +140,38 @@ def test_a_rank_exits_early():
     assert ranks[3] == {"rank": 3, "exited": True}
     for r in (0, 1, 2):
         assert_timed_out(ranks[r], "all_reduce", 2, [3])
+
+
+def destroyed(reports: List[Dict]) -> Dict[int, Dict]:
+    ranks = {r["rank"]: r for r in reports if "destroyed" in r}
+    assert sorted(ranks) == list(range(RANKS)), reports
+    return ranks
+
+
+@pytest.mark.parametrize("scenario", ["skip", "sleep"])
+def test_destroy_after_a_timeout_ends_on_every_rank(scenario):
+    """After a timeout the group's MPI state is unknown: destroy_process_group
+    and the exit after it must not wait on the other ranks for good (they hung
+    in the progress board's MPI_Win_free, and Open MPI crashed at exit)."""
+    rc, reports, err, elapsed = run_job(scenario, "destroy")
+    assert rc == 0, err
+    for report in destroyed(reports).values():
+        # The healthy rank waits at most for the others' timeouts to end.
+        assert report["seconds"] < 4 * TIMEOUT_S + 10, report
+    timed_out = [r for r, rep in by_rank(reports).items() if rep.get("error")]
+    for rank in timed_out:
+        assert f"pycoll: rank {rank}: an operation timed out on this rank" in err, err
+    assert err.count("an operation timed out on this rank") == len(timed_out), err
+
+
+def test_pycoll_timeout_sets_the_default_timeout():
+    """PYCOLL_TIMEOUT (seconds) is the default group's timeout: a hang is
+    diagnosed without editing the program."""
+    rc, reports, err, _ = run_job("skip", PYCOLL_TIMEOUT="1.5")
+    ranks = by_rank(reports)
+    assert rc == 0, err
+    for r in (0, 1, 3):
+        assert_timed_out(ranks[r], "all_reduce", 2, [2])
 
 
 def test_shape_mismatch_under_detail():
