@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -113,15 +114,37 @@ def _split(argv: Sequence[str]) -> Tuple[List[str], List[str], str]:
     return options, [], "script"
 
 
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+
+
+def _python_target(command: List[str]) -> Optional[List[str]]:
+    """For ``python script.py ...`` or ``python -m module ...`` (any Python,
+    with no options of its own), the same interpreter running the target
+    through boot; else None. So the command form ends the job on an uncaught
+    exception exactly as the script form does."""
+    if len(command) < 2 or not _PYTHON.fullmatch(os.path.basename(command[0])):
+        return None
+    rest = command[1:]
+    if rest[0] == "-m" and len(rest) >= 2 or not rest[0].startswith("-"):
+        return [command[0], str(HERE / "boot.py"), *rest]
+    return None
+
+
 def target_argv(kind: str, target: List[str]) -> List[str]:
-    """What each rank runs after the wrapper: Python targets go through boot."""
+    """What each rank runs after the wrapper: Python targets go through boot,
+    a Python interpreter given as the command with its script included."""
     if not target:
         raise UsageError(
             "nothing to run: give a script (pycoll-run -n 4 train.py), a module "
             "(-m package.module) or a command after --"
         )
     if kind == "command":
-        return target
+        through_boot = _python_target(target)
+        if through_boot is not None:
+            return through_boot
+        if not (target[0].endswith(".py") and not os.access(target[0], os.X_OK)):
+            return target
+        kind = "script"  # -- train.py: a script that is not a program of its own
     boot = [sys.executable, str(HERE / "boot.py")]
     return boot + (["-m"] if kind == "module" else []) + target
 

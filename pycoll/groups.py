@@ -342,6 +342,7 @@ def init_process_group(
     from .kernels.threads import cores
 
     watch.set_wait_mode_from_env()
+    watch.install_excepthook()
     MPI = _mpi.load()
     if comm is None:
         comm = MPI.COMM_WORLD
@@ -397,6 +398,9 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         STATE.groups = {}
         STATE.local_rank = STATE.local_size = None
         GroupMember.WORLD = None
+        from . import watch
+
+        watch.remove_excepthook()
         return
     member = resolve(group, "destroy_process_group")
     if member is not None:

@@ -30,6 +30,7 @@ from .errors import DistBackendError, DistTimeoutError
 from .groups import STATE, ProcessGroup
 
 ABORT_ENV = "PYCOLL_ABORT_ON_TIMEOUT"
+EXCEPTHOOK_ENV = "PYCOLL_ABORT_ON_EXCEPTION"
 WAIT_ENV = "PYCOLL_WAIT"
 ABORT_CODE = 124  # what `timeout` returns: a job killed for running out of time
 ABORT_GRACE_S = 1.0
@@ -99,6 +100,59 @@ def _watch_blocking() -> None:
         if elapsed >= pg._timeout_s:
             error = timed_out(pg, op, seq, elapsed, pg._timeout_s, [], abort=True)
             raise AssertionError(f"unreachable: {error}")  # timed_out exits
+
+
+class _AbortingHook:
+    """``sys.excepthook`` while the default group lives: print the traceback
+    (through the hook that was there before), then end the whole job.
+
+    Without it, one rank's uncaught exception leaves the others waiting in
+    their next collective until its timeout (30 minutes by default), as under
+    plain mpiexec; ``python -m mpi4py`` and pycoll-run's script form end such a
+    job at once, and so does this, whatever launched the job.
+    """
+
+    def __init__(self, previous: Callable[..., Any]) -> None:
+        self.previous = previous
+
+    def __call__(self, kind: Any, value: Any, tb: Any) -> None:
+        self.previous(kind, value, tb)
+        MPI = _mpi.MPI
+        if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized():
+            return
+        world = MPI.COMM_WORLD
+        if world.Get_size() == 1:
+            return  # nobody to wait for: exit as Python does
+        sys.stderr.write(
+            f"pycoll: rank {world.Get_rank()}: uncaught {kind.__name__}; aborting the job "
+            f"so that the other ranks do not wait for it ({EXCEPTHOOK_ENV}=0 turns this off)\n"
+        )
+        sys.stderr.flush()
+        time.sleep(ABORT_GRACE_S)  # for the launcher to forward the lines (see timed_out)
+        world.Abort(1)
+        os._exit(1)
+
+
+def install_excepthook() -> None:
+    """Make an uncaught exception end the job (see _AbortingHook), unless
+    ``PYCOLL_ABORT_ON_EXCEPTION=0`` or Python is interactive (where every
+    mistyped line would end the job)."""
+    raw = os.environ.get(EXCEPTHOOK_ENV, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(
+            f"The value of {EXCEPTHOOK_ENV} must be 1 (the default: an uncaught exception "
+            f"on any rank aborts the job) or 0 (leave Python's handling alone), got {raw!r}"
+        )
+    interactive = hasattr(sys, "ps1") or sys.flags.interactive
+    if raw == "0" or interactive or isinstance(sys.excepthook, _AbortingHook):
+        return
+    sys.excepthook = _AbortingHook(sys.excepthook)
+
+
+def remove_excepthook() -> None:
+    """Undo :func:`install_excepthook` (destroy_process_group)."""
+    if isinstance(sys.excepthook, _AbortingHook):
+        sys.excepthook = sys.excepthook.previous
 
 
 def set_spinning(own_core: bool) -> None:

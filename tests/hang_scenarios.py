@@ -71,6 +71,10 @@ def main(scenario: str, then: str = "") -> None:
             report(rank, exited=True)
             sys.exit(0)
         attempt(rank, lambda: pycoll.all_reduce(x))
+    elif scenario == "raise":
+        if rank == 2:
+            raise ValueError("rank 2 gives up")
+        attempt(rank, lambda: pycoll.all_reduce(x))
     elif scenario == "shape":
         y = np.ones(3 if rank == 1 else 4, np.float32)
         attempt(rank, lambda: pycoll.all_reduce(y))

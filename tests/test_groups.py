@@ -316,3 +316,19 @@ def test_pycoll_timeout_that_is_not_a_positive_number_is_refused(uninitialized, 
     with pytest.raises(ValueError, match=r"PYCOLL_TIMEOUT must be a positive number of seconds"):
         pycoll.init_process_group()
     assert not pycoll.is_initialized()
+
+
+def test_pycoll_abort_on_exception_takes_0_or_1(uninitialized, monkeypatch):
+    monkeypatch.setenv("PYCOLL_ABORT_ON_EXCEPTION", "no")
+    with pytest.raises(ValueError, match=r"PYCOLL_ABORT_ON_EXCEPTION must be 1 .* or 0"):
+        pycoll.init_process_group()
+    assert not pycoll.is_initialized()
+
+
+def test_the_exception_hook_lives_as_long_as_the_default_group(uninitialized, monkeypatch):
+    monkeypatch.delenv("PYCOLL_ABORT_ON_EXCEPTION", raising=False)
+    before = sys.excepthook
+    pycoll.init_process_group()
+    assert sys.excepthook is not before and sys.excepthook.previous is before
+    pycoll.destroy_process_group()
+    assert sys.excepthook is before

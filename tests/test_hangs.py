@@ -164,6 +164,31 @@ def test_destroy_after_a_timeout_ends_on_every_rank(scenario):
     assert err.count("an operation timed out on this rank") == len(timed_out), err
 
 
+def test_an_uncaught_exception_on_one_rank_ends_the_job():
+    """Under plain mpiexec, with a 10-minute timeout: the others do not wait for it."""
+    rc, reports, err, elapsed = run_job("raise", PYCOLL_TIMEOUT="600")
+    assert rc != 0
+    assert elapsed < 30, elapsed
+    assert "ValueError: rank 2 gives up" in err, err
+    assert err.count("Traceback (most recent call last)") == 1, err
+    assert (
+        "pycoll: rank 2: uncaught ValueError; aborting the job so that the other ranks do "
+        "not wait for it (PYCOLL_ABORT_ON_EXCEPTION=0 turns this off)" in err
+    ), err
+    assert not [r for r in reports if "error" in r], reports  # nobody got past it
+
+
+def test_the_abort_on_an_uncaught_exception_can_be_turned_off():
+    rc, reports, err, _ = run_job("raise", PYCOLL_ABORT_ON_EXCEPTION="0")
+    assert rc != 0
+    assert "ValueError: rank 2 gives up" in err, err
+    assert "aborting the job" not in err
+    ranks = {r["rank"]: r for r in reports}
+    assert sorted(ranks) == [0, 1, 3], reports
+    for r in (0, 1, 3):  # they waited for rank 2 until their timeout
+        assert_timed_out(ranks[r], "all_reduce", 2, [2])
+
+
 def test_pycoll_timeout_sets_the_default_timeout():
     """PYCOLL_TIMEOUT (seconds) is the default group's timeout: a hang is
     diagnosed without editing the program."""

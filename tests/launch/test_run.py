@@ -213,3 +213,24 @@ def test_a_signal_to_pycoll_run_ends_every_rank(family, signum, status):
     assert f"pycoll-run: {signal.Signals(signum).name}: stopping every rank" in err
     pids = [r["pid"] for r in reports("\n".join(lines) + "\n" + out).values()]
     assert still_alive(pids) == []
+
+
+def test_command_form_with_python_ends_the_job_on_a_raise_as_the_script_form(family):
+    """``pycoll-run -n 3 python script.py``, as the README writes it, runs the
+    script through the same exception hook as ``pycoll-run -n 3 script.py``."""
+    proc, elapsed = pycoll_run(family, "-n", "3", PYTHONS[family], TARGET, "raise", "2")
+    assert proc.returncode == 1, proc.stderr
+    err = proc.stderr
+    assert err.count(f"pycoll-run: rank 2 on {HOST} raised an uncaught exception:") == 1, err
+    assert "[2] ValueError: rank 2 refuses" in err
+    assert elapsed < 20, elapsed
+    assert still_alive([r["pid"] for r in reports(proc.stdout).values()]) == []
+
+
+def test_a_script_after_the_double_dash_runs_with_python(family, tmp_path):
+    """``-- train.py`` where train.py is not executable (as batch scripts wrote
+    it) runs the script rather than failing with 'cannot run train.py'."""
+    proc, _ = pycoll_run(family, "-n", "2", "--", TARGET, "ok", "x")
+    assert proc.returncode == 0, proc.stderr
+    seen = reports(proc.stdout)
+    assert sorted(seen) == [0, 1] and seen[1]["argv"] == ["ok", "x"]
