@@ -60,13 +60,22 @@ OPS = (
 CODE = {name: i for i, name in enumerate(OPS)}
 
 SLOTS = 64  # groups a rank can be followed on at once (the oldest slot is reused)
-PID, HOST, LAST, _SPARE = 0, 1, 2, 3
+# BEAT counts up while this rank waits in pycoll (slowly: a waiting rank
+# bumps it every few milliseconds, the blocking-mode watchdog every tick), so
+# a reader can tell a rank that waits inside an operation from one that is
+# stopped, or stuck in code outside pycoll's waits.
+PID, HOST, LAST, BEAT = 0, 1, 2, 3
 HEADER = 4
 WORDS = HEADER + 2 * SLOTS
 BUSY = 1
+GAVE_UP = 0x80  # the operation timed out on this rank (bits 1-6 are the op code)
+OP_MASK = 0x3F
 # An operation's low byte while it runs: pack(seq, op, True) is seq << 8 | BUSY_CODE[op].
 BUSY_CODE = {name: code << 1 | BUSY for name, code in CODE.items()}
 READ_TIMEOUT = 2.0  # seconds to wait for one peer's record
+# How long a diagnosis watches the heartbeats of ranks that started the
+# operation: longer than the blocking-mode watchdog's tick (watch.py).
+BEAT_WATCH_S = 0.6
 EXIT_WAIT = 5.0  # at exit, seconds to wait for the other ranks to free the board
 
 
@@ -213,42 +222,85 @@ def keep_alive(objects: List[Any]) -> None:
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
-def describe(ranks: List[int], uid: int, seq: int, board: Board, names: Dict[int, str]) -> Any:
-    """What each member of a group is doing, for a timeout at ``seq``.
+def _op_of(word: int) -> str:
+    code = (word >> 1) & OP_MASK
+    return OPS[code] if code < len(OPS) else "?"
 
-    Returns (missing, text): the global ranks that have not started the
-    operation at ``seq`` on the group, and one line per rank saying what it
-    last started.
+
+def describe(
+    ranks: List[int], uid: int, seq: int, op: str, board: Board, names: Dict[int, str]
+) -> Any:
+    """What each member of a group is doing, for a timeout of ``op`` at ``seq``.
+
+    Returns (missing, other_op, stalled, text): the global ranks that have not
+    started the operation at ``seq`` on the group; those that called another
+    collective at that sequence number; those that started it but are not
+    progressing in it (stopped, or stuck outside pycoll's waits: their
+    heartbeat stood still for BEAT_WATCH_S); and one line per rank saying
+    what it last started.
     """
     missing: List[int] = []
-    lines: List[str] = []
+    other_op: Dict[int, str] = {}
+    started: Dict[int, int] = {}  # rank -> its heartbeat, for those waiting at seq
+    lines: Dict[int, str] = {}
     here = _host_id()
     for rank in ranks:
         rec = board.read(rank)
         if rec is None:
             missing.append(rank)
-            lines.append(f"rank {rank}: its progress record could not be read (no answer)")
+            lines[rank] = f"rank {rank}: its progress record could not be read (no answer)"
             continue
-        reached = 0
+        word_here = 0
         for i in range(SLOTS):
             if rec[HEADER + 2 * i] == uid:
-                reached = int(rec[HEADER + 2 * i + 1]) >> 8
+                word_here = int(rec[HEADER + 2 * i + 1])
+        reached = word_here >> 8
         status = "reached it" if reached >= seq else f"has not reached it (at seq {reached})"
         if reached < seq:
             missing.append(rank)
+        elif reached == seq:
+            if _op_of(word_here) not in (op, "?"):
+                other_op[rank] = _op_of(word_here)
+                status += f" but called {_op_of(word_here)} there, not {op}"
+            elif word_here & GAVE_UP:
+                status += " and timed out in it too"
+            elif word_here & BUSY:
+                started[rank] = int(rec[BEAT])
         last = int(rec[LAST])
         if last:
             word = int(rec[last])
             where = names.get(int(rec[last - 1]), "another group")
             state = "still in progress" if word & BUSY else "completed"
-            op = OPS[(word >> 1) & 0x7F] if (word >> 1) & 0x7F < len(OPS) else "?"
-            status += f"; last started {op} (seq {word >> 8}) on {where}, {state}"
+            status += f"; last started {_op_of(word)} (seq {word >> 8}) on {where}, {state}"
         else:
             status += "; has started no collective"
         if int(rec[HOST]) == here and rec[PID] and not _alive(int(rec[PID])):
             status += f"; its process (pid {int(rec[PID])}) has exited"
-        lines.append(f"rank {rank}: {status}")
-    return missing, lines
+        lines[rank] = f"rank {rank}: {status}"
+    stalled: List[int] = []
+    if started and not missing and not other_op:
+        time.sleep(BEAT_WATCH_S)
+        for rank, beat in started.items():
+            rec = board.read(rank)
+            if rec is None or int(rec[BEAT]) != beat:
+                continue  # waiting, or it has just moved on
+            if _waiting_at(rec, uid, seq):
+                stalled.append(rank)
+                lines[rank] = lines[rank].replace(
+                    "reached it",
+                    f"reached it but is not progressing in it (no heartbeat for "
+                    f"{BEAT_WATCH_S:g} s: stopped, or stuck outside pycoll's waits)",
+                    1,
+                )
+    return missing, sorted(other_op), stalled, [lines[r] for r in ranks]
+
+
+def _waiting_at(rec: np.ndarray, uid: int, seq: int) -> bool:
+    for i in range(SLOTS):
+        if rec[HEADER + 2 * i] == uid:
+            word = int(rec[HEADER + 2 * i + 1])
+            return word >> 8 == seq and bool(word & BUSY) and not word & GAVE_UP
+    return False
 
 
 def _alive(pid: int) -> bool:

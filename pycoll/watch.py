@@ -90,6 +90,9 @@ def _watch_blocking() -> None:
     while True:
         time.sleep(WATCHDOG_TICK_S)
         current = inflight
+        board = STATE.board
+        if current is not None and board is not None and not board.closed:
+            board.rec[progress.BEAT] += 1  # waiting in a blocking call, not stopped
         if current is not seen:
             seen, since = current, _now()
             continue
@@ -277,9 +280,16 @@ def wait(
             if elapsed >= limit:
                 raise timed_out(pg, op, seq, elapsed, limit, requests, peer)
             if elapsed > SPIN_S:
+                rec = pg._rec
+                if rec is not None:
+                    rec[progress.BEAT] += 1  # still here, waiting (progress.describe)
                 time.sleep(PAUSE_S)  # a long wait: poll gently
     except MPI.Exception as exc:
         raise backend_error(op, seq, exc) from None
+
+
+def _ranks(ranks: List[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
 
 
 def timed_out(
@@ -309,15 +319,21 @@ def timed_out(
     else:
         members = [r for r in pg._ranks if r != me]
     missing: List[int] = []
+    other_op: List[int] = []
+    stalled: List[int] = []
+    if pg._rec is not None and seq is not None and pg._rec[pg._word] >> 8 == seq:
+        pg._rec[pg._word] |= progress.GAVE_UP  # for the peers' own diagnoses
     if board is None:
         lines = ["(no progress board: the ranks' states are unknown)"]
     else:
         names = {g._uid: f"group {g.group_desc!r}" for g in STATE.groups.values()}
         if seq is None:  # point-to-point: only what the peer last started matters
-            _, lines = progress.describe(members, pg._uid, pg._seq + 1, board, names)
+            *_, lines = progress.describe(members, pg._uid, pg._seq + 1, op, board, names)
             lines = [re.sub(r"^(rank \d+: )[^;]*; ", r"\1", line) for line in lines]
         else:
-            missing, lines = progress.describe(members, pg._uid, seq, board, names)
+            missing, other_op, stalled, lines = progress.describe(
+                members, pg._uid, seq, op, board, names
+            )
     if seq is None:
         summary = (
             f"rank {members[0]} did not match it"
@@ -327,6 +343,18 @@ def timed_out(
     elif missing:
         who = "rank {} has" if len(missing) == 1 else "ranks {} have"
         summary = f"{who.format(','.join(map(str, missing)))} not reached seq {seq}"
+    elif other_op:
+        summary = (
+            f"{_ranks(other_op)} called a different collective at seq {seq} (see below): "
+            f"every rank must call the same collectives in the same order"
+        )
+        missing = other_op
+    elif stalled:
+        summary = (
+            f"{_ranks(stalled)} started seq {seq} but {'is' if len(stalled) == 1 else 'are'} "
+            f"not progressing in it (stopped, or stuck outside pycoll's waits)"
+        )
+        missing = stalled
     else:
         summary = (
             f"every rank of the group has started seq {seq}: a rank is stuck inside it "

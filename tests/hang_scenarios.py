@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 from datetime import timedelta
@@ -71,6 +73,20 @@ def main(scenario: str, then: str = "") -> None:
             report(rank, exited=True)
             sys.exit(0)
         attempt(rank, lambda: pycoll.all_reduce(x))
+    elif scenario == "stop":
+        big = np.ones(1 << 21, np.float32)  # 8 MiB: every rank's progress is needed
+        if rank == 3:  # stopped inside seq 2, until a helper resumes it 6 s later
+            work = pycoll.all_reduce(big, async_op=True)
+            subprocess.Popen(["sh", "-c", f"sleep 6; kill -CONT {os.getpid()}"])
+            os.kill(os.getpid(), signal.SIGSTOP)
+            attempt(rank, lambda: work.wait())
+        else:
+            attempt(rank, lambda: pycoll.all_reduce(big))
+    elif scenario == "barrier":
+        if rank == 1:
+            attempt(rank, lambda: pycoll.barrier())
+        else:
+            attempt(rank, lambda: pycoll.all_reduce(x))
     elif scenario == "raise":
         if rank == 2:
             raise ValueError("rank 2 gives up")
