@@ -32,10 +32,17 @@ MPIX_GPU_SUPPORT_CUDA = 0  # MPICH's enum value for CUDA in MPIX_GPU_query_suppo
 
 
 class Awareness(NamedTuple):
-    """The answer: ``aware`` and the ``reason`` it rests on."""
+    """The answer: ``aware`` and the ``reason`` it rests on.
+
+    Its truth is ``aware``, so ``if pycoll.gpu.cuda_aware():`` reads as it
+    says (a plain tuple of two would always be true).
+    """
 
     aware: bool
     reason: str
+
+    def __bool__(self) -> bool:
+        return self.aware
 
 
 _ANSWER: Optional[Awareness] = None

@@ -12,10 +12,12 @@ starts MPI.
     pycoll.all_reduce(x, op=pycoll.ReduceOp.SUM)
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any, List
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
+from typing import List as _List
 
-if TYPE_CHECKING:  # the names, for type checkers; at run time they load on first use
+if _TYPE_CHECKING:  # the names, for type checkers; at run time they load on first use
     from .collectives.alltoall import all_to_all, all_to_all_single
     from .collectives.barrier import barrier, monitored_barrier
     from .collectives.gather import all_gather, all_gather_coalesced, all_gather_into_tensor, gather
@@ -192,14 +194,19 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'pycoll' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    value = getattr(_importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value  # later uses are plain lookups
     return value
 
 
-def __dir__() -> List[str]:
-    return sorted(set(globals()) | set(__all__))
+def __dir__() -> _List[str]:
+    """The public API, the subpackages loaded so far, and the module's own dunders."""
+    return sorted(
+        name
+        for name in set(globals()) | set(__all__)
+        if not name.startswith("_") or name.startswith("__") and name.endswith("__")
+    )

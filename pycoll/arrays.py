@@ -153,6 +153,12 @@ def check_output(func: str, name: str, x: Any) -> np.ndarray:
         raise _type_error(func, name, x)
     check_dtype(func, name, x.dtype)
     flags = x.flags
+    if not flags.writeable and 0 in x.strides and x.size > 1:
+        raise ValueError(
+            f"{func}: {name} is a read-only view that repeats its elements (as "
+            f"numpy.broadcast_to makes), so the result cannot be written into it; "
+            f"pass a writeable array of its own (e.g. {name}.copy())"
+        )
     if not flags.c_contiguous:
         raise ValueError(
             f"{func}: {name} is not C-contiguous, so MPI cannot write the result "

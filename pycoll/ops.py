@@ -261,7 +261,14 @@ def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
         ValueError: the pair (op, dtype) is not defined.
     """
     if not isinstance(op, ReduceOp):
-        raise TypeError(f"{func}: op must be a pycoll.ReduceOp, got {op!r}")
+        names = ", ".join(f"ReduceOp.{name}" for name in _NAMES if name != "PREMUL_SUM")
+        hint = ""
+        if isinstance(op, str) and op.upper() in _NAMES:
+            hint = f" (for {op!r}, pass pycoll.ReduceOp.{op.upper()})"
+        raise TypeError(
+            f"{func}: op must be a pycoll.ReduceOp, one of {names} or "
+            f"make_premul_sum(factor), got {op!r}{hint}"
+        )
     check_dtype(func, "tensor", dtype)
     name = op.name
     kind = check_pair(name, dtype, func)

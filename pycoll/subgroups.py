@@ -10,10 +10,12 @@ no data travels through the world group to make one. Ranks are global ranks
 from __future__ import annotations
 
 import operator
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _mpi
+from .errors import DistBackendError
 from .groups import (
     BACKEND,
     STATE,
@@ -84,6 +86,24 @@ def _ranks(func: str, name: str, ranks: Any, valid: Sequence[int]) -> List[int]:
     return sorted(out)
 
 
+@contextmanager
+def _new_communicator(func: str) -> Iterator[None]:
+    """Turn MPI running out of communicators into an error that says what to do."""
+    try:
+        yield
+    except _mpi.MPI.Exception as exc:
+        if "too many communicators" not in str(exc).lower():
+            raise
+        raise DistBackendError(
+            f"{func}: MPI has no communicator left for a new group ({len(STATE.groups)} "
+            f"groups are live; MPI allows a few thousand per process). Destroy the "
+            f"groups you no longer use with pycoll.destroy_process_group(group), or "
+            f"reuse groups instead of making one per step. MPI said: "
+            f"{str(exc).splitlines()[-1].strip()}",
+            func,
+        ) from None
+
+
 def _register(
     comm: Any, ranks: List[int], name: str, timeout: timedelta, desc: Optional[str], backend: str
 ) -> ProcessGroup:
@@ -146,10 +166,12 @@ def new_group(
             count = _local_counts.get(key, 0)
             _local_counts[key] = count + 1
             name = f"local[{','.join(map(str, members))}]#{count}"
-            comm = world.comm.Create_group(mpi_group, tag=count % 32768)
+            with _new_communicator(func):
+                comm = world.comm.Create_group(mpi_group, tag=count % 32768)
         else:
             name = _child_name(world, "group")
-            comm = world.comm.Create(mpi_group)
+            with _new_communicator(func):
+                comm = world.comm.Create(mpi_group)
             if comm == MPI.COMM_NULL:
                 return GroupMember.NON_GROUP_MEMBER
     finally:
@@ -173,7 +195,8 @@ def _split(
     group_timeout = _timeout(func, timeout, parent)
     color = next((i for i, part in enumerate(layout) if parent.rank() in part), -1)
     name = _child_name(parent, kind)
-    comm = parent.comm.Split(MPI.UNDEFINED if color < 0 else color, key=parent.rank())
+    with _new_communicator(func):
+        comm = parent.comm.Split(MPI.UNDEFINED if color < 0 else color, key=parent.rank())
     if comm == MPI.COMM_NULL:
         return color, None
     ranks = [parent._ranks[i] for i in sorted(layout[color])]

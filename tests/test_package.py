@@ -33,3 +33,11 @@ def test_import_loads_neither_numpy_nor_mpi():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_dir_shows_the_api_not_the_modules_own_helpers():
+    shown = set(dir(pycoll))
+    for helper in ("Any", "List", "TYPE_CHECKING", "importlib", "_EXPORTS", "_importlib"):
+        assert helper not in shown, helper
+    assert not [n for n in shown if n.startswith("_") and not n.endswith("__")]
+    assert "__version__" in shown and "all_reduce" in shown

@@ -279,3 +279,25 @@ def test_many_local_groups_do_not_touch_the_world(pg, rank, world_size):
 def test_empty_group_has_no_members(pg):
     assert pycoll.new_group([]) == GroupMember.NON_GROUP_MEMBER
     assert pycoll.new_group([], use_local_synchronization=True) is None
+
+
+def test_running_out_of_communicators_says_to_destroy_groups(pg):
+    """MPICH allows 2048 communicators per process; the error names the fix."""
+    made, error = [], None
+    try:
+        for _ in range(5000):
+            made.append(pycoll.new_group())
+    except pycoll.DistBackendError as exc:
+        error = exc
+    finally:
+        for group in made:
+            pycoll.destroy_process_group(group)
+    if error is None:
+        pytest.skip("this MPI had communicators for 5000 groups")
+    message = str(error)
+    assert message.startswith("new_group: MPI has no communicator left for a new group")
+    assert "Destroy the groups you no longer use with pycoll.destroy_process_group(group)" in (
+        message
+    )
+    assert "Too many communicators" in message
+    pycoll.destroy_process_group(pycoll.new_group())  # usable again once freed

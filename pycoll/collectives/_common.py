@@ -51,6 +51,8 @@ def run(
     start further MPI operations, each once the previous ones are done (a
     reduce-scatter, then an all-gather); they run when the Work is driven.
     """
+    if type(async_op) is not bool:
+        raise TypeError(f"{op}: async_op must be True or False, got {async_op!r}")
     with pg._lock:
         claim(pg)
         seq = watch.begin(pg, op, call)

@@ -293,3 +293,37 @@ def test_root_only_arguments(unsent, world_size, rank):
         "object_gather_list must be None on ranks other than dst",
         lambda: pycoll.gather_object(1, [None] * world_size, dst=other),
     )
+
+
+def test_async_op_must_be_a_bool(unsent):
+    x = np.ones(2)
+    for bad in ("no", "yes", 1):
+        raises(
+            TypeError,
+            f"all_reduce: async_op must be True or False, got {bad!r}",
+            lambda bad=bad: pycoll.all_reduce(x, async_op=bad),
+        )
+    raises(
+        TypeError,
+        "broadcast: async_op must be True or False, got 'no'",
+        lambda: pycoll.broadcast(x, src=0, async_op="no"),
+    )
+
+
+def test_an_op_given_as_a_string_names_the_reduce_op_meant(unsent):
+    x = np.ones(2)
+    raises(
+        TypeError,
+        r"all_reduce: op must be a pycoll.ReduceOp, one of ReduceOp.SUM, ReduceOp.AVG, .* or "
+        r"make_premul_sum\(factor\), got 'sum' \(for 'sum', pass pycoll.ReduceOp.SUM\)",
+        lambda: pycoll.all_reduce(x, op="sum"),
+    )
+    raises(TypeError, r"got 3$", lambda: pycoll.all_reduce(x, op=3))
+
+
+def test_a_broadcast_view_is_named_as_read_only(unsent, world_size, rank):
+    view = np.broadcast_to(np.ones(1), (4,))
+    msg = r"tensor is a read-only view that repeats its elements \(as numpy.broadcast_to makes\)"
+    raises(ValueError, msg, lambda: pycoll.all_reduce(view))
+    if world_size > 1:
+        raises(ValueError, msg, lambda: pycoll.broadcast(view, src=(rank + 1) % world_size))

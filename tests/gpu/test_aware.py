@@ -41,6 +41,9 @@ def test_the_answer_is_cached_and_logged(pg, caplog):
 def test_the_setting_wins(monkeypatch, value, expected):
     monkeypatch.setenv("PYCOLL_CUDA_AWARE", value)
     assert aware.cuda_aware() == (expected, f"PYCOLL_CUDA_AWARE={value}")
+    # Its truth is the answer, so `if pycoll.gpu.cuda_aware():` means what it says.
+    assert bool(aware.cuda_aware()) is expected
+    assert (expected if aware.cuda_aware() else not expected) is True
 
 
 def test_a_bad_setting_is_refused(monkeypatch):
