@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import sys
 from typing import Callable, Dict, List
 
 import numpy as np
@@ -41,11 +42,36 @@ def get_debug_level() -> DebugLevel:
 
 
 def set_debug_level(level: DebugLevel) -> None:
-    """Set the debug level for this process."""
+    """Set the debug level for this process.
+
+    From INFO up the ``pycoll`` logger passes INFO records, and where the
+    program has not configured logging (no handler on it nor on the root
+    logger) they go to stderr, one line each prefixed with the rank, as
+    torch's debug output does: setting PYCOLL_DEBUG=INFO shows something
+    without a line of logging set-up.
+    """
     global LEVEL
     if not isinstance(level, DebugLevel):
         raise TypeError(f"level must be a pycoll.DebugLevel, got {type(level).__name__}")
     LEVEL = level
+    if level >= DebugLevel.INFO:
+        if logger.level == logging.NOTSET or logger.level > logging.INFO:
+            logger.setLevel(logging.INFO)
+        if not logger.handlers and not logging.getLogger().handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(_RankFormatter())
+            logger.addHandler(handler)
+
+
+class _RankFormatter(logging.Formatter):
+    """``[rank N] pycoll INFO: message``, with the rank in MPI's world."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        from . import _mpi
+
+        MPI = _mpi.MPI
+        rank = MPI.COMM_WORLD.Get_rank() if MPI is not None and MPI.Is_initialized() else "?"
+        return f"[rank {rank}] pycoll {record.levelname}: {record.getMessage()}"
 
 
 def set_debug_level_from_env() -> None:

@@ -1,6 +1,10 @@
 """Debug levels from PYCOLL_DEBUG, and the INFO log of collectives."""
 
 import logging
+import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -86,3 +90,31 @@ def test_init_reads_the_environment(restore_level, uninitialized):
     restore_level.setenv("PYCOLL_DEBUG", "info")
     pycoll.init_process_group()
     assert pycoll.get_debug_level() == DebugLevel.INFO
+
+
+# A launcher's variables must not reach a program started from a rank.
+LAUNCHER_VARS = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID", "OMPI_COMM_WORLD", "PRTE_JOB")
+
+
+def test_info_reaches_stderr_without_logging_set_up(tmp_path, world_size):
+    """A program that configures no logging still shows INFO, rank-prefixed."""
+    if world_size != 1:
+        pytest.skip("starts a program of its own; runs in the single-rank pass")
+    script = tmp_path / "info.py"
+    script.write_text(
+        "import numpy as np, pycoll\n"
+        "pycoll.init_process_group()\n"
+        "pycoll.all_reduce(np.ones(4, np.float32))\n"
+        "pycoll.destroy_process_group()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS)}
+    env["PYCOLL_DEBUG"] = "INFO"
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(
+        r"^\[rank 0\] pycoll INFO: all_reduce group=default_pg seq=1 bytes=16 duration_us=",
+        proc.stderr,
+        re.M,
+    ), proc.stderr
