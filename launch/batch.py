@@ -5,6 +5,7 @@ allocation gets the same launcher choice, tagging and failure handling."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import shutil
@@ -15,6 +16,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 PROG = "pycoll-run batch"
 _TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
+_NAME = re.compile(r"[A-Za-z0-9._+-]+")  # a job name both schedulers take as it is
+_NAME_BAD = re.compile(r"[^A-Za-z0-9._+-]")
 # Options of pycoll-run itself that the script's body passes on unchanged.
 _PASSED_ON = (
     "bind",
@@ -69,6 +72,27 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--time {args.time!r}: PBS takes HH:MM:SS, without days")
     if args.hosts or args.hostfile:
         raise ValueError("--hosts/--hostfile: the scheduler chooses the hosts of a batch job")
+    for flag, value in (
+        ("--job-name", args.job_name),
+        ("--partition", args.partition),
+        ("--account", args.account),
+        ("--time", args.time),
+        *(("--extra", line) for line in args.extra),
+    ):
+        if value is None:
+            continue
+        bad = next((c for c in value if ord(c) < 32 or ord(c) == 127), None)
+        if bad is not None:
+            raise ValueError(
+                f"{flag} {value!r}: a batch directive is one line, so it cannot hold "
+                f"{bad!r} (a newline would start a command of its own); give the value "
+                f"without control characters"
+            )
+    if args.job_name is not None and not _NAME.fullmatch(args.job_name):
+        raise ValueError(
+            f"--job-name {args.job_name!r}: use letters, digits and . _ - + only "
+            f"(the scheduler reads the directive up to the first space)"
+        )
     prefix = "#SBATCH" if args.scheduler == "slurm" else "#PBS"
     for line in args.extra:
         if not line.startswith(prefix):
@@ -98,7 +122,9 @@ def _passed_on(args: argparse.Namespace) -> List[str]:
 
 def render(args: argparse.Namespace, kind: str, target: List[str]) -> str:
     """The batch script, commented, ready for sbatch or qsub."""
-    name = args.job_name or (target[0].rsplit("/", 1)[-1] if target else "pycoll")
+    name = args.job_name or _NAME_BAD.sub("_", target[0].rsplit("/", 1)[-1] if target else "pycoll")
+    if kind == "command" and target and target[0].endswith(".py"):
+        kind = "script"  # -- train.py: written as pycoll-run train.py, as a user would
     total = args.nodes * args.ppn
     launch = [sys.executable, "-m", "pycoll.launch"]
     if args.np is not None:
@@ -142,9 +168,16 @@ def render(args: argparse.Namespace, kind: str, target: List[str]) -> str:
         "# launcher, tags each output line with its rank, and ends the whole job (with",
         "# the failing rank's traceback) as soon as one rank fails.",
         "set -euo pipefail",
+        "# Run where the job was submitted from, as sbatch does and qsub does not.",
+        'cd "$SLURM_SUBMIT_DIR"' if args.scheduler == "slurm" else 'cd "$PBS_O_WORKDIR"',
     ]
-    if args.scheduler == "pbs":
-        lines.append('cd "$PBS_O_WORKDIR"')
+    if sys.prefix != sys.base_prefix:  # a virtual environment: activate it, as users do
+        lines += [
+            "# The Python environment this script was written from.",
+            f"source {shlex.quote(os.path.join(sys.prefix, 'bin', 'activate'))}",
+        ]
+    else:
+        lines.append(f"# Python: {sys.executable} (named in full below).")
     lines.append(f"exec {shlex.join(launch)}")
     return "\n".join(lines) + "\n"
 

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -11,7 +13,7 @@ import time
 from typing import Dict
 
 import pytest
-from launch_support import HERE, PYTHONS, TARGET, clean_env, family_params, reports
+from launch_support import HERE, PYTHONS, ROOT, TARGET, clean_env, family_params, reports
 
 from pycoll.launch.cli import main
 
@@ -66,10 +68,25 @@ def test_pbs_script(capsys):
         "#PBS -j oe",
         "#PBS -q short",
     ]
-    assert lines[-2:] == [
-        'cd "$PBS_O_WORKDIR"',
-        f"exec {sys.executable} -m pycoll.launch -m pkg.train",
-    ]
+    assert 'cd "$PBS_O_WORKDIR"' in lines
+    assert lines[-1] == f"exec {sys.executable} -m pycoll.launch -m pkg.train"
+
+
+def test_the_script_goes_to_the_submit_directory_in_its_environment(capsys):
+    text = render(
+        capsys, "--scheduler", "slurm", "--nodes", "1", "--ppn", "2", "--time", "00:10:00",
+        "--", "train.py", "--lr", "0.1",
+    )  # fmt: skip
+    lines = text.splitlines()
+    assert lines.index('cd "$SLURM_SUBMIT_DIR"') < len(lines) - 1
+    if sys.prefix != sys.base_prefix:
+        assert f"source {os.path.join(sys.prefix, 'bin', 'activate')}" in lines
+    else:
+        assert f"# Python: {sys.executable} (named in full below)." in lines
+    # A script after -- is written as the script form (it ran as a command
+    # before, and failed with 'cannot run train.py' where it is not executable).
+    assert lines[-1] == f"exec {sys.executable} -m pycoll.launch train.py --lr 0.1"
+    assert "#SBATCH --job-name=train.py" in lines
 
 
 @pytest.mark.parametrize(
@@ -80,6 +97,16 @@ def test_pbs_script(capsys):
         (["--extra=--mem=0"], "a slurm directive starts with #SBATCH"),
         (["-n", "9"], "-n 9 is more than --nodes x --ppn = 8"),
         (["--hosts", "a:4"], "the scheduler chooses the hosts"),
+        (
+            ["--job-name", "x\n/usr/bin/touch /tmp/PWNED"],
+            "--job-name 'x\\n/usr/bin/touch /tmp/PWNED': a batch directive is one line, "
+            "so it cannot hold '\\n'",
+        ),
+        (["--partition", "gpu\rx"], "--partition 'gpu\\rx': a batch directive is one line"),
+        (["--account", "a\x1bb"], "--account 'a\\x1bb': a batch directive is one line"),
+        (["--extra", "#SBATCH --mem=0\nrm -rf ~"], "--extra '#SBATCH --mem=0\\nrm -rf ~'"),
+        (["--time", "01:00:00\n"], "--time '01:00:00\\n': a batch directive is one line"),
+        (["--job-name", "my job"], "--job-name 'my job': use letters, digits and . _ - + only"),
     ],
 )
 def test_batch_errors(capsys, args, problem):
@@ -168,6 +195,55 @@ def test_failing_batch_job_fails_with_the_ranks_traceback(tmp_path, world_size):
     output = (tmp_path / f"bad-{job_id}.out").read_text()
     assert (fields["JobState"], fields["ExitCode"]) == ("FAILED", "1:0"), output
     assert "pycoll-run: rank 1 on " in output and "[1] ValueError: rank 1 refuses" in output
+
+
+TRAIN = """\
+import argparse
+import numpy as np
+import pycoll
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--lr", type=float)
+lr = parser.parse_args().lr
+pycoll.init_process_group()
+x = np.full(3, lr * (pycoll.get_rank() + 1))
+pycoll.all_reduce(x)
+print(f"TRAINED rank={pycoll.get_rank()} sum={x[0]:.1f}", flush=True)
+pycoll.destroy_process_group()
+"""
+
+
+@slurm
+def test_the_readmes_batch_example_runs_as_written(tmp_path, world_size):
+    """The README's Slurm line, run as written (pycoll-run being this Python's),
+    then sbatch job.sh: train.py after -- is not executable, and runs."""
+    if world_size != 1:
+        pytest.skip("submits its own jobs; runs in the single-rank pass")
+    if "mpich" not in PYTHONS:
+        pytest.skip("srun runs MPICH ranks here (Open MPI's wheel has no PMIx for srun)")
+    readme = (ROOT / "README.md").read_text()
+    line = next(
+        x for x in readme.splitlines() if x.startswith("pycoll-run batch --scheduler slurm")
+    )
+    command, _, redirect = line.partition(" > ")
+    assert redirect == "job.sh" and "-- train.py --lr 0.1" in command, line
+    (tmp_path / "train.py").write_text(TRAIN)
+    assert not os.access(tmp_path / "train.py", os.X_OK)
+    argv = [PYTHONS["mpich"], "-m", "pycoll.launch", *shlex.split(command)[1:]]
+    made = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=clean_env())
+    assert made.returncode == 0, made.stderr
+    (tmp_path / "job.sh").write_text(made.stdout)
+    submit = subprocess.run(
+        ["sbatch", "--parsable", "job.sh"], cwd=tmp_path, capture_output=True, text=True,
+        env=clean_env(), timeout=60,
+    )  # fmt: skip
+    assert submit.returncode == 0, submit.stderr
+    job_id = submit.stdout.strip()
+    fields = _job(job_id)
+    output = (tmp_path / f"train.py-{job_id}.out").read_text()
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), output
+    for rank in range(4):  # 0.1 * (1 + 2 + 3 + 4) on every rank
+        assert f"[{rank}] TRAINED rank={rank} sum=1.0" in output, output
 
 
 @slurm
