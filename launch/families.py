@@ -36,6 +36,9 @@ class Job:
     ppn: Optional[int] = None
     bind: Optional[str] = None
     env: Dict[str, str] = field(default_factory=dict)  # set on every rank
+    # Variables the ranks get from the launcher's own environment, by name:
+    # their values never appear on the launcher's command line (secrets).
+    forward: List[str] = field(default_factory=list)
     srun_mpi: str = "pmi2"  # srun's PMI plugin: pmi2 for MPICH and Intel MPI, pmix for Open MPI
 
 
@@ -92,6 +95,8 @@ def _hydra(launcher: str, job: Job, intel: bool) -> List[str]:
             head += ["-bind-to", job.bind]
     for key, value in env.items():
         head += ["-genv", key, value]
+    if job.forward:
+        head += ["-genvlist", ",".join(job.forward)]
     if job.hosts and intel and job.ppn is None and _uniform(job.hosts) is None:
         # Intel's -hosts takes no slot counts: one argument set per host.
         cmd, left = head, job.nprocs
@@ -128,6 +133,8 @@ def _openmpi(launcher: str, job: Job) -> List[str]:
         cmd += ["--bind-to", {"socket": "package"}.get(job.bind, job.bind)]
     for key, value in job.env.items():
         cmd += ["-x", f"{key}={value}"]
+    for key in job.forward:
+        cmd += ["-x", key]  # exported from mpiexec's environment by name
     return cmd + job.program
 
 

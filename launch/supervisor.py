@@ -151,8 +151,12 @@ class Supervisor:
         listener.bind(("127.0.0.1" if self.options.advertise == "127.0.0.1" else "", 0))
         listener.listen(max(self.n, 128))
         env = self.launch_env(listener)
-        for key in (ADDR_ENV, TOKEN_ENV, RANK_VARS_ENV):  # on the command line: remote ranks
+        for key in (ADDR_ENV, RANK_VARS_ENV):  # on the command line: remote ranks
             self.job.env[key] = env[key]
+        # The token proves a connection comes from this job: it travels in the
+        # launcher's environment, named on its command line, never written
+        # there (argv is visible to every user of the machine through ps).
+        self.job.forward = [TOKEN_ENV]
         command = self.family.command(self.launcher, self.job)
         try:
             proc = subprocess.Popen(
@@ -309,8 +313,12 @@ class Supervisor:
                 elif message.get("t") == "hello" and message.get("token") == self.token:
                     del self.unknown[conn]
                     state = self._on_hello(conn, message, reader)
-                else:
-                    self._drop(conn)  # not one of this job's ranks
+                else:  # not one of this job's ranks: never fatal, said once
+                    self.note(
+                        f"dropped a connection that is not one of this job's ranks "
+                        f"(it sent {str(message)[:60]!r})"
+                    )
+                    self._drop(conn)
                     return
             return
         for message in state.reader.feed(data):
@@ -395,7 +403,9 @@ class Supervisor:
 
     def _on_message(self, state: RankState, message: Dict[str, Any]) -> None:
         kind = message["t"]
-        if kind == "out":
+        if kind == wire.MALFORMED:
+            self.note(f"ignored a malformed message from rank {state.rank}: {message['line']!r}")
+        elif kind == "out":
             self.emit(state.rank, int(message["s"]), message["line"])
         elif kind == "exc":
             if state.rank not in self.reported:

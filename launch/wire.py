@@ -15,6 +15,7 @@ ADDR_ENV = "PYCOLL_RUN_ADDR"  # host:port of pycoll-run, for the rank wrappers
 TOKEN_ENV = "PYCOLL_RUN_TOKEN"  # proves a connection comes from this job
 RANK_VARS_ENV = "PYCOLL_RUN_RANK_VARS"  # the launcher's variables for rank and size
 TRACEBACK_FD = "PYCOLL_RUN_TRACEBACK_FD"  # where boot writes an uncaught traceback
+MALFORMED = "malformed"  # what Reader makes of a line that is not a message
 
 
 def encode(message: Message) -> bytes:
@@ -29,10 +30,25 @@ class Reader:
         self._raw = raw
 
     def feed(self, data: bytes) -> Iterator[Any]:
+        """The complete lines in ``data`` (and what came before), in order.
+
+        A line that is not a JSON object is yielded as ``{"t": MALFORMED,
+        "line": ...}`` (its start): anything that can reach the port can send
+        anything, and the reader of it decides, without crashing, what to do.
+        """
         self._buffer += data
         *lines, self._buffer = self._buffer.split(b"\n")
         for line in lines:
-            yield line if self._raw else json.loads(line)
+            if self._raw:
+                yield line
+                continue
+            try:
+                message = json.loads(line)
+            except ValueError:
+                message = None
+            if not isinstance(message, dict) or not isinstance(message.get("t"), str):
+                message = {"t": MALFORMED, "line": line[:80].decode("utf-8", "replace")}
+            yield message
 
     def rest(self) -> Optional[bytes]:
         """What is left after the stream ended (a last line with no newline)."""

@@ -10,12 +10,17 @@ and later check that its process is gone. Then, by MODE:
 - ``hang R``: rank R sleeps in ``stuck_here``; the others wait in a barrier;
 - ``kill R``: rank R kills itself with SIGKILL; the others wait in a barrier;
 - ``spam LINES WIDTH``: every rank writes LINES long lines at once, each
-  ``<rank>:<i>:`` then WIDTH copies of the rank's digit, in small pieces.
+  ``<rank>:<i>:`` then WIDTH copies of the rank's digit, in small pieces;
+- ``poke``: rank 0 connects to pycoll-run's port (read from its wrapper's
+  environment) and sends lines that are not messages, then all do ``ok``;
+- ``scan``: every rank reports the command lines of this machine's processes
+  that carry pycoll-run's token variable with a value.
 """
 
 import json
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -31,6 +36,31 @@ def stuck_here() -> None:
     time.sleep(3600)
 
 
+def poke() -> None:
+    environ = open(f"/proc/{os.getppid()}/environ", "rb").read().split(b"\0")
+    addr = next(v for v in environ if v.startswith(b"PYCOLL_RUN_ADDR=")).split(b"=", 1)[1]
+    host, _, port = addr.decode().rpartition(":")
+    for junk in (b"not json at all\n", b"[1, 2]\n", b'{"t": "hello", "token": "guess"}\n'):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(junk)
+            sock.recv(1)  # pycoll-run closes it: it is not one of the job's ranks
+
+
+def token_on_a_command_line() -> list:
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        for i, arg in enumerate(args):
+            if arg.startswith(b"PYCOLL_RUN_TOKEN=") or (
+                arg == b"PYCOLL_RUN_TOKEN" and i > 0 and args[i - 1] == b"-genv"
+            ):
+                found.append(b" ".join(args).decode(errors="replace")[:200])
+    return found
+
+
 def main(argv):
     world = MPI.COMM_WORLD
     me = {"mpi_rank": world.Get_rank(), "mpi_size": world.Get_size(), "pid": os.getpid()}
@@ -38,6 +68,14 @@ def main(argv):
     me["argv"] = argv
     print("REPORT " + json.dumps(me), flush=True)
     mode = argv[0]
+    if mode == "poke":
+        if world.Get_rank() == 0:
+            poke()
+        mode = "ok"
+    if mode == "scan":
+        print("SCAN " + json.dumps(token_on_a_command_line()), flush=True)
+        world.Barrier()  # every rank's wrapper and the launcher still run while scanned
+        return
     if mode == "ok":
         print(f"stderr line of {world.Get_rank()}", file=sys.stderr, flush=True)
         assert world.allreduce(1) == world.Get_size()

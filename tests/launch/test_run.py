@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import socket
@@ -234,3 +235,21 @@ def test_a_script_after_the_double_dash_runs_with_python(family, tmp_path):
     assert proc.returncode == 0, proc.stderr
     seen = reports(proc.stdout)
     assert sorted(seen) == [0, 1] and seen[1]["argv"] == ["ok", "x"]
+
+
+def test_the_jobs_token_is_on_no_command_line(family):
+    """Every user can read argv (ps); the token that proves a connection comes
+    from the job travels in the launcher's environment instead."""
+    proc, _ = pycoll_run(family, "-n", "2", TARGET, "scan")
+    assert proc.returncode == 0, proc.stderr
+    scans = [json.loads(line.split("SCAN ", 1)[1]) for line in proc.stdout.splitlines()
+             if "SCAN " in line]  # fmt: skip
+    assert scans == [[], []], scans
+
+
+def test_lines_that_are_not_messages_are_dropped_not_fatal(family):
+    proc, _ = pycoll_run(family, "-n", "2", TARGET, "poke")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(reports(proc.stdout)) == [0, 1]
+    assert proc.stderr.count("pycoll-run: dropped a connection that is not one of this job's") == 3
+    assert "'line': 'not json at all'" in proc.stderr
