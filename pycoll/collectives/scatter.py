@@ -6,7 +6,7 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from .. import debug
+from .. import _mpi, debug
 from ..arrays import (
     MPI_TYPES,
     check_input,
@@ -23,6 +23,27 @@ from ..work import Work
 from ._common import DETAIL, group_rank, plain, run, sig
 
 __all__ = ["broadcast", "scatter"]
+
+_STATUS = 8  # bytes of status before each scattered part
+_REFUSED = b"REFUSED!"
+
+
+def _scatter_inputs(
+    func: str, tensor: np.ndarray, scatter_list: Any, src: int, n: int
+) -> List[np.ndarray]:
+    """src's scatter_list, checked against ``tensor`` (raises on src only)."""
+    if scatter_list is None:
+        raise ValueError(
+            f"{func}: scatter_list is required on src ({src}): pass one "
+            f"array per rank, shaped like tensor"
+        )
+    inputs = [
+        check_input(func, f"scatter_list[{i}]", x)
+        for i, x in enumerate(check_list(func, "scatter_list", scatter_list, n))
+    ]
+    check_same_dtype(func, [tensor] + inputs)
+    check_same_shape(func, "scatter_list", inputs, tensor.shape, "tensor")
+    return inputs
 
 
 def broadcast(
@@ -117,26 +138,39 @@ def scatter(
     n = pg._size
     root = group_rank(pg, src, "src", func)
     tensor = check_output(func, "tensor", tensor)
-    mpitype = mpi_datatype(tensor.dtype)
+    # Each part travels behind an 8-byte status word, so that when src refuses
+    # its scatter_list (which only src can check) it still takes part, keeping
+    # the group's calls in step, and every receiver raises rather than keeping
+    # what it got: the status says the call failed.
+    nbytes = tensor.nbytes
+    send: Any = None
+    refused: Optional[Exception] = None
     if root == pg._rank:
-        if scatter_list is None:
+        packed = np.zeros((n, _STATUS + nbytes), np.uint8)
+        try:
+            inputs = _scatter_inputs(func, tensor, scatter_list, src, n)
+        except (TypeError, ValueError) as exc:
+            refused = exc
+            packed[:, :_STATUS] = np.frombuffer(_REFUSED, np.uint8)
+        else:
+            packed[:, _STATUS:] = np.stack(inputs).reshape(n, -1).view(np.uint8)
+        send = [packed, _mpi.MPI.BYTE]
+    elif scatter_list is not None:
+        raise ValueError(
+            f"{func}: scatter_list must be None on ranks other than src ({src}); only src sends"
+        )
+    received = np.empty(_STATUS + nbytes, np.uint8)
+
+    def finish() -> None:
+        if refused is not None:
+            raise refused
+        if bytes(received[:_STATUS]) == _REFUSED:
             raise ValueError(
-                f"{func}: scatter_list is required on src ({src}): pass one "
-                f"array per rank, shaped like tensor"
+                f"{func}: src (rank {src}) refused its scatter_list (see the error raised "
+                f"there), so nothing was scattered; tensor is left as it was"
             )
-        inputs = [
-            check_input(func, f"scatter_list[{i}]", x)
-            for i, x in enumerate(check_list(func, "scatter_list", scatter_list, n))
-        ]
-        check_same_dtype(func, [tensor] + inputs)
-        check_same_shape(func, "scatter_list", inputs, tensor.shape, "tensor")
-        send = [np.stack(inputs), mpitype]
-    else:
-        if scatter_list is not None:
-            raise ValueError(
-                f"{func}: scatter_list must be None on ranks other than src ({src}); only src sends"
-            )
-        send = None
+        tensor.reshape(-1).view(np.uint8)[:] = received[_STATUS:]
+
     desc = f"{func}(src={src}, {sig(tensor)})" if debug.LEVEL >= DETAIL else None
     comm = pg.comm
     return run(
@@ -144,9 +178,9 @@ def scatter(
         func,
         tensor.nbytes,
         comm.Iscatter,
-        (send, [tensor, mpitype], root),
+        (send, [received, _mpi.MPI.BYTE], root),
         async_op,
-        None,
+        finish,
         [tensor],
         call=desc,
     )

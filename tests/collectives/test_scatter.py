@@ -1,5 +1,7 @@
 """broadcast and scatter."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -62,3 +64,38 @@ def test_broadcast_64_mib(rank, world_size):
     x = np.arange(n, dtype=np.float32) if rank == 0 else np.zeros(n, np.float32)
     pycoll.broadcast(x, src=0)
     assert x[1] == 1 and x[n // 2] == n // 2 and x[-1] == np.float32(n - 1)
+
+
+BAD_LISTS = {
+    "missing": (lambda n: None, r"scatter_list is required on src \(0\)"),
+    "too long": (lambda n: [np.ones(3)] * (n + 1), "must hold one entry per rank of the group"),
+    "dtype": (lambda n: [np.ones(3, np.float32)] * n, "float32"),
+    "shape": (lambda n: [np.ones(4)] * n, r"scatter_list\[0\] has shape \(4,\)"),
+}
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+@pytest.mark.parametrize("case", sorted(BAD_LISTS))
+def test_a_scatter_list_only_src_can_refuse_makes_every_rank_raise(
+    pg, rank, world_size, async_op, case
+):
+    """Only src can see its scatter_list is wrong: it still takes part, so the
+    group stays in step, and every rank raises instead of keeping what it got."""
+    make, problem = BAD_LISTS[case]
+    out = np.full(3, -7.0)
+    bad = make(world_size) if rank == 0 else None
+    with pytest.raises((ValueError, TypeError)) as caught:
+        work = pycoll.scatter(out, bad, src=0, async_op=async_op)
+        if async_op:
+            work.wait()
+    if rank == 0:
+        assert re.search(problem, str(caught.value)), caught.value
+    else:
+        assert str(caught.value) == (
+            "scatter: src (rank 0) refused its scatter_list (see the error raised there), "
+            "so nothing was scattered; tensor is left as it was"
+        )
+    assert (out == -7.0).all()
+    x = np.ones(2) * (rank + 1)  # the next collective pairs with the next one
+    pycoll.all_reduce(x)
+    assert (x == world_size * (world_size + 1) / 2).all()
