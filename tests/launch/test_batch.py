@@ -10,7 +10,8 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Dict
+from pathlib import Path
+from typing import Dict, Tuple
 
 import pytest
 from launch_support import HERE, PYTHONS, ROOT, TARGET, clean_env, family_params, reports
@@ -149,6 +150,15 @@ def _job(job_id: str, limit: float = 120) -> Dict[str, str]:
         time.sleep(0.2)
 
 
+def _finished(submit: subprocess.CompletedProcess, folder: Path, name: str) -> Tuple[Dict, str]:
+    """The fields and the output file of the job that ``submit`` submitted, once it ended."""
+    assert submit.returncode == 0, submit.stderr
+    job_id = submit.stdout.strip()
+    assert job_id.isdigit(), submit.stdout
+    fields = _job(job_id)
+    return fields, (folder / f"{name}-{job_id}.out").read_text()
+
+
 @slurm
 @pytest.mark.parametrize("family", family_params())
 def test_submitted_job_runs_every_rank(family, tmp_path, world_size):
@@ -189,10 +199,7 @@ def test_failing_batch_job_fails_with_the_ranks_traceback(tmp_path, world_size):
         ],
         cwd=tmp_path, capture_output=True, text=True, env=clean_env(), timeout=60,
     )  # fmt: skip
-    assert submit.returncode == 0, submit.stderr
-    job_id = submit.stdout.strip()
-    fields = _job(job_id)
-    output = (tmp_path / f"bad-{job_id}.out").read_text()
+    fields, output = _finished(submit, tmp_path, "bad")
     assert (fields["JobState"], fields["ExitCode"]) == ("FAILED", "1:0"), output
     assert "pycoll-run: rank 1 on " in output and "[1] ValueError: rank 1 refuses" in output
 
@@ -237,10 +244,7 @@ def test_the_readmes_batch_example_runs_as_written(tmp_path, world_size):
         ["sbatch", "--parsable", "job.sh"], cwd=tmp_path, capture_output=True, text=True,
         env=clean_env(), timeout=60,
     )  # fmt: skip
-    assert submit.returncode == 0, submit.stderr
-    job_id = submit.stdout.strip()
-    fields = _job(job_id)
-    output = (tmp_path / f"train.py-{job_id}.out").read_text()
+    fields, output = _finished(submit, tmp_path, "train.py")
     assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), output
     for rank in range(4):  # 0.1 * (1 + 2 + 3 + 4) on every rank
         assert f"[{rank}] TRAINED rank={rank} sum=1.0" in output, output
