@@ -86,7 +86,6 @@ class ProcessGroup:
         "_shared",
         "_busy",
         "_broken",
-        "_pending",
         "_uid",
         "_rec",
         "_word",
@@ -125,7 +124,6 @@ class ProcessGroup:
         self._shared = False
         self._busy = False
         self._broken: Any = None  # the DistTimeoutError that broke the group
-        self._pending: List[Any] = []  # requests abandoned by a timeout
         # This group's record on the progress board (pycoll.progress).
         self._uid = uid_of(group_name)
         board = STATE.board

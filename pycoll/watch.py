@@ -363,8 +363,7 @@ def timed_out(
     message = f"{head}: {summary}." + "".join(f"\n  {line}" for line in lines)
     error = DistTimeoutError(message, op, seq, elapsed, missing)
     pg._broken = error
-    pg._pending.extend(requests)  # MPI may still write into their buffers
-    progress.keep_alive(requests)  # ... even during MPI_Finalize
+    progress.keep_alive(requests)  # MPI may still write into their buffers, even in MPI_Finalize
     if board is not None:
         board.abandoned = True  # teardown must not wait on the other ranks
     if abort or os.environ.get(ABORT_ENV, "").strip() == "1":
