@@ -167,6 +167,7 @@ class NcclWork:
 
 def run(name: str, pg: Any, args: Dict[str, Any], devs: List[DeviceArray], stream: int) -> Any:
     """Issue collective ``name`` through NCCL on ``stream``; wait unless async."""
+    from pycoll import crosscheck
     from pycoll.collectives._common import group_rank, sequenced
     from pycoll.ops import plan
 
@@ -196,7 +197,9 @@ def run(name: str, pg: Any, args: Dict[str, Any], devs: List[DeviceArray], strea
     elif name == "reduce_scatter_tensor":
         out, inp = devs
         check_size(name, "input", inp, out.size * pg.size(), "output.size x group size")  # type: ignore[arg-type]
-    with sequenced(pg, name, call) as seq:
+    count = devs[1].size if name == "all_gather_into_tensor" else dev.size
+    check_key = crosscheck.key(name, dev.dtype, count, root or 0, op and op.name)
+    with sequenced(pg, name, call, check_key) as seq:
         comm = communicator(pg)
         if op is not None and op.name == "PREMUL_SUM":
             kernels.scale(dev, op._scale, stream)

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from pycoll import crosscheck
 from pycoll.collectives._common import run
 from pycoll.collectives.ring import Ring
 
@@ -69,4 +70,5 @@ def all_reduce(
         f"all_reduce({op.name}, shape={dev.shape}, {dev.dtype})",
         prepare,
         ring.stages,
+        crosscheck.key("all_reduce", dev.dtype, dev.size, 0, op.name),
     )

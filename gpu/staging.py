@@ -50,7 +50,7 @@ def pipelined(
     name: str, args: Dict[str, Any], dev: DeviceArray, rt: runtime.Runtime, stream: int
 ) -> Any:
     """all_reduce or broadcast of one device array, in chunks (module docstring)."""
-    from pycoll import _mpi, kernels
+    from pycoll import _mpi, crosscheck, kernels
     from pycoll.arrays import mpi_datatype
     from pycoll.collectives._common import group_rank, run
     from pycoll.groups import resolve
@@ -71,6 +71,7 @@ def pipelined(
         datatype = how.datatype
         reading = writing = True
         call = f"all_reduce({op.name}, {shape})"
+        key = crosscheck.key(name, dev.dtype, n, 0, op.name)
     else:
         src = args["src"]
         root = group_rank(pg, src, "src", name)
@@ -78,6 +79,7 @@ def pipelined(
         reading = root == pg._rank
         writing = not reading
         call = f"broadcast(src={src}, {shape})"
+        key = crosscheck.key(name, dev.dtype, n, root)
     nchunks = len(bounds)
     slots = min(SLOTS, nchunks)
     buf = rt.take(slots * per * item)  # a few chunks of pinned memory, whatever the size
@@ -148,6 +150,7 @@ def pipelined(
         call,
         None,
         [stage(i) for i in range(1, len(bounds))],
+        key,
     )
 
 

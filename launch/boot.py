@@ -28,20 +28,34 @@ from typing import List, Optional, Type
 TRACEBACK_FD = "PYCOLL_RUN_TRACEBACK_FD"  # as in wire.py (not imported: boot stays standalone)
 
 
-def _user_frames(tb: Optional[TracebackType]) -> Optional[TracebackType]:
-    """Drop the leading frames of this module and runpy: the user's code first."""
+def user_frames(tb: Optional[TracebackType], value: object = None) -> Optional[TracebackType]:
+    """The traceback from the user's code on: without the leading frames of
+    this module and runpy, and, for pycoll's own errors (pycoll.errors: a
+    timeout, a mismatch, an MPI failure), without pycoll's frames, so that it
+    ends at the user's call, where the error's message takes over."""
     here = os.path.abspath(__file__)
     while tb is not None and (
         os.path.abspath(tb.tb_frame.f_code.co_filename) == here
         or tb.tb_frame.f_globals.get("__name__") == "runpy"
     ):
         tb = tb.tb_next
-    return tb
+    if type(value).__module__ != "pycoll.errors":
+        return tb
+    kept = []
+    while tb is not None:
+        name = str(tb.tb_frame.f_globals.get("__name__", ""))
+        if name != "pycoll" and not name.startswith("pycoll."):
+            kept.append(tb)
+        tb = tb.tb_next
+    out = None
+    for entry in reversed(kept):
+        out = TracebackType(out, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return out
 
 
 def _hook(fd: int):
     def hook(kind: Type[BaseException], value: BaseException, tb: Optional[TracebackType]) -> None:
-        text = "".join(traceback.format_exception(kind, value, _user_frames(tb)))
+        text = "".join(traceback.format_exception(kind, value, user_frames(tb, value)))
         _flush()
         data = text.encode("utf-8", "replace")
         while data:

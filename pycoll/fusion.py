@@ -23,7 +23,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _mpi, kernels
+from . import _mpi, crosscheck, kernels
 from .arrays import check_list, check_output, check_same_dtype
 from .collectives._common import run
 from .groups import ProcessGroup, resolve
@@ -188,6 +188,7 @@ class FusedAllReduce:
                 f"fused_all_reduce({self.op.name}, {len(self)} arrays, {buf.size} x {self.dtype})"
             ),
             prepare,
+            key=how.key | crosscheck.OP_BITS["fused_all_reduce"] | buf.size & crosscheck.COUNT,
         )
         self._work = work
         return work

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import warnings
 from datetime import timedelta
 from typing import Any, Dict, List, Optional
 
-from . import _mpi, debug
+from . import _mpi, crosscheck, debug, progress
 from .progress import Board, uid_of
 
 __all__ = [
@@ -91,7 +92,10 @@ class ProcessGroup:
         "_word",
         "_timeout_s",
         "_nccl",
-        "_ring",
+        "_side",
+        "_keys",
+        "_mask",
+        "_check",
         "_staged",
     )
 
@@ -110,7 +114,18 @@ class ProcessGroup:
         self._timeout_s = timeout.total_seconds()
         self._seq = 0
         self._nccl: Any = None  # the NCCL communicator, made on first use (pycoll.gpu.nccl)
-        self._ring: Any = None  # a duplicate communicator for pycoll's ring (collectives.ring)
+        # A duplicate communicator for pycoll's own traffic (the ring's messages,
+        # the call check's exchanges); (communicator, request) while
+        # MPI_Comm_idup is under way: see pycoll.watch.side_comm. Made here,
+        # where every member makes the group (as MPI_Comm_dup: Open MPI was seen
+        # to fail an idup still under way when the ranks' next calls on the group
+        # disagreed), so the call check's first exchange finds it ready; with
+        # the check off, made on first use.
+        self._side: Any = comm.Dup() if crosscheck.EVERY else None
+        # The call check (pycoll.crosscheck): one key per call, in slot seq & _mask.
+        self._keys = crosscheck.new_ledger()
+        self._mask = len(self._keys) - 1
+        self._check: Any = None
         # Works made of several steps (each started once the last is done), in
         # issue order, until they complete: see Work.wait.
         self._staged: List[Any] = []
@@ -123,7 +138,8 @@ class ProcessGroup:
         self._owner: Optional[int] = None
         self._shared = False
         self._busy = False
-        self._broken: Any = None  # the DistTimeoutError that broke the group
+        # The DistTimeoutError (or CollectiveMismatchError) that broke the group.
+        self._broken: Any = None
         # This group's record on the progress board (pycoll.progress).
         self._uid = uid_of(group_name)
         board = STATE.board
@@ -336,6 +352,7 @@ def init_process_group(
     if timeout.total_seconds() <= 0:
         raise ValueError(f"init_process_group: timeout must be positive, got {timeout}")
     debug.set_debug_level_from_env()
+    crosscheck.set_every(crosscheck.every_from_env())
     from . import watch
     from .kernels.threads import cores
 
@@ -371,14 +388,20 @@ def init_process_group(
     STATE.default = pg
     STATE.groups = {pg.group_name: pg}
     GroupMember.WORLD = pg
+    crosscheck.register_exit()
 
 
 def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
     """Free a group's communicator; with no argument (or the default group),
     free every group and return to the uninitialized state.
 
-    Collective over the group's members. MPI itself stays initialized, so
-    init_process_group may be called again.
+    Collective over the group's members: each group's last call check
+    (pycoll.crosscheck) runs first, within 10 s or the group's timeout if
+    that is shorter.
+
+    Raises:
+        CollectiveMismatchError: the ranks did not make the same collective
+            calls on a group (raised once everything is freed).
     """
     from .ops import free_user_ops
 
@@ -386,9 +409,12 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         raise not_initialized("destroy_process_group")
     if group is None or group is STATE.default:
         groups = list(STATE.groups.values())
+        deadline = _final_deadline(STATE.default)
+        found = [crosscheck.final(pg, deadline) for pg in groups if not pg._destroyed]
         for pg in groups:
             _free(pg)
         free_user_ops()
+        crosscheck.unregister_exit()
         if STATE.board is not None:
             STATE.board.close()
         STATE.board = None
@@ -399,19 +425,32 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         from . import watch
 
         watch.remove_excepthook()
-        return
-    member = resolve(group, "destroy_process_group")
-    if member is not None:
+    else:
+        member = resolve(group, "destroy_process_group")
+        if member is None:
+            return
+        found = [crosscheck.final(member, _final_deadline(member))]
         _free(member)
         STATE.groups.pop(member.group_name, None)
+    for error in found:
+        if error is not None:
+            raise error
+
+
+def _final_deadline(pg: ProcessGroup) -> float:
+    return time.monotonic() + min(pg._timeout_s, crosscheck.FINAL_WAIT)
 
 
 def _free(pg: ProcessGroup) -> None:
     if not pg._destroyed:
+        crosscheck.free(pg)
         if pg._broken is None:  # a timed-out operation may still use the communicator
             pg.comm.Free()
-            if pg._ring is not None:
-                pg._ring.Free()
+            side = pg._side
+            if isinstance(side, tuple):  # MPI_Comm_idup still under way
+                progress.keep_alive(list(side))
+            elif side is not None:
+                side.Free()
             if pg._nccl is not None:
                 pg._nccl.destroy()  # NCCL holds device memory per communicator
         pg._destroyed = True

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union, cast
 
 import numpy as np
 
-from . import _mpi
+from . import _mpi, crosscheck
 from .arrays import check_dtype, dtype_kind, mpi_datatype
 
 __all__ = ["ReduceOp", "make_premul_sum"]
@@ -159,6 +159,8 @@ class Plan(NamedTuple):
             collectives on large buffers measured 2-4x slower than the same
             bytes exchanged point to point) and for AVG of real floats (the
             division then runs on this rank's 1/n of the result).
+        key: the reduction's and dtype's part of a call's key for the call
+            check (pycoll.crosscheck.reduction_bits).
     """
 
     mpi_op: Any
@@ -167,6 +169,7 @@ class Plan(NamedTuple):
     datatype: Any
     plain: bool
     split: bool
+    key: int
 
 
 # MPI's op for each (op, dtype kind); a missing entry means the pair has no
@@ -289,7 +292,10 @@ def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
     split = (
         SPLIT_BYTES > 0 and _mpi.VENDOR == "MPICH" and (user_op or (average and kind == "float"))
     )
-    result = Plan(mpi_op, scale, average, mpi_datatype(dtype), scale is None and not average, split)
+    key = crosscheck.reduction_bits(name, dtype)
+    result = Plan(
+        mpi_op, scale, average, mpi_datatype(dtype), scale is None and not average, split, key
+    )
     if scale is None:  # a PREMUL_SUM scale often changes every step: do not cache it
         op._plans[dtype] = result
     return result

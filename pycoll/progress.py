@@ -114,9 +114,10 @@ class Board:
         self.rec[HOST] = _host_id()
         self._next = 0
         self.closed = False
-        # Set once an operation timed out on this rank: teardown then leaves
-        # the window (see close).
-        self.abandoned = False
+        # Set once an operation timed out on this rank, or the call check
+        # found a group's ranks disagreeing (pycoll.crosscheck): what happened,
+        # for the line teardown prints when it then leaves the window (close).
+        self.abandoned = ""
         atexit.register(self._end_epoch)
 
     def _end_epoch(self) -> None:
@@ -179,7 +180,7 @@ class Board:
             keep_alive([votes, vote, agreed])
             self.win.Unlock_all()
             sys.stderr.write(
-                f"pycoll: rank {self.comm.Get_rank()}: an operation timed out on this rank, "
+                f"pycoll: rank {self.comm.Get_rank()}: {self.abandoned} on this rank, "
                 f"so MPI's state is unknown: teardown leaves pycoll's communicators and "
                 f"window to MPI_Finalize instead of waiting on the other ranks\n"
             )

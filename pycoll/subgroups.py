@@ -92,7 +92,8 @@ def _new_communicator(func: str) -> Iterator[None]:
     try:
         yield
     except _mpi.MPI.Exception as exc:
-        if "too many communicators" not in str(exc).lower():
+        said = str(exc).lower()
+        if "too many communicators" not in said and "context id" not in said:
             raise
         raise DistBackendError(
             f"{func}: MPI has no communicator left for a new group ({len(STATE.groups)} "
@@ -105,10 +106,21 @@ def _new_communicator(func: str) -> Iterator[None]:
 
 
 def _register(
-    comm: Any, ranks: List[int], name: str, timeout: timedelta, desc: Optional[str], backend: str
+    func: str,
+    comm: Any,
+    ranks: List[int],
+    name: str,
+    timeout: timedelta,
+    desc: Optional[str],
+    backend: str,
 ) -> ProcessGroup:
     comm.Set_name(f"pycoll:{name}")
-    pg = ProcessGroup(comm, ranks, name, timeout, desc or name)
+    try:
+        with _new_communicator(func):  # the group's side communicator
+            pg = ProcessGroup(comm, ranks, name, timeout, desc or name)
+    except Exception:
+        comm.Free()
+        raise
     pg._backend = backend
     STATE.groups[name] = pg
     return pg
@@ -176,7 +188,7 @@ def new_group(
                 return GroupMember.NON_GROUP_MEMBER
     finally:
         mpi_group.Free()
-    return _register(comm, members, name, group_timeout, group_desc, chosen)
+    return _register(func, comm, members, name, group_timeout, group_desc, chosen)
 
 
 def _split(
@@ -200,7 +212,7 @@ def _split(
     if comm == MPI.COMM_NULL:
         return color, None
     ranks = [parent._ranks[i] for i in sorted(layout[color])]
-    return color, _register(comm, ranks, f"{name}.{color}", group_timeout, desc, backend)
+    return color, _register(func, comm, ranks, f"{name}.{color}", group_timeout, desc, backend)
 
 
 def new_subgroups(

@@ -25,8 +25,8 @@ import threading
 import time
 from typing import Any, Callable, List, Optional, Tuple, Union
 
-from . import _mpi, debug, progress
-from .errors import DistBackendError, DistTimeoutError
+from . import _mpi, crosscheck, debug, progress
+from .errors import CollectiveMismatchError, DistBackendError, DistError, DistTimeoutError
 from .groups import STATE, ProcessGroup
 
 ABORT_ENV = "PYCOLL_ABORT_ON_TIMEOUT"
@@ -107,7 +107,8 @@ def _watch_blocking() -> None:
 
 class _AbortingHook:
     """``sys.excepthook`` while the default group lives: print the traceback
-    (through the hook that was there before), then end the whole job.
+    (through the hook that was there before; for pycoll's own errors it ends
+    at the user's call: pycoll.launch.boot.user_frames), then end the whole job.
 
     Without it, one rank's uncaught exception leaves the others waiting in
     their next collective until its timeout (30 minutes by default), as under
@@ -119,6 +120,11 @@ class _AbortingHook:
         self.previous = previous
 
     def __call__(self, kind: Any, value: Any, tb: Any) -> None:
+        from pycoll.launch.boot import user_frames
+
+        tb = user_frames(tb, value)  # for pycoll's errors, without pycoll's frames
+        if isinstance(value, BaseException):
+            value.__traceback__ = tb  # what Python's own hook prints from
         self.previous(kind, value, tb)
         MPI = _mpi.MPI
         if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized():
@@ -169,10 +175,19 @@ def backend_error(op: str, seq: Optional[int], exc: BaseException) -> DistBacken
     return DistBackendError(f"{where} failed in MPI: {exc}", op, seq)
 
 
-def broken(pg: ProcessGroup, op: str) -> DistTimeoutError:
-    """The error for any use of a group after one of its operations timed out."""
+def broken(pg: ProcessGroup, op: str) -> DistError:
+    """The error for any use of a group after one of its operations timed out,
+    or after the call check found its ranks disagreeing (pycoll.crosscheck)."""
     first = pg._broken
     assert first is not None
+    if isinstance(first, CollectiveMismatchError):
+        return CollectiveMismatchError(
+            f"{op}: group {pg.group_desc!r} is unusable: its ranks called different "
+            f"collectives. Make a new group (or restart the job). What was found: {first}",
+            first.op,
+            first.seq,
+            first.calls,
+        )
     return DistTimeoutError(
         f"{op}: group {pg.group_desc!r} is unusable: an earlier operation on it timed "
         f"out and may still be pending in MPI. Make a new group (or restart the job). "
@@ -184,8 +199,11 @@ def broken(pg: ProcessGroup, op: str) -> DistTimeoutError:
     )
 
 
-def begin(pg: ProcessGroup, op: str, call: Union[str, Callable[[], str], None]) -> int:
-    """Count a collective on ``pg`` and publish it; return its sequence number.
+def begin(
+    pg: ProcessGroup, op: str, call: Union[str, Callable[[], str], None], key: int = 0
+) -> int:
+    """Count a collective on ``pg``, note its call-check ``key``
+    (pycoll.crosscheck) and publish it; return its sequence number.
 
     The caller holds ``pg._lock``. At DETAIL, ``call()`` describes the call and
     the members compare descriptions first (see debug.check_fingerprint).
@@ -201,6 +219,10 @@ def begin(pg: ProcessGroup, op: str, call: Union[str, Callable[[], str], None]) 
     if rec is not None:
         rec[pg._word] = progress.pack(seq, op, busy=True)
         rec[progress.LAST] = pg._word
+    slot = seq & pg._mask
+    pg._keys[slot] = key or crosscheck.OP_BITS[op]
+    if slot == pg._mask:
+        crosscheck.exchange(pg, op, seq)
     return seq
 
 
@@ -219,6 +241,26 @@ def _exchanger(pg: ProcessGroup, op: str, seq: int) -> Callable[[Any, Any], None
         call(pg, op, seq, pg.comm.Iallgather, [mine, MPI.BYTE], [everyone, MPI.BYTE])
 
     return exchange
+
+
+def side_comm(pg: ProcessGroup, op: Optional[str] = None, seq: Optional[int] = None) -> Any:
+    """The group's duplicate communicator for pycoll's own traffic (the ring's
+    messages, the call check's exchanges), so it never matches the user's.
+
+    Made by MPI_Comm_idup on its first use, which comes at the same point of
+    the group's sequence on every member. Returns None while that is under
+    way, or with ``op`` waits for it within the group's timeout."""
+    side = pg._side
+    if side is None:
+        side = pg._side = pg.comm.Idup()
+    if isinstance(side, tuple):
+        comm, request = side
+        if op is not None:
+            wait(pg, op, seq, [request])
+        elif not request.Test():
+            return None
+        side = pg._side = comm
+    return side
 
 
 def call(pg: ProcessGroup, op: str, seq: Optional[int], start: Callable, *args: Any) -> Any:
@@ -283,6 +325,12 @@ def wait(
                 rec = pg._rec
                 if rec is not None:
                     rec[progress.BEAT] += 1  # still here, waiting (progress.describe)
+                if pg._check is not None:
+                    try:  # the others may have stopped at a mismatch: hear of it
+                        crosscheck.poll(pg)
+                    except CollectiveMismatchError:
+                        progress.keep_alive(requests)
+                        raise
                 time.sleep(PAUSE_S)  # a long wait: poll gently
     except MPI.Exception as exc:
         raise backend_error(op, seq, exc) from None
@@ -365,7 +413,7 @@ def timed_out(
     pg._broken = error
     progress.keep_alive(requests)  # MPI may still write into their buffers, even in MPI_Finalize
     if board is not None:
-        board.abandoned = True  # teardown must not wait on the other ranks
+        board.abandoned = "an operation timed out"  # teardown must not wait on the others
     if abort or os.environ.get(ABORT_ENV, "").strip() == "1":
         why = f"{WAIT_ENV}=blocking" if abort else f"{ABORT_ENV}=1"
         sys.stderr.write(f"pycoll: {message}\npycoll: {why}: aborting the job\n")

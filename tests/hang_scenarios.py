@@ -94,6 +94,13 @@ def main(scenario: str, then: str = "") -> None:
     elif scenario == "shape":
         y = np.ones(3 if rank == 1 else 4, np.float32)
         attempt(rank, lambda: pycoll.all_reduce(y))
+    elif scenario == "uncaught":  # rank 2 skips seq 2; the others do not catch the timeout
+        if rank != 2:
+            pycoll.all_reduce(x)
+        report(rank, error=None)
+    elif scenario == "dtype":  # MPI runs it without a word; then exit, no destroy
+        y = np.ones(4, np.int32 if rank == 1 else np.float32)
+        attempt(rank, lambda: pycoll.all_reduce(y))
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
     if then == "destroy":

@@ -114,3 +114,21 @@ def assert_equal(actual: np.ndarray, expected: np.ndarray) -> None:
     if actual.dtype == BF16:
         actual, expected = actual.astype(np.float32), expected.astype(np.float32)
     np.testing.assert_array_equal(actual, expected)
+
+
+def count_rings(monkeypatch) -> List[int]:
+    """Record the sequence number of every ring all_reduce that sends
+    (pycoll.collectives.ring.Ring.start; on one rank a ring has nothing to
+    send), the real method still doing the work."""
+    from pycoll.collectives.ring import Ring
+
+    started: List[int] = []
+    real = Ring.start
+
+    def start(self):
+        if self._plan:
+            started.append(self.pg._seq)
+        return real(self)
+
+    monkeypatch.setattr(Ring, "start", start)
+    return started

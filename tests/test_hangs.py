@@ -264,6 +264,40 @@ def test_shape_mismatch_under_detail():
         assert ranks[r]["seconds"] < TIMEOUT_S  # found before anything could hang
 
 
+def test_an_uncaught_timeout_shows_the_users_call_and_the_diagnosis_once():
+    """The traceback of an uncaught pycoll error ends at the user's call (no
+    pycoll frames), and each rank prints the diagnosis once."""
+    rc, reports, err, elapsed = run_job("uncaught")
+    assert rc != 0, err
+    assert elapsed < JOB_LIMIT_S
+    printed = err.count("Traceback (most recent call last):")
+    assert 1 <= printed <= 3, err
+    assert err.count("uncaught DistTimeoutError; aborting the job") == printed, err
+    users_call = r'hang_scenarios\.py", line \d+, in main\n    pycoll\.all_reduce\(x\)\n'
+    assert len(re.findall(users_call + "pycoll.errors.DistTimeoutError: ", err)) == printed, err
+    assert not re.search(r'File "[^"]*/pycoll/', err), err  # no frame of pycoll's
+    assert err.count("on group 'default_pg' timed out after") == printed, err
+    for rank in (0, 1, 3):
+        assert err.count(f"(timeout 1.5 s) on rank {rank}:") <= 1, err
+
+
+def test_a_mismatch_is_found_at_exit_in_the_default_mode():
+    """Rank 1 reduces int32 where the others reduce float32 (MPI says nothing),
+    then every rank exits without destroy_process_group: the call check's last
+    exchange finds it at exit, every rank says what it found, and the job
+    ends with status 1 instead of 0."""
+    rc, reports, err, elapsed = run_job("dtype")
+    assert rc != 0, err
+    assert elapsed < JOB_LIMIT_S
+    for r, report in by_rank(reports).items():
+        assert report["error"] is None, report  # nothing was said at the call itself
+        assert (
+            f"pycoll: rank {r}: CollectiveMismatchError: the ranks of group 'default_pg' called "
+            f"different collectives at seq 2: ranks 0,2,3 called all_reduce(SUM, float32, "
+            f"4 elements) while rank 1 called all_reduce(SUM, int32, 4 elements)." in err
+        ), err
+
+
 def assert_job_aborted(why: str, **env: str) -> None:
     """Run the skip scenario (rank 2 skips seq 2) with ``env``; the job must end
     at the timeout with the diagnosis and ``why`` on stderr."""

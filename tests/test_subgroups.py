@@ -299,5 +299,7 @@ def test_running_out_of_communicators_says_to_destroy_groups(pg):
     assert "Destroy the groups you no longer use with pycoll.destroy_process_group(group)" in (
         message
     )
-    assert "Too many communicators" in message
+    # MPICH's words: "Too many communicators", or, where the ranks' free
+    # context ids no longer line up, "Cannot allocate context ID".
+    assert "Too many communicators" in message or "context ID" in message, message
     pycoll.destroy_process_group(pycoll.new_group())  # usable again once freed

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from threading import get_ident
 from typing import Any, Callable, Iterator, List, Optional, Union
 
-from .. import _mpi, debug, watch
+from .. import _mpi, crosscheck, debug, watch
 from ..groups import ProcessGroup
 from ..progress import BUSY_CODE, LAST
 from ..work import Work
@@ -41,6 +41,7 @@ def run(
     call: Union[str, Callable[[], str], None] = None,
     prepare: Optional[Callable[[], None]] = None,
     stages: Optional[List[Callable[[], List[Any]]]] = None,
+    key: int = 0,
 ) -> Optional[Work]:
     """Sequence and start one nonblocking MPI collective; wait for it within the
     group's timeout, or return a Work if ``async_op``.
@@ -50,12 +51,13 @@ def run(
     PREMUL_SUM, so a refused call leaves the caller's data alone). ``stages``
     start further MPI operations, each once the previous ones are done (a
     reduce-scatter, then an all-gather); they run when the Work is driven.
+    ``key`` sums the call up for the call check (pycoll.crosscheck.key).
     """
     if type(async_op) is not bool:
         raise TypeError(f"{op}: async_op must be True or False, got {async_op!r}")
     with pg._lock:
         claim(pg)
-        seq = watch.begin(pg, op, call)
+        seq = watch.begin(pg, op, call, key)
         if prepare is not None:
             try:
                 prepare()
@@ -115,8 +117,11 @@ def claim(pg: ProcessGroup) -> None:
             time.sleep(0)  # the owner's call is being issued (bounded by its timeout)
 
 
-def plain(pg: ProcessGroup, op: str, start: Callable, blocking: Callable, *args: Any) -> None:
-    """The synchronous fast path: count the collective, start it, wait for it.
+def plain(
+    pg: ProcessGroup, op: str, key: int, start: Callable, blocking: Callable, *args: Any
+) -> None:
+    """The synchronous fast path: count the collective, note its key for the
+    call check (pycoll.crosscheck), start it, wait for it.
 
     For calls already known to need nothing else (checked arrays, debug OFF,
     no finishing step); everything else goes through :func:`run`. Under
@@ -144,6 +149,10 @@ def plain(pg: ProcessGroup, op: str, start: Callable, blocking: Callable, *args:
         busy = seq << 8 | BUSY_CODE[op]  # progress.pack(seq, op, True), inlined
         rec[word] = busy
         rec[LAST] = word
+        slot = seq & pg._mask
+        pg._keys[slot] = key
+        if slot == pg._mask:
+            crosscheck.exchange(pg, op, seq)
         try:
             if blocks:
                 watch.inflight = (pg, op, seq)
@@ -166,13 +175,13 @@ def plain(pg: ProcessGroup, op: str, start: Callable, blocking: Callable, *args:
 
 
 @contextmanager
-def sequenced(pg: ProcessGroup, op: str, call: Optional[str]) -> Iterator[int]:
+def sequenced(pg: ProcessGroup, op: str, call: Optional[str], key: int = 0) -> Iterator[int]:
     """One collective made of several MPI operations (the object collectives):
     hold the group's lock, count and publish it, and yield its sequence number.
     Each MPI operation inside goes through ``watch.call``."""
     with pg._lock:
         claim(pg)
-        seq = watch.begin(pg, op, call)
+        seq = watch.begin(pg, op, call, key)
         t0 = time.perf_counter() if debug.LEVEL else 0.0
         yield seq
         watch.end(pg, seq)

@@ -14,7 +14,7 @@ from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
-from .. import _mpi, debug, watch
+from .. import _mpi, crosscheck, debug, watch
 from ..arrays import (
     check_input,
     check_list,
@@ -142,6 +142,7 @@ def all_to_all(
         outs,
         call=desc,
         prepare=lambda: _agree(pg, func, scounts, rcounts),
+        key=crosscheck.key(func, dtype),  # array sizes may differ by rank
     )
 
 
@@ -247,6 +248,7 @@ def all_to_all_single(
             None,
             [output],
             call=desc,
+            key=crosscheck.key(func, dtype, input.size),
         )
     in_row = _row_size(func, "input", input)
     out_row = _row_size(func, "output", output)
@@ -279,4 +281,5 @@ def all_to_all_single(
         [output],
         call=desc,
         prepare=lambda: _agree(pg, func, scounts, rcounts),
+        key=crosscheck.key(func, dtype, in_row),  # split sizes may differ by rank
     )

@@ -11,7 +11,7 @@ from typing import Any, Callable, List, Optional
 
 import numpy as np
 
-from .. import _mpi, debug, kernels
+from .. import _mpi, crosscheck, debug, kernels
 from ..arrays import (
     check_input,
     check_list,
@@ -23,6 +23,7 @@ from ..arrays import (
     device_call,
     on_device,
 )
+from ..crosscheck import COUNT, OP_BITS
 from ..groups import STATE, ProcessGroup, resolve
 from ..ops import SPLIT_BYTES, SPLIT_BYTES_TWO_RANKS, Plan, ReduceOp, plan
 from ..work import Work
@@ -44,6 +45,8 @@ def _plan(op: ReduceOp, dtype: np.dtype, func: str) -> Plan:
     except (AttributeError, KeyError):
         return plan(op, dtype, func)
 
+
+_ALL_REDUCE = OP_BITS["all_reduce"]  # the call check's key (pycoll.crosscheck)
 
 # Up to this size a two-rank AVG of float32/float64 runs as one user op; above
 # it MPI's builtin SUM (Rabenseifner: each rank reduces half the buffer, where
@@ -129,8 +132,9 @@ def all_reduce(
     except (AttributeError, KeyError):
         how = plan(op, tensor.dtype, "all_reduce")
     mpi_op, plainly, average = how.mpi_op, how.plain, how.average
+    key = how.key | _ALL_REDUCE | tensor.size & COUNT
     if how.split and pg._size > 1 and tensor.nbytes >= _split_from(pg._size):
-        return _all_reduce_ring(pg, tensor, op, how, async_op)
+        return _all_reduce_ring(pg, tensor, op, how, async_op, key)
     if average and pg._size == 2 and _mean_of_two(tensor):
         # Two ranks: each element is combined exactly once, so AVG is one user
         # op, (a + b) / 2, and no second pass over the result.
@@ -140,6 +144,7 @@ def all_reduce(
         plain(
             pg,
             "all_reduce",
+            key,
             comm.Iallreduce,
             comm.Allreduce,
             _mpi.IN_PLACE,
@@ -158,11 +163,12 @@ def all_reduce(
         [tensor],
         lambda: f"all_reduce({op.name}, {sig(tensor)})",
         _prescaler(tensor, how.prescale),
+        key=key,
     )
 
 
 def _all_reduce_ring(
-    pg: ProcessGroup, tensor: np.ndarray, op: ReduceOp, how: Plan, async_op: bool
+    pg: ProcessGroup, tensor: np.ndarray, op: ReduceOp, how: Plan, async_op: bool, key: int
 ) -> Optional[Work]:
     """all_reduce in pycoll's ring (pycoll.collectives.ring): a reduce-scatter
     whose steps combine with pycoll's kernels (an AVG's last one dividing too,
@@ -192,6 +198,7 @@ def _all_reduce_ring(
         lambda: f"all_reduce({op.name}, {sig(tensor)})",
         _prescaler(tensor, how.prescale),
         ring.stages,
+        key,
     )
 
 
@@ -249,6 +256,7 @@ def all_reduce_coalesced(
         finish,
         tensors,
         lambda: f"{func}({op.name}, shapes={[t.shape for t in tensors]}, {dtype})",
+        key=how.key | OP_BITS[func] | flat.size & COUNT,
     )
 
 
@@ -305,6 +313,7 @@ def reduce(
         [tensor],
         lambda: f"{func}({op.name}, dst={dst}, {sig(tensor)})",
         prepare,
+        key=crosscheck.key(func, tensor.dtype, tensor.size, root, op.name),
     )
 
 
@@ -330,6 +339,7 @@ def _reduce_scatter_block(
         _averager(output, pg._size) if how.average else None,
         [output],
         call,
+        key=how.key | OP_BITS[func] | output.size & COUNT,
     )
 
 

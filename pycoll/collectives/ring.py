@@ -14,8 +14,8 @@ under CUDA-aware MPI (pycoll.gpu.ring), whose combine runs on the GPU. The
 caller supplies the combine step and runs the Ring through
 pycoll.collectives._common.run, which counts it and bounds its waits.
 
-Messages go over a duplicate of the group's communicator, made on first use
-(``MPI_Comm_idup``, waited for within the group's timeout), so they never match
+Messages go over the group's side communicator (pycoll.watch.side_comm, made
+on first use, waited for within the group's timeout), so they never match
 the user's point-to-point messages, and each ring's messages carry a tag from
 its sequence number, so two rings in flight on one group (async calls) never
 match each other's. The whole ring is one collective: one sequence number, one
@@ -96,11 +96,7 @@ class Ring:
         if not self._plan:  # one rank: nothing to send
             return _mpi.MPI.REQUEST_NULL
         self.tag = pg._seq % TAGS
-        if pg._ring is None:  # made once per group, by its first ring, on every member
-            comm, request = pg.comm.Idup()
-            watch.wait(pg, "all_reduce", pg._seq, [request])
-            pg._ring = comm
-        self.comm = pg._ring
+        self.comm = watch.side_comm(pg, "all_reduce", pg._seq)
         return self._exchange()
 
     def _exchange(self) -> Any:

@@ -6,7 +6,7 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from .. import _mpi, debug
+from .. import _mpi, crosscheck, debug
 from ..arrays import (
     MPI_TYPES,
     check_input,
@@ -78,7 +78,8 @@ def broadcast(
         and not async_op
         and not debug.LEVEL
     ):
-        plain(pg, func, pg.comm.Ibcast, pg.comm.Bcast, [tensor, datatype], root)
+        key = crosscheck.key(func, tensor.dtype, tensor.size, root)
+        plain(pg, func, key, pg.comm.Ibcast, pg.comm.Bcast, [tensor, datatype], root)
         return None
     if type(tensor) is not np.ndarray and on_device(tensor):
         args = dict(tensor=tensor, src=src, group=group, async_op=async_op, stream=stream)
@@ -99,6 +100,7 @@ def broadcast(
         None,
         [tensor],
         call=desc,
+        key=crosscheck.key(func, tensor.dtype, tensor.size, root),
     )
 
 
@@ -183,4 +185,5 @@ def scatter(
         finish,
         [tensor],
         call=desc,
+        key=crosscheck.key(func, tensor.dtype, tensor.size, root),
     )

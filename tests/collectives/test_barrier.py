@@ -8,7 +8,7 @@ import pytest
 from mpi4py import MPI
 
 import pycoll
-from pycoll import DistTimeoutError
+from pycoll import CollectiveMismatchError, DistTimeoutError
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
@@ -56,6 +56,18 @@ def skip_on(group, skipping, wait_all=False):
     return info.value
 
 
+def destroy_out_of_step(group, skipped, world_size):
+    """The group's call counts are out of step: its destruction (the call
+    check's last exchange) says so on every rank, after freeing it."""
+    made = [r for r in range(world_size) if r not in skipped]
+    names = ",".join(map(str, skipped))
+    who = f"rank {names}" if len(skipped) == 1 else f"ranks {names}"
+    others = ",".join(map(str, made))
+    with pytest.raises(CollectiveMismatchError, match=f"{who} made 0, ranks? {others} made 1"):
+        pycoll.destroy_process_group(group)
+    assert group not in pycoll.groups.STATE.groups.values()
+
+
 def test_monitored_barrier_names_the_missing_rank(pg, rank, world_size):
     if world_size == 1:
         pytest.skip("needs a rank to be missing")
@@ -69,7 +81,7 @@ def test_monitored_barrier_names_the_missing_rank(pg, rank, world_size):
     elif rank != last:
         assert "waited 1000 ms for rank 0 to confirm" in str(err)
         assert isinstance(err, RuntimeError)
-    pycoll.destroy_process_group(g)
+    destroy_out_of_step(g, [last], world_size)
 
 
 def test_monitored_barrier_names_every_missing_rank(pg, rank, world_size):
@@ -86,4 +98,4 @@ def test_monitored_barrier_names_every_missing_rank(pg, rank, world_size):
                 assert str(err).startswith(f"Ranks {names} failed to pass monitoredBarrier")
             else:  # only the first is named
                 assert str(err).startswith(f"Rank {missing[0]} failed to pass monitoredBarrier")
-        pycoll.destroy_process_group(g)
+        destroy_out_of_step(g, missing, world_size)

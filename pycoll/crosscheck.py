@@ -1,0 +1,498 @@
+"""The default mode's check that every rank made the same collective calls.
+
+Ranks that disagree about a collective (a different length, dtype, root,
+reduction or collective, or a call one rank skipped) get wrong answers from
+MPI without an error. ``PYCOLL_DEBUG=DETAIL`` compares every call before it
+runs, at the price of an exchange per call; this module catches the same
+disagreements in the default mode, a bounded number of calls later, for a
+few stores per call.
+
+How:
+
+- Every collective a rank starts on a group is summed up in one 63-bit *key*
+  (:func:`key`): the collective, its reduction, the dtype, the element count
+  and the root. The call's path stores it in the group's ledger, slot
+  ``seq % EVERY``: a list store on the fast path.
+- At every sequence number ``seq % EVERY == EVERY - 1`` each rank starts a
+  nonblocking all-gather of its last EVERY keys over the group's side
+  communicator (pycoll.watch.side_comm) and goes on. The exchange points are
+  fixed sequence numbers, so every rank makes the same exchanges in the same
+  order whatever its timing.
+- A rank tests the exchanges it has started at each later exchange point and
+  whenever it waits long inside pycoll (pycoll.watch.wait); it blocks on the
+  oldest only when more than PENDING are outstanding (a rank far ahead of
+  the others, with async calls), within the group's timeout.
+- Every rank gets the same gathered keys, so every rank finds the same
+  disagreement and raises CollectiveMismatchError naming the first sequence
+  number where the ranks differ, what each of them called there, and which
+  ranks those were; the group is unusable afterwards (its MPI state is
+  unknown). A disagreement is found at most ``2 * EVERY`` calls after it
+  happened, or when the rank next waits long in pycoll.
+- :func:`final` exchanges the calls since the last exchange point, and how
+  many calls each rank made, at ``destroy_process_group`` (within the group's
+  timeout) and at exit (within a few seconds), so a short program is checked
+  too.
+
+``PYCOLL_CHECK_EVERY`` sets EVERY (a power of two, default 64; 0 turns the
+check off). Its cost is in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import time
+from array import array
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from . import _mpi, progress
+from .errors import CollectiveMismatchError, DistBackendError
+
+__all__ = ["ENV_VAR", "key", "reduction_bits"]
+
+ENV_VAR = "PYCOLL_CHECK_EVERY"
+DEFAULT_EVERY = 64
+PENDING = 8  # exchanges a rank may have in flight before it waits for the oldest
+EXIT_WAIT = 5.0  # seconds the last exchange may take at exit
+IDUP_SPIN_S = 2e-3  # how long the first exchange waits for the side communicator
+FINAL_WAIT = 10.0  # ... and at destroy_process_group (or the group's timeout, if shorter)
+
+# A key, low bit first: count (29 bits, the element count modulo 2**29), the
+# collective (6 bits, pycoll.progress.CODE), the reduction (4 bits), the
+# dtype (8 bits), the root as a group rank (16 bits). Fixed fields, so a key
+# received from another rank can be described here.
+COUNT = (1 << 29) - 1
+_OP_SHIFT, _REDOP_SHIFT, _DTYPE_SHIFT, _ROOT_SHIFT = 29, 35, 39, 47
+_ROOT_MASK = (1 << 16) - 1
+
+REDUCTIONS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
+_REDOP_CODE = {name: i + 1 for i, name in enumerate(REDUCTIONS)}
+DTYPES = (
+    "bool",
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "longdouble",
+    "complex64",
+    "complex128",
+    "clongdouble",
+    "bfloat16",
+)
+_DTYPE_CODE = {name: i + 1 for i, name in enumerate(DTYPES)}
+_OTHER_DTYPE = 255
+# Where the root is an argument, and what torch.distributed calls it.
+ROOTS = {
+    "broadcast": "src",
+    "scatter": "src",
+    "broadcast_object_list": "src",
+    "scatter_object_list": "src",
+    "reduce": "dst",
+    "gather": "dst",
+    "gather_object": "dst",
+}
+OP_BITS = {name: code << _OP_SHIFT for name, code in progress.CODE.items()}
+
+
+def _dtype_code(dtype: Any) -> int:
+    if dtype is None:
+        return 0
+    return _DTYPE_CODE.get(np.dtype(dtype).name, _OTHER_DTYPE)
+
+
+def reduction_bits(redop: str, dtype: Any) -> int:
+    """The key's reduction and dtype fields, for a cached plan (pycoll.ops.Plan.key)."""
+    return _REDOP_CODE.get(redop, 0) << _REDOP_SHIFT | _dtype_code(dtype) << _DTYPE_SHIFT
+
+
+def key(
+    op: str, dtype: Any = None, count: int = 0, root: int = 0, redop: Optional[str] = None
+) -> int:
+    """One call's key: ``op`` (a pycoll.progress.OPS name), the dtype and
+    element count every rank must agree on, the root (a group rank) and the
+    reduction's name."""
+    bits = OP_BITS[op] | (root & _ROOT_MASK) << _ROOT_SHIFT | count & COUNT
+    if redop is not None:
+        bits |= _REDOP_CODE.get(redop, 0) << _REDOP_SHIFT
+    return bits | _dtype_code(dtype) << _DTYPE_SHIFT
+
+
+def describe(k: int, ranks: List[int]) -> str:
+    """A key as a call, e.g. ``all_reduce(SUM, float32, 6 elements)``;
+    ``ranks`` turns the root into a global rank."""
+    if k == 0:
+        return "no collective"
+    code = k >> _OP_SHIFT & progress.OP_MASK
+    op = progress.OPS[code] if code < len(progress.OPS) else "?"
+    parts = []
+    redop = k >> _REDOP_SHIFT & 0xF
+    if redop:
+        parts.append(REDUCTIONS[redop - 1] if redop <= len(REDUCTIONS) else "?")
+    if op in ROOTS:
+        root = k >> _ROOT_SHIFT & _ROOT_MASK
+        parts.append(f"{ROOTS[op]}={ranks[root] if root < len(ranks) else root}")
+    dtype = k >> _DTYPE_SHIFT & 0xFF
+    if dtype:
+        parts.append(DTYPES[dtype - 1] if dtype <= len(DTYPES) else "a dtype of its own")
+    count = k & COUNT
+    if count:
+        parts.append(f"{count} element{'s' if count != 1 else ''}")
+    return f"{op}({', '.join(parts)})"
+
+
+def every_from_env() -> int:
+    """PYCOLL_CHECK_EVERY: 0 (off) or a power of two; default 64."""
+    raw = os.environ.get(ENV_VAR, "").strip()
+    if not raw:
+        return DEFAULT_EVERY
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0 or (value and value & (value - 1)) or value == 1:
+        raise ValueError(f"{ENV_VAR} must be 0 (no check) or a power of two from 2 up, got {raw!r}")
+    return value
+
+
+# Read once per process by init_process_group (pycoll.groups); the fast paths
+# read MASK through the group (ProcessGroup._keys has EVERY slots).
+EVERY = DEFAULT_EVERY
+
+
+def set_every(every: int) -> None:
+    global EVERY
+    EVERY = every
+
+
+def new_ledger() -> array:
+    """A group's key slots (pycoll.groups.ProcessGroup._keys): EVERY of them,
+    or with the check off enough that the exchange point (a no-op then)
+    comes rarely."""
+    return array("q", bytes(8 * (EVERY or 1024)))
+
+
+class Checker:
+    """One group's exchanges: those waiting for the side communicator, those
+    in flight, and the error once one has found a disagreement."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.off = False  # MPI failed the check's traffic on this group
+        self.queued: List[np.ndarray] = []  # exchanges to start once the communicator is ready
+        self.pending: List[Tuple[np.ndarray, np.ndarray, Any]] = []
+        self.error: Optional[CollectiveMismatchError] = None
+
+
+def _checker(pg: Any) -> Checker:
+    checker = pg._check
+    if checker is None:
+        checker = pg._check = Checker()
+    return checker
+
+
+def _snapshot(pg: Any, seq: int, valid: int) -> np.ndarray:
+    keys = np.frombuffer(pg._keys, np.int64)
+    out = np.empty(keys.size + 2, np.int64)
+    out[0], out[1] = seq, valid
+    out[2:] = keys
+    return out
+
+
+def exchange(pg: Any, op: str, seq: int) -> None:
+    """At an exchange point (``seq % EVERY == EVERY - 1``, the caller having
+    stored this call's key): start the exchange of the last EVERY keys, test
+    the earlier ones, and raise if one found a disagreement."""
+    if not EVERY:
+        return
+    checker = _checker(pg)
+    if checker.off:
+        return
+    with checker.lock:
+        try:
+            _collect(pg, checker)
+            checker.queued.append(_snapshot(pg, seq, len(pg._keys)))
+            _start(pg, checker)
+            if len(checker.pending) + len(checker.queued) > PENDING:
+                from .watch import wait
+
+                while len(checker.pending) + len(checker.queued) > PENDING:
+                    _wait_oldest(pg, checker, lambda request: wait(pg, op, seq, [request]))
+        except _mpi.MPI.Exception as exc:
+            raise _failed(checker, op, seq, exc) from None
+
+
+def poll(pg: Any) -> None:
+    """Test the group's exchanges in flight; raise if one found a
+    disagreement. Called by a rank that waits long in pycoll: the others may
+    have stopped at the mismatch, and this is how this rank hears of it."""
+    checker = pg._check
+    if checker is None or checker.off or not checker.lock.acquire(blocking=False):
+        return
+    try:
+        _start(pg, checker)
+        _collect(pg, checker)
+    except _mpi.MPI.Exception as exc:  # the wait goes on: say so, never fail it for this
+        sys.stderr.write(f"pycoll: {_failed(checker, 'call check', pg._seq, exc)}\n")
+    finally:
+        checker.lock.release()
+
+
+def _failed(checker: Checker, op: str, seq: int, exc: Exception) -> DistBackendError:
+    """MPI failed the check's own traffic: the check stops on this group (its
+    exchanges can no longer pair up), and the caller raises this."""
+    _abandon(checker)
+    checker.off = True
+    return DistBackendError(
+        f"{op}: pycoll's call check (pycoll.crosscheck) could not exchange its keys over MPI: "
+        f"{exc}. If MPI ran out of communicators, destroy the groups you no longer use "
+        f"(pycoll.destroy_process_group(group)); {ENV_VAR}=0 turns the check off.",
+        op,
+        seq,
+    )
+
+
+def _start(pg: Any, checker: Checker) -> None:
+    """Start the queued exchanges, in order, once the side communicator is ready.
+
+    The communicator is made (MPI_Comm_idup) at the first exchange point; the
+    other ranks are usually there within microseconds, so the first exchange
+    waits for it a little (IDUP_SPIN_S), but never longer: a rank ahead of
+    the others with async calls must not wait for them here."""
+    from .watch import side_comm
+
+    comm = side_comm(pg)
+    if comm is None:
+        end = time.monotonic() + IDUP_SPIN_S
+        while comm is None and time.monotonic() < end:
+            comm = side_comm(pg)
+        if comm is None:
+            return
+    size = pg._size
+    for mine in checker.queued:
+        everyone = np.empty((size, mine.size), np.int64)
+        request = comm.Iallgather([mine, _mpi.MPI.INT64_T], [everyone, _mpi.MPI.INT64_T])
+        checker.pending.append((mine, everyone, request))
+    checker.queued.clear()
+
+
+def _collect(pg: Any, checker: Checker) -> None:
+    """Compare the exchanges that have completed, oldest first."""
+    if checker.error is not None:
+        raise checker.error
+    pending = checker.pending
+    while pending and pending[0][2].Test():
+        _, everyone, _ = pending.pop(0)
+        _compare(pg, checker, everyone)
+
+
+def _wait_oldest(pg: Any, checker: Checker, wait: Callable[[Any], None]) -> None:
+    """Wait for the oldest exchange (``wait(request)`` bounds the wait) and compare it."""
+    while not checker.pending:  # the side communicator is still being made
+        wait(pg._side[1])
+        _start(pg, checker)
+    _, everyone, request = checker.pending[0]
+    wait(request)
+    checker.pending.pop(0)
+    _compare(pg, checker, everyone)
+
+
+def _compare(pg: Any, checker: Checker, everyone: np.ndarray) -> None:
+    if (everyone == everyone[0]).all():
+        return
+    error = mismatch(pg, everyone)
+    checker.error = error
+    pg._broken = error
+    from .groups import STATE
+
+    board = STATE.board
+    if board is not None and not board.abandoned:  # the group's MPI state is unknown:
+        board.abandoned = "the call check found a group's ranks disagreeing"  # wait on no one
+    raise error
+
+
+def _calls(row: np.ndarray, every: int) -> Dict[int, int]:
+    """seq -> key for the calls a gathered row covers."""
+    last, valid = int(row[0]), int(row[1])
+    keys = row[2:]
+    return {s: int(keys[s % every]) for s in range(max(1, last - valid + 1), last + 1)}
+
+
+def mismatch(pg: Any, everyone: np.ndarray) -> CollectiveMismatchError:
+    """The error for gathered rows that differ: the first sequence number at
+    which the ranks' calls differ, or else how many calls each rank made."""
+    ranks = pg._ranks
+    every = everyone.shape[1] - 2
+    calls = [_calls(row, every) for row in everyone]
+    common = sorted(set.intersection(*(set(c) for c in calls)))
+    name = f"the ranks of group {pg.group_desc!r}"
+    for s in common:
+        by_key: Dict[int, List[int]] = {}
+        for i, c in enumerate(calls):
+            by_key.setdefault(c[s], []).append(ranks[i])
+        if len(by_key) == 1:
+            continue
+        parts = sorted(by_key.items(), key=lambda item: (-len(item[1]), item[1]))
+        said = " while ".join(f"{_who(who)} called {describe(k, ranks)}" for k, who in parts)
+        hint = _skipped(calls, parts, s, ranks)
+        return CollectiveMismatchError(
+            f"the ranks of group {pg.group_desc!r} called different collectives at seq {s}: "
+            f"{said}.{hint} MPI ran them without an error, so the results from seq {s} on are "
+            f"wrong; the group is unusable. (Found by pycoll's call check; "
+            f"PYCOLL_DEBUG=DETAIL stops such a call before it runs.)",
+            progress.OPS[int(calls[pg._rank].get(s, 0)) >> _OP_SHIFT & progress.OP_MASK],
+            s,
+            {ranks[i]: describe(c[s], ranks) for i, c in enumerate(calls)},
+        )
+    made: Dict[int, List[int]] = {}
+    for i, row in enumerate(everyone):
+        made.setdefault(int(row[0]), []).append(ranks[i])
+    said = ", ".join(f"{_who(who)} made {n}" for n, who in sorted(made.items()))
+    last = min(made)
+    return CollectiveMismatchError(
+        f"{name} made different numbers of collectives on it: {said} (a rank skipped a "
+        f"collective, or made one more); the group is unusable.",
+        "?",
+        last + 1,
+        {ranks[i]: f"{int(row[0])} collectives" for i, row in enumerate(everyone)},
+    )
+
+
+def _who(ranks: List[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
+
+
+def _skipped(
+    calls: List[Dict[int, int]], parts: List[Tuple[int, List[int]]], s: int, ranks: List[int]
+) -> str:
+    """A hint where one side's calls from ``s`` on are the other's shifted by one."""
+    if len(parts) != 2:
+        return ""
+    most = calls[ranks.index(parts[0][1][0])]
+    few = calls[ranks.index(parts[1][1][0])]
+    behind = [t for t in sorted(few) if t >= s and t + 1 in most]
+    ahead = [t for t in sorted(most) if t >= s and t + 1 in few]
+    lags = len(behind) >= 2 and all(few[t] == most[t + 1] for t in behind)
+    leads = len(ahead) >= 2 and all(most[t] == few[t + 1] for t in ahead)
+    if not (lags or leads):
+        return ""
+    if len(parts[0][1]) == len(parts[1][1]):  # no majority to go by
+        return (
+            f" From seq {s} on, each side's calls are the other's shifted by one: one side "
+            f"skipped a collective at seq {s} (or made one more)."
+        )
+    who = _who(parts[1][1])
+    if lags:
+        return (
+            f" From seq {s} on, {who} called what the others called one seq later: "
+            f"{who} skipped the collective the others made at seq {s}."
+        )
+    return f" From seq {s} on, {who} called one collective more than the others."
+
+
+def final(pg: Any, deadline: float) -> Optional[CollectiveMismatchError]:
+    """The last exchange of a group being destroyed: the calls since the last
+    exchange point and how many calls this rank made, by ``deadline``
+    (time.monotonic). Returns the disagreement found (on every rank), or
+    None: also when the other ranks did not take part in time, or MPI failed
+    it (then nothing is known). A group whose operation timed out on this
+    rank takes no part: the others give up on it at their deadline.
+    """
+    broken = pg._broken
+    if isinstance(broken, CollectiveMismatchError):
+        return broken
+    if not EVERY or broken is not None:
+        return None
+    checker = _checker(pg)
+    if checker.off:
+        return None
+    seq = pg._seq
+
+    def wait(request: Any) -> None:
+        while not request.Test():
+            if time.monotonic() > deadline:
+                raise _GaveUp
+            time.sleep(1e-4)
+
+    with checker.lock:
+        try:
+            _collect(pg, checker)
+            checker.queued.append(_snapshot(pg, seq, seq % len(pg._keys) + 1))
+            _start(pg, checker)
+            while checker.queued or checker.pending:
+                _wait_oldest(pg, checker, wait)
+        except CollectiveMismatchError as error:
+            _abandon(checker)
+            return error
+        except (_GaveUp, _mpi.MPI.Exception):
+            _abandon(checker)
+    return None
+
+
+class _GaveUp(Exception):
+    pass
+
+
+def _abandon(checker: Checker) -> None:
+    """Keep the requests and buffers of unfinished exchanges alive for good."""
+    held: List[Any] = []
+    for mine, everyone, request in checker.pending:
+        held += [mine, everyone, request]
+    progress.keep_alive(held)
+    checker.pending.clear()
+    checker.queued.clear()
+
+
+def switch_off(pg: Any) -> None:
+    """No more exchanges on ``pg`` (its calls still store their keys): for
+    pycoll-bench's comparison of the check on and off in one run."""
+    _checker(pg).off = True
+
+
+def free(pg: Any) -> None:
+    """Forget a destroyed group's exchanges (the side communicator is freed
+    with the group, pycoll.groups)."""
+    checker = pg._check
+    if checker is not None and checker.pending:
+        _abandon(checker)
+
+
+def at_exit() -> None:
+    """At exit without destroy_process_group: the final exchange of every live
+    group, within EXIT_WAIT seconds; a disagreement is printed and ends the
+    job with status 1, as an uncaught exception would."""
+    from .groups import STATE
+
+    deadline = time.monotonic() + EXIT_WAIT
+    errors = []
+    for pg in list(STATE.groups.values()):
+        if pg._destroyed:
+            continue
+        error = final(pg, deadline)
+        if error is not None:
+            errors.append(error)
+    if errors:
+        rank = _mpi.MPI.COMM_WORLD.Get_rank()
+        for error in errors:
+            sys.stderr.write(f"pycoll: rank {rank}: CollectiveMismatchError: {error}\n")
+        sys.stderr.flush()
+        time.sleep(1.0)  # let the launcher forward it (see watch.timed_out)
+        _mpi.MPI.COMM_WORLD.Abort(1)
+
+
+def register_exit() -> None:
+    atexit.register(at_exit)
+
+
+def unregister_exit() -> None:
+    atexit.unregister(at_exit)
