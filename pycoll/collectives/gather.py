@@ -6,7 +6,7 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from .. import _mpi, debug
+from .. import _mpi, crosscheck, debug
 from ..arrays import (
     MPI_TYPES,
     check_input,
@@ -101,6 +101,7 @@ def all_gather(
         _unpacker(stacked, outs),
         outs,
         call=desc,
+        key=crosscheck.key(func, tensor.dtype, tensor.size),
     )
 
 
@@ -144,7 +145,9 @@ def all_gather_into_tensor(
         and not async_op
         and not debug.LEVEL
     ):
-        plain(pg, func, pg.comm.Iallgather, pg.comm.Allgather, [inp, datatype], [out, datatype])
+        key = crosscheck.key(func, inp.dtype, inp.size)
+        comm = pg.comm
+        plain(pg, func, key, comm.Iallgather, comm.Allgather, [inp, datatype], [out, datatype])
         return None
     if on_device(out, inp):
         args = dict(output_tensor=out, input_tensor=inp, group=group, async_op=async_op)
@@ -178,6 +181,7 @@ def all_gather_into_tensor(
         None,
         [output_tensor],
         call=desc,
+        key=crosscheck.key(func, input_tensor.dtype, input_tensor.size),
     )
 
 
@@ -258,6 +262,7 @@ def all_gather_coalesced(
         finish,
         outputs,
         call=desc,
+        key=crosscheck.key(func, None, send.size),
     )
 
 
@@ -303,13 +308,22 @@ def gather(
         raise ValueError(
             f"{func}: gather_list must be None on ranks other than dst ({dst}); only dst receives"
         )
+    # A gather_list that only dst can refuse: dst still takes part (into a
+    # buffer of its own), so the other ranks' sends pair with this call, not
+    # with dst's next one, then raises. The others only send: nothing they
+    # hold is wrong, and telling them would cost every gather a message back.
+    refused: Optional[Exception] = None
+    outs: List[np.ndarray] = []
     if root == pg._rank:
-        if gather_list is None:
-            raise ValueError(
-                f"{func}: gather_list is required on dst ({dst}): pass one array per rank, "
-                f"shaped like tensor"
-            )
-        outs = _check_outputs(func, "gather_list", gather_list, tensor, n)
+        try:
+            if gather_list is None:
+                raise ValueError(
+                    f"{func}: gather_list is required on dst ({dst}): pass one array per "
+                    f"rank, shaped like tensor"
+                )
+            outs = _check_outputs(func, "gather_list", gather_list, tensor, n)
+        except (TypeError, ValueError) as exc:
+            refused = exc
     desc = f"{func}(dst={dst}, {sig(tensor)})" if debug.LEVEL >= DETAIL else None
     if root != pg._rank:
         return run(
@@ -324,6 +338,13 @@ def gather(
             call=desc,
         )
     stacked = np.empty((n,) + tensor.shape, tensor.dtype)
+    unpack = _unpacker(stacked, outs)
+
+    def finish() -> None:
+        if refused is not None:
+            raise refused
+        unpack()
+
     return run(
         pg,
         func,
@@ -331,7 +352,7 @@ def gather(
         comm.Igather,
         ([tensor, mpitype], [stacked, mpitype], root),
         async_op,
-        _unpacker(stacked, outs),
+        finish,
         outs,
         call=desc,
     )

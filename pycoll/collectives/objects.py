@@ -15,7 +15,7 @@ from typing import Any, List, Optional, Tuple, cast
 
 import numpy as np
 
-from .. import _mpi, watch
+from .. import _mpi, crosscheck, watch
 from ..arrays import check_list
 from ..groups import ProcessGroup, resolve
 from ._common import RESERVED_TAG, group_rank, sequenced
@@ -89,14 +89,32 @@ def _pickle_error(func: str, who: List[int], exc: Optional[BaseException]) -> Ty
     )
 
 
+_REFUSED = -2  # a size that says: the root refused its output list
+
+
 def _sizes(
-    pg: ProcessGroup, func: str, payload: np.ndarray, exc: Optional[BaseException]
+    pg: ProcessGroup,
+    func: str,
+    payload: np.ndarray,
+    exc: Optional[BaseException],
+    refused: Optional[Exception] = None,
 ) -> np.ndarray:
-    """Every rank's payload size, on every rank; raise everywhere if one failed."""
+    """Every rank's payload size, on every rank; raise everywhere if one failed
+    to pickle, or if the root ``refused`` its output list (only it can check
+    that: it still takes part, so every rank raises and the group stays in step)."""
     MPI = _mpi.MPI
     sizes = np.empty(pg._size, np.int64)
-    mine = np.array([-1 if exc is not None else payload.size], np.int64)
+    size = _REFUSED if refused is not None else -1 if exc is not None else payload.size
+    mine = np.array([size], np.int64)
     watch.call(pg, func, pg._seq, pg.comm.Iallgather, [mine, MPI.INT64_T], [sizes, MPI.INT64_T])
+    if refused is not None:
+        raise refused
+    if (sizes == _REFUSED).any():
+        who = pg._ranks[int(np.flatnonzero(sizes == _REFUSED)[0])]
+        raise ValueError(
+            f"{func}: the root (rank {who}) refused its output list (see the error raised "
+            f"there), so nothing was exchanged"
+        )
     if (sizes < 0).any():
         raise _pickle_error(func, [pg._ranks[i] for i in np.flatnonzero(sizes < 0)], exc)
     return sizes
@@ -178,8 +196,12 @@ def gather_object(
     n = pg._size
     root = group_rank(pg, dst, "dst", func)
     is_root = root == pg._rank
+    refused: Optional[Exception] = None
     if is_root:
-        _check_slots(func, "object_gather_list", object_gather_list, n)
+        try:
+            _check_slots(func, "object_gather_list", object_gather_list, n)
+        except (TypeError, ValueError) as error:
+            refused = error  # raised on every rank by _sizes, dst's own error on dst
     elif object_gather_list is not None:
         raise ValueError(
             f"{func}: object_gather_list must be None on ranks other than dst "
@@ -188,8 +210,9 @@ def gather_object(
     MPI = _mpi.MPI
     comm = pg.comm
     payload, exc = _pack(obj)
-    with sequenced(pg, func, f"gather_object(dst={dst})") as seq:
-        sizes = _sizes(pg, func, payload, exc)
+    key = crosscheck.key(func, root=root)
+    with sequenced(pg, func, f"gather_object(dst={dst})", key) as seq:
+        sizes = _sizes(pg, func, payload, exc, refused)
         total = int(sizes.sum())
         if not is_root:
             if total <= _INT_MAX:
@@ -236,7 +259,8 @@ def broadcast_object_list(
     is_root = root == pg._rank
     payload, exc = _pack(list(object_list)) if is_root else (np.empty(0, np.uint8), None)
     desc = f"broadcast_object_list(src={src}, {len(object_list)} objects)"
-    with sequenced(pg, func, desc) as seq:
+    key = crosscheck.key(func, root=root)  # a length that differs from src's raises below
+    with sequenced(pg, func, desc, key) as seq:
         size = np.array([-1 if exc is not None else payload.size], np.int64)
         watch.call(pg, func, seq, comm.Ibcast, [size, MPI.INT64_T], root)
         nbytes = int(size[0])
@@ -285,16 +309,31 @@ def scatter_object_list(
     MPI = _mpi.MPI
     comm = pg.comm
     exc = None
+    refused: Optional[Exception] = None
+    payloads: List[np.ndarray] = []
     if is_root:
-        inputs = check_list(func, "scatter_object_input_list", scatter_object_input_list, n)
-        packed = [_pack(o) for o in inputs]
-        exc = next((e for _, e in packed if e is not None), None)
-        payloads = [p for p, _ in packed]
-        sizes = np.array([-1 if exc else p.size for p in payloads], np.int64)
+        try:
+            inputs = check_list(func, "scatter_object_input_list", scatter_object_input_list, n)
+        except (TypeError, ValueError) as error:
+            refused = error  # src still takes part: every rank raises (below)
+            sizes = np.full(n, _REFUSED, np.int64)
+        else:
+            packed = [_pack(o) for o in inputs]
+            exc = next((e for _, e in packed if e is not None), None)
+            payloads = [p for p, _ in packed]
+            sizes = np.array([-1 if exc else p.size for p in payloads], np.int64)
     else:
         sizes = np.empty(n, np.int64)
-    with sequenced(pg, func, f"scatter_object_list(src={src})") as seq:
+    key = crosscheck.key(func, root=root)
+    with sequenced(pg, func, f"scatter_object_list(src={src})", key) as seq:
         watch.call(pg, func, seq, comm.Ibcast, [sizes, MPI.INT64_T], root)
+        if refused is not None:
+            raise refused
+        if (sizes == _REFUSED).any():
+            raise ValueError(
+                f"{func}: src (rank {src}) refused its scatter_object_input_list (see the "
+                f"error raised there), so nothing was exchanged"
+            )
         if (sizes < 0).any():
             raise _pickle_error(func, [src], exc)
         total = int(sizes.sum())

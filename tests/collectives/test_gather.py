@@ -96,3 +96,38 @@ def test_all_gather_into_tensor_64_mib(rank, world_size):
     pycoll.all_gather_into_tensor(out, x)
     for r in range(world_size):
         assert out[r, 0] == -r and out[r, 1] == r and out[r, -1] == r
+
+
+BAD_LISTS = {
+    "missing": (lambda n: None, r"gather_list is required on dst \(0\)"),
+    "too short": (lambda n: [np.ones(3)] * max(n - 1, 0), "one entry per rank of the group"),
+    "dtype": (lambda n: [np.ones(3, np.float32)] * n, "float32"),
+    "shape": (lambda n: [np.ones(4)] * n, r"gather_list\[0\] has shape \(4,\)"),
+}
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+@pytest.mark.parametrize("case", sorted(BAD_LISTS))
+def test_a_gather_list_only_dst_can_refuse_keeps_the_group_in_step(
+    pg, rank, world_size, async_op, case
+):
+    """Only dst can see its gather_list is wrong: it raises, but still takes
+    part, so the others' sends pair with this gather and not with dst's next
+    collective. (The others only send; their call completes.)"""
+    make, problem = BAD_LISTS[case]
+    bad = make(world_size) if rank == 0 else None
+    x = np.full(3, rank, np.float64)
+    if rank == 0:
+        with pytest.raises((ValueError, TypeError), match=problem):
+            work = pycoll.gather(x, bad, dst=0, async_op=async_op)
+            if async_op:
+                work.wait()
+        if bad is not None:
+            assert all((b == 1).all() for b in bad)  # nothing written into it
+    else:
+        work = pycoll.gather(x, None, dst=0, async_op=async_op)
+        if async_op:
+            work.wait()
+    y = np.ones(2) * (rank + 1)  # the next collective pairs with the next one
+    pycoll.all_reduce(y)
+    assert (y == world_size * (world_size + 1) / 2).all()

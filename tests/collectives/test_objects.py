@@ -104,6 +104,48 @@ def test_unpicklable_broadcast_raises_everywhere(rank):
         pycoll.broadcast_object_list(lst, src=0)
 
 
+@pytest.mark.parametrize(
+    "which, bad, problem",
+    [
+        (
+            "gather_object",
+            lambda n: [None] * (n + 1),
+            "object_gather_list must hold one entry per rank of the group: expecting {n} items",
+        ),
+        ("gather_object", lambda n: "slots", "object_gather_list must be a list"),
+        (
+            "scatter_object_list",
+            lambda n: [1] * (n + 1),
+            "input_list must hold one entry per rank of the group: expecting {n} items",
+        ),
+        ("scatter_object_list", lambda n: None, "scatter_object_input_list must be a list"),
+    ],
+    ids=["gather length", "gather type", "scatter length", "scatter missing"],
+)
+def test_a_list_only_the_root_can_refuse_makes_every_rank_raise(
+    rank, world_size, which, bad, problem
+):
+    """The root still takes part and says it refused, so every rank raises and
+    the next collective pairs with the next one."""
+    out = ["untouched"]
+    mine = bad(world_size) if rank == 0 else None
+    with pytest.raises((ValueError, TypeError)) as caught:
+        if which == "gather_object":
+            pycoll.gather_object(rank, mine, dst=0)
+        else:
+            pycoll.scatter_object_list(out, mine, src=0)
+    if rank == 0:
+        assert problem.format(n=world_size) in str(caught.value), caught.value
+    else:
+        assert str(caught.value).startswith(f"{which}: "), caught.value
+        assert "(rank 0) refused its" in str(caught.value), caught.value
+        assert "nothing was exchanged" in str(caught.value)
+    assert out == ["untouched"]
+    x = np.ones(2) * (rank + 1)
+    pycoll.all_reduce(x)
+    assert (x == world_size * (world_size + 1) / 2).all()
+
+
 def test_broadcast_length_mismatch(debug_off, rank, world_size):
     if world_size == 1:
         pytest.skip("needs a receiving rank")
