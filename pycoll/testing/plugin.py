@@ -11,6 +11,10 @@ Three modes, chosen at start-up:
   and rank 0 reports one outcome per test for all.
 - **worker** (``--mpi-worker DIR``, internal): a rank of an isolated job, writing
   its reports for the controlling pytest to read.
+
+With pytest-mpi installed beside it (and not disabled with ``-p no:pytest_mpi``),
+``--with-mpi`` and the in-place mode are pytest-mpi's: this plugin adds neither
+and runs only isolated jobs, whose workers run without pytest-mpi.
 """
 
 from __future__ import annotations
@@ -35,14 +39,30 @@ START_ALLOWANCE_S = 60.0  # for a job's start-up and collection, and between its
 PHASES = ("setup", "call", "teardown")
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
+PYTEST_MPI = "pytest_mpi"  # pytest-mpi's plugin name (its pytest11 entry point)
+
+
+def _pytest_mpi_active(pluginmanager: Any) -> bool:
+    """Whether pytest-mpi's plugin is installed and not blocked (``-p no:pytest_mpi``).
+
+    Asked when options are added, before every installed plugin is loaded, so
+    it looks at the installed entry points rather than at loaded plugins."""
+    if pluginmanager.is_blocked(PYTEST_MPI) or os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        return pluginmanager.has_plugin(PYTEST_MPI)
+    from importlib.metadata import entry_points
+
+    return any(ep.name == PYTEST_MPI for ep in entry_points(group="pytest11"))
+
+
+def pytest_addoption(parser: pytest.Parser, pluginmanager: Any) -> None:
     group = parser.getgroup("mpi", "multi-rank tests (pycoll.testing)")
-    group.addoption(
-        "--with-mpi",
-        action="store_true",
-        help="run in place on the ranks of the MPI job this pytest is part of "
-        "(mpiexec -n N python -m pytest --with-mpi); rank 0 reports for all",
-    )
+    if not _pytest_mpi_active(pluginmanager):  # else --with-mpi is pytest-mpi's
+        group.addoption(
+            "--with-mpi",
+            action="store_true",
+            help="run in place on the ranks of the MPI job this pytest is part of "
+            "(mpiexec -n N python -m pytest --with-mpi); rank 0 reports for all",
+        )
     group.addoption(
         "--mpi-reuse",
         action="store_true",
@@ -76,19 +96,15 @@ def pytest_configure(config: pytest.Config) -> None:
         "mpi(ranks=N, timeout=SECONDS, min_size=N): run on N MPI ranks (pycoll.testing); "
         "min_size is pytest-mpi's spelling of ranks",
     )
-    if config.pluginmanager.has_plugin("pytest_mpi"):
-        raise pytest.UsageError(
-            "pytest-mpi is installed beside pycoll.testing, which replaces it (same mpi "
-            "marker, same --with-mpi): uninstall it, or run with -p no:pytest_mpi"
-        )
     timeout = config.getoption("mpi_timeout")
     if timeout is not None and timeout <= 0:
         raise pytest.UsageError(f"--mpi-timeout {timeout:g}: give a positive number of seconds")
     worker = config.getoption("mpi_worker")
     if worker:
         config.pluginmanager.register(InPlace(config, Path(worker)), "pycoll-mpi-mode")
-    elif config.getoption("with_mpi"):
-        config.pluginmanager.register(InPlace(config, None), "pycoll-mpi-mode")
+    elif config.getoption("with_mpi", False):
+        if not config.pluginmanager.has_plugin(PYTEST_MPI):  # else pytest-mpi runs in place
+            config.pluginmanager.register(InPlace(config, None), "pycoll-mpi-mode")
     else:
         config.pluginmanager.register(Isolated(config), "pycoll-mpi-mode")
 
@@ -215,6 +231,8 @@ class Isolated:
         if self.config.inipath is not None:
             args += ["-c", str(self.config.inipath)]
         args += ["-s"] if live else []
+        if self.config.pluginmanager.has_plugin(PYTEST_MPI):
+            args += ["-p", f"no:{PYTEST_MPI}"]  # its skip of mpi tests without --with-mpi
         args += ["--import-mode", self.config.getoption("importmode")]
         result = job_mod.run(
             nodeids,
@@ -227,9 +245,17 @@ class Isolated:
             live,
         )
         index = self.index(result)
+        ran_any = any("start" in r for seen in index.values() for r in seen.values())
         for member in group:
+            seen = index.get(member.nodeid, {})
+            if ran_any and member is not item and not seen:
+                # The job ended (an earlier test of it hung or crashed) before
+                # this one started: it runs in a fresh job, with the tests after
+                # it, when its turn comes, so a hang or crash costs one test only.
+                # (The first test of a job always gets an outcome: no loop.)
+                continue
             self.ready[member.nodeid] = self.outcome(
-                member, ranks, result, index.get(member.nodeid, {}), timeouts[member.nodeid]
+                member, ranks, result, seen, timeouts[member.nodeid]
             )
 
     def index(self, result: job_mod.JobResult) -> Dict[str, Dict[int, Dict[str, Any]]]:

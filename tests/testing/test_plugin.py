@@ -4,6 +4,7 @@ rank; the outer test checks the one outcome pytest reports for all of them."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import socket
@@ -16,6 +17,9 @@ from pycoll.launch.families import Job, choose
 
 pytest_plugins = ["pytester"]
 HOST = socket.gethostname()
+# CI runs these tests a second time with pytest-mpi importable (scripts/test):
+# pycoll.testing must then leave --with-mpi and the in-place mode to it.
+PYTEST_MPI = importlib.util.find_spec("pytest_mpi") is not None
 # The variables of a launcher running this pytest must not reach the child's jobs.
 _LEAKS = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID", "OMPI_", "PRTE_", "SLURM_", "PYCOLL_")
 
@@ -244,6 +248,64 @@ def test_last_failed_reruns_only_the_failure(pytester):
     assert "test_ok" not in again.stdout.str()
 
 
+@pytest.mark.parametrize("fault", ["hang", "crash"])
+def test_with_reuse_a_hang_or_crash_costs_that_test_alone(pytester, monkeypatch, tmp_path, fault):
+    """One job runs the file's tests (--mpi-reuse); the second hangs (or a
+    rank dies) in it: the tests after it run in a fresh job and pass."""
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("PIDS", str(pids))
+    bad = (
+        "comm.recv(source=1) if comm.rank == 0 else comm.Barrier()"
+        if fault == "hang"
+        else "os._exit(3) if comm.rank == 1 else comm.Barrier()"
+    )
+    result = run(
+        pytester,
+        f"""
+        import os
+        import pytest
+
+        def note(comm, name):
+            with open(os.environ["PIDS"], "a") as f:
+                f.write(f"{{name}} {{os.getpid()}}\\n")
+            comm.Barrier()
+
+        @pytest.mark.mpi(ranks=2, timeout=5)
+        def test_before(comm):
+            note(comm, "before")
+
+        @pytest.mark.mpi(ranks=2, timeout=5)
+        def test_fault(comm):
+            note(comm, "fault")
+            {bad}
+
+        @pytest.mark.mpi(ranks=2, timeout=5)
+        def test_after(comm):
+            note(comm, "after")
+
+        @pytest.mark.mpi(ranks=2, timeout=5)
+        def test_last(comm):
+            note(comm, "last")
+            assert comm.allreduce(1) == 2
+        """,
+        "--mpi-reuse",
+    )
+    if fault == "hang":
+        result.assert_outcomes(passed=3, failed=1)
+        result.stdout.fnmatch_lines(["FAILED test_inner.py::test_fault - timed out: ranks 0,1*"])
+    else:
+        result.assert_outcomes(passed=3, errors=1)
+        result.stdout.fnmatch_lines(["ERROR test_inner.py::test_fault - rank 1 on * crashed*"])
+    assert "not run" not in result.stdout.str()
+    by_test = {}
+    for line in pids.read_text().splitlines():
+        name, pid = line.split()
+        by_test.setdefault(name, set()).add(int(pid))
+    assert by_test["before"] == by_test["fault"]  # one job, reused
+    assert not by_test["after"] & by_test["fault"]  # a fresh job after the fault
+    assert by_test["after"] == by_test["last"]  # which the rest share
+
+
 SHARED_PIDS = """
     import os
     import pytest
@@ -366,6 +428,46 @@ def test_bad_marker(pytester, mark, problem):
     result.stderr.fnmatch_lines([f"*test_inner.py::test_it: @pytest.mark.mpi(*): {problem}*"])
 
 
+def in_place(pytester, *options):
+    """Run test_inner.py in place under this Python's mpiexec on 2 ranks."""
+    # The command line of this Python's mpiexec, as pycoll-run would build it
+    # (Open MPI refuses root and oversubscription without flags).
+    family, mpiexec, _ = choose(None, {})
+    program = [sys.executable, "-m", "pytest", "--with-mpi", "-rs", "-p", "no:cacheprovider",
+               "--color=no", *options, "test_inner.py"]  # fmt: skip
+    env = {**os.environ, **family.defaults()}
+    return subprocess.run(
+        family.command(mpiexec, Job(nprocs=2, program=program)),
+        cwd=pytester.path, capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(not PYTEST_MPI, reason="pytest-mpi is not installed (its own pass)")
+def test_beside_pytest_mpi_in_place_is_pytest_mpis(pytester):
+    """With pytest-mpi installed, --with-mpi is its option and runs its in-place
+    mode (every rank reports, then its MPI summary); pycoll's isolated jobs
+    still run (every other test of this file passes in that pass too)."""
+    pytester.makepyfile(
+        test_inner="""
+        import pytest
+
+        @pytest.mark.mpi(min_size=2)
+        def test_two(comm, rank):
+            assert comm.allreduce(rank) == 1
+        """
+    )
+    proc = in_place(pytester)
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert out.count("1 passed") == 2, out  # each rank reports for itself
+    assert out.count("MPI Information") == 2, out  # pytest-mpi's summary
+    helped = subprocess.run(
+        [sys.executable, "-m", "pytest", "--help"], capture_output=True, text=True, timeout=60
+    ).stdout
+    assert "--only-mpi" in helped and "--mpi-reuse" in helped  # both plugins loaded
+
+
+@pytest.mark.skipif(PYTEST_MPI, reason="in place is pytest-mpi's when it is installed")
 def test_in_place_under_mpiexec(pytester):
     pytester.makepyfile(
         test_inner="""
@@ -383,16 +485,7 @@ def test_in_place_under_mpiexec(pytester):
             assert comm.Get_rank() == 0, f"rank {comm.Get_rank()} is not 0"
         """
     )
-    # The command line of this Python's mpiexec, as pycoll-run would build it
-    # (Open MPI refuses root and oversubscription without flags).
-    family, mpiexec, _ = choose(None, {})
-    program = [sys.executable, "-m", "pytest", "--with-mpi", "-rs", "-p", "no:cacheprovider",
-               "--color=no", "test_inner.py"]  # fmt: skip
-    env = {**os.environ, **family.defaults()}
-    proc = subprocess.run(
-        family.command(mpiexec, Job(nprocs=2, program=program)),
-        cwd=pytester.path, capture_output=True, text=True, timeout=120, env=env,
-    )  # fmt: skip
+    proc = in_place(pytester)
     out = proc.stdout
     assert proc.returncode == 1, out + proc.stderr
     assert "1 failed, 1 passed, 1 skipped" in out  # one report, from rank 0, for both
