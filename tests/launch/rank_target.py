@@ -89,6 +89,9 @@ def main(argv):
                 sys.stdout.write(line[start : start + 1000])
                 sys.stdout.flush()
         return
+    # Every rank has written its report before one of them fails (the
+    # launcher then stops the others, and a line still on its way is lost).
+    world.Barrier()
     target = int(argv[1])
     if world.Get_rank() == target:
         if mode == "raise":
