@@ -85,9 +85,27 @@ def _bit_helpers() -> Tuple[Any, Any]:
     return from_bits_ir, to_bits_ir
 
 
+def numpy_for_numba_cuda() -> None:
+    """Let numba-cuda's numpy support load on numpy 2.5.
+
+    numba-cuda (0.30.4, the newest) registers an overload of ``numpy.row_stack``
+    whenever numpy is 2.x, and numpy 2.5 removed that alias of ``numpy.vstack``:
+    importing numba.cuda's numpy support then fails, and no device kernel
+    loads. Where the name is missing, numpy gets a ``row_stack`` of its own (a
+    function of its own calling vstack, so vstack's overload stays as it is),
+    before numba.cuda is imported. Harmless where numba-cuda is fixed."""
+    if not hasattr(np, "row_stack"):
+
+        def row_stack(tup: Any, *, dtype: Any = None, casting: Any = "same_kind") -> Any:
+            return np.vstack(tup, dtype=dtype, casting=casting)
+
+        np.__dict__["row_stack"] = row_stack  # the name numpy 2.5 removed
+
+
 def _build(kind: str) -> Any:
     """Compile (once) the kernels for a storage kind: 'bf16' (uint16 words),
     'f16' (float16, numba's own type), 'float', 'int', 'bool' or 'complex'."""
+    numpy_for_numba_cuda()
     # Kernels must see ``cuda`` as a module global: the simulator swaps it there.
     globals()["cuda"] = importlib.import_module("numba.cuda")
 

@@ -4,6 +4,11 @@ Without a GPU they run in numba's CUDA simulator on host-backed fake arrays;
 with PYCOLL_TEST_GPU=1 on a GPU machine, the same checks run the compiled
 kernels on cupy arrays."""
 
+import importlib.util
+import os
+import subprocess
+import sys
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -154,3 +159,54 @@ def test_integer_division_is_refused(on_device):
     up, _ = on_device
     with pytest.raises(ValueError, match="int32 is not a floating dtype"):
         kernels.divide(up(np.arange(4, dtype=np.int32)), 2, 1)
+
+
+NUMPY_2_5 = """
+import numpy as np
+if hasattr(np, "row_stack"):
+    del np.row_stack  # as numpy 2.5 has it
+{before}
+import numba.cuda.np.arrayobj  # numba-cuda's numpy support
+x = np.row_stack((np.ones(2), np.zeros(2)))
+assert x.shape == (2, 2) and x[0, 0] == 1 and x[1, 0] == 0
+print("loaded")
+"""
+
+
+def test_numba_cuda_loads_where_numpy_has_no_row_stack():
+    """numba-cuda 0.30.4 overloads numpy.row_stack, which numpy 2.5 removed:
+    without pycoll's alias its numpy support fails to import (on an H100 52 of
+    53 device-kernel tests failed so). Runs where numba-cuda is installed (with
+    cuda-bindings, cuda-core); it needs no GPU to import."""
+    if importlib.util.find_spec("numba_cuda") is None:
+        pytest.skip("numba-cuda is not installed (a GPU machine's image has it)")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    bare = subprocess.run(
+        [sys.executable, "-c", NUMPY_2_5.format(before="")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert "has no attribute 'row_stack'" in bare.stderr, bare.stderr  # the defect, reproduced
+    fixed = subprocess.run(
+        [sys.executable, "-c", NUMPY_2_5.format(before=ALIAS)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert fixed.stdout.strip() == "loaded", fixed.stderr
+
+
+ALIAS = "from pycoll.gpu.kernels import numpy_for_numba_cuda; numpy_for_numba_cuda()"
+
+
+def test_the_row_stack_alias_stacks_rows_and_leaves_vstack_alone(monkeypatch):
+    import numpy as np
+
+    from pycoll.gpu.kernels import numpy_for_numba_cuda
+
+    vstack = np.vstack
+    monkeypatch.delattr(np, "row_stack", raising=False)
+    numpy_for_numba_cuda()
+    out = np.row_stack((np.arange(3), np.arange(3) * 2), dtype=np.float32)
+    assert out.dtype == np.float32 and out.tolist() == [[0, 1, 2], [0, 2, 4]]
+    assert np.row_stack is not vstack and np.vstack is vstack
+    alias = np.row_stack
+    numpy_for_numba_cuda()  # where the name exists, it is left as it is
+    assert np.row_stack is alias
