@@ -59,14 +59,17 @@ class DistTimeoutError(DistError):
 
 
 class CollectiveMismatchError(DistError):
-    """Under ``PYCOLL_DEBUG=DETAIL``, the members of a group were about to run
-    different collectives (or the same one with different arguments).
+    """The members of a group ran, or were about to run, different collectives
+    (or the same one with different arguments), on every member.
 
-    Raised on every member before any data is exchanged.
+    Under ``PYCOLL_DEBUG=DETAIL`` it is raised before the call exchanges any
+    data. In the default mode the call check (pycoll.crosscheck) raises it a
+    bounded number of calls later, or at destroy_process_group, naming the
+    first call where the ranks differed; the group is then unusable.
 
     Attributes:
-        op: this rank's operation.
-        seq: the sequence number the operation would have had.
+        op: this rank's operation at that sequence number.
+        seq: the sequence number where the ranks first differ.
         calls: global rank -> what that rank called, e.g.
             ``"all_reduce(SUM, shape=(4,), float32) at seq 17"``.
     """

@@ -1,6 +1,7 @@
 """Work and Future."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -132,6 +133,30 @@ def test_wait_timeout_names_the_late_ranks_and_breaks_the_group(debug_off, rank,
     else:
         assert signal.recv(source=0, tag=77) == "go"
         assert pycoll.barrier(group, async_op=True).wait(timeout=60) is True
+
+
+def test_wait_with_timeout_zero_checks_and_gives_up_at_once(debug_off, rank, world_size):
+    """timeout=0 waits not at all: a barrier the others have not reached
+    raises DistTimeoutError at once (it does not return True unchecked)."""
+    if world_size == 1:
+        pytest.skip("needs a second rank to be late")
+    group = pycoll.new_group(group_desc="now")
+    signal = MPI.COMM_WORLD
+    if rank == 0:
+        try:
+            work = pycoll.barrier(group, async_op=True)
+            start = time.monotonic()
+            with pytest.raises(DistTimeoutError, match=r"\(timeout 0 s\) on rank 0: "):
+                work.wait(timeout=0)
+            assert time.monotonic() - start < 5
+            assert not work.is_completed() or work.exception() is not None
+        finally:
+            for r in range(1, world_size):
+                signal.send("go", dest=r, tag=79)
+    else:
+        assert signal.recv(source=0, tag=79) == "go"
+        work = pycoll.barrier(group, async_op=True)
+        assert work.wait(timeout=60) is True
 
 
 def test_sync_and_async_forms_match(rank, world_size):
