@@ -133,6 +133,15 @@ def _parser() -> argparse.ArgumentParser:
         "use_local_synchronization (even number of ranks)",
     )
     what.add_argument(
+        "--crosscheck",
+        type=int,
+        nargs="?",
+        const=15,
+        metavar="ROUNDS",
+        help="the default mode's call check on against off and raw mpi4py, at 8 B, "
+        "64 KiB and in a training-like step, timed in ROUNDS (15) interleaved rounds",
+    )
+    what.add_argument(
         "--targets",
         type=int,
         nargs="?",
@@ -197,6 +206,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             if rank == 0:
                 report["mpi"] = mpi_name
                 print(json.dumps(report, indent=1) if args.json else extras.targets_table(report))
+            return 1 if report["wrong"] else 0
+        if args.crosscheck:
+            report = extras.crosscheck_cost(
+                comm, args.crosscheck, 2000 if args.iters is None else args.iters
+            )
+            if rank == 0:
+                report["mpi"] = mpi_name
+                text = extras.crosscheck_table(report)
+                print(json.dumps(report, indent=1) if args.json else text)
             return 1 if report["wrong"] else 0
         if args.kernels or args.fusion or args.overlap or args.groups:
             if args.kernels:

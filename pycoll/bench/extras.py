@@ -14,7 +14,15 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["kernels", "fusion", "overlap", "group_creation", "targets", "pool_targets"]
+__all__ = [
+    "kernels",
+    "fusion",
+    "overlap",
+    "group_creation",
+    "targets",
+    "pool_targets",
+    "crosscheck_cost",
+]
 
 
 def _best(call: Callable[[], Any], repeats: int, comm: Any) -> float:
@@ -386,3 +394,152 @@ def pool_targets(reports: List[Dict[str, Any]]) -> Dict[str, Any]:
         all_met=all(row[name + " met"] for row in rows for name in first["targets"]),
         rows=rows,
     )
+
+
+def crosscheck_cost(comm: Any, rounds: int = 15, iters: int = 2000) -> Dict[str, Any]:
+    """What the default mode's call check (pycoll.crosscheck) costs, in a
+    training-like loop and at 8 B and 64 KiB.
+
+    Three variants of each workload, timed in interleaved rounds (order
+    rotated each round): pycoll on a group whose call check runs, pycoll on a
+    group whose check is switched off (its calls still store their keys: that
+    part is timed alone below), and raw mpi4py. The workloads: an 8-byte
+    all_reduce; a 64 KiB all_reduce; a training step of five collectives (async
+    all_reduces of 8 B, 4 KiB and 64 KiB waited together, then an 8-byte
+    broadcast and an 8-byte all_reduce). Each variant's result is checked on
+    every rank before it is timed. ``bookkeeping_ns`` is the per-call key store
+    and exchange-point test alone, timed on one process."""
+    from mpi4py import MPI
+
+    import pycoll
+
+    from .. import crosscheck
+    from ..collectives.reduce import _ALL_REDUCE
+    from ..crosscheck import COUNT
+    from .table import time_block
+
+    n = comm.Get_size()
+    on: Any = pycoll.new_group()
+    off: Any = pycoll.new_group()
+    crosscheck.switch_off(off)
+    sizes = {"8 B": 2, "4 KiB": 1024, "64 KiB": 16384}
+    SUM, FLOAT, IN_PLACE = MPI.SUM, MPI.FLOAT, MPI.IN_PLACE
+
+    def arrays() -> Dict[str, np.ndarray]:
+        return {k: np.zeros(v, np.float32) for k, v in sizes.items()}
+
+    held: Dict[str, Dict[str, np.ndarray]] = {}
+
+    def pycoll_calls(name: str, group: Any) -> Dict[str, Callable[[], Any]]:
+        a = held[name] = arrays()
+
+        def step() -> None:
+            works: List[Any] = [pycoll.all_reduce(a[k], group=group, async_op=True) for k in sizes]
+            for w in works:
+                w.wait()
+            pycoll.broadcast(a["8 B"], src=0, group=group)
+            pycoll.all_reduce(a["8 B"], group=group)
+
+        return {
+            "all_reduce 8 B": lambda: pycoll.all_reduce(a["8 B"], group=group),
+            "all_reduce 64 KiB": lambda: pycoll.all_reduce(a["64 KiB"], group=group),
+            "training step": step,
+        }
+
+    raw = comm.Dup()
+    r = held["mpi4py"] = arrays()
+
+    def raw_step() -> None:
+        reqs = [raw.Iallreduce(IN_PLACE, [r[k], FLOAT], SUM) for k in sizes]
+        MPI.Request.Waitall(reqs)
+        raw.Bcast([r["8 B"], FLOAT], 0)
+        raw.Allreduce(IN_PLACE, [r["8 B"], FLOAT], SUM)
+
+    variants = {
+        "check on": pycoll_calls("check on", on),
+        "check off": pycoll_calls("check off", off),
+        "mpi4py": {
+            "all_reduce 8 B": lambda: raw.Allreduce(IN_PLACE, [r["8 B"], FLOAT], SUM),
+            "all_reduce 64 KiB": lambda: raw.Allreduce(IN_PLACE, [r["64 KiB"], FLOAT], SUM),
+            "training step": raw_step,
+        },
+    }
+    workloads = ["all_reduce 8 B", "all_reduce 64 KiB", "training step"]
+    wrong = 0
+    for name, calls in variants.items():  # every variant's result, checked once
+        data = held[name]
+        for work in workloads:
+            for x in data.values():
+                x[:] = comm.Get_rank() + 1
+            calls[work]()
+            want = n * (n + 1) / 2
+            if work == "training step":  # 8 B: all-reduced, broadcast, all-reduced again
+                ok = (data["8 B"] == n * want).all() and (data["64 KiB"] == want).all()
+            else:
+                ok = (data[work.split(" ", 1)[1]] == want).all()
+            wrong += comm.allreduce(0 if ok else 1, op=MPI.SUM)
+            for x in data.values():
+                x[:] = 0  # sums of zeros stay finite while timed
+    names = list(variants)
+    seconds: Dict[Tuple[str, str], List[float]] = {(v, w): [] for v in names for w in workloads}
+    for rnd in range(rounds):
+        order = names[rnd % len(names) :] + names[: rnd % len(names)]
+        for work in workloads:
+            count = iters if work != "training step" else max(1, iters // 5)
+            for v in order:
+                mean = time_block(variants[v][work], count, 2, comm)
+                seconds[(v, work)].append(statistics.median(comm.allgather(mean)))
+    rows = []
+    for work in workloads:
+        row: Dict[str, Any] = {"workload": work}
+        for v in names:
+            row[f"{v} us"] = statistics.median(seconds[(v, work)]) * 1e6
+        on_s, off_s = seconds[("check on", work)], seconds[("check off", work)]
+        paired = [a / b - 1 for a, b in zip(on_s, off_s)]
+        _ratio(row, "check cost", paired, float("-inf"))
+        rows.append(row)
+    # The per-call part alone: the key, its store, the exchange-point test.
+    how_key, keys, mask, seq, size = 7 << 35, on._keys, on._mask, 5, 2
+    loops = 200_000
+    t0 = time.perf_counter()
+    for _ in range(loops):
+        key = how_key | _ALL_REDUCE | size & COUNT
+        slot = seq & mask
+        keys[slot] = key
+        if slot == mask:
+            pass
+    t1 = time.perf_counter()
+    for _ in range(loops):
+        pass
+    t2 = time.perf_counter()
+    bookkeeping = ((t1 - t0) - (t2 - t1)) / loops
+    raw.Free()
+    pycoll.destroy_process_group(on)
+    pycoll.destroy_process_group(off)
+    return dict(
+        ranks=n,
+        rounds=rounds,
+        iters=iters,
+        every=crosscheck.EVERY,
+        wrong=wrong,
+        bookkeeping_ns=bookkeeping * 1e9,
+        rows=rows,
+    )
+
+
+def crosscheck_table(report: Dict[str, Any]) -> str:
+    """:func:`crosscheck_cost`'s report as text."""
+    lines = [
+        f"{report['ranks']} ranks, {report['rounds']} rounds, check every {report['every']} "
+        f"calls; per-call key store alone: {report['bookkeeping_ns']:.0f} ns; "
+        f"wrong results: {report['wrong']}",
+        f"{'workload':<20} {'check on':>10} {'check off':>10} {'mpi4py':>10} "
+        f"{'check cost (q1..q3)':>24}",
+    ]
+    for row in report["rows"]:
+        lines.append(
+            f"{row['workload']:<20} {row['check on us']:>8.2f}us {row['check off us']:>8.2f}us "
+            f"{row['mpi4py us']:>8.2f}us {row['check cost'] * 100:>+8.1f}% "
+            f"({row['check cost q1'] * 100:+.1f}..{row['check cost q3'] * 100:+.1f}%)"
+        )
+    return "\n".join(lines)
