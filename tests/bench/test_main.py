@@ -83,6 +83,23 @@ def test_extra_measurements_as_json(uninitialized, capsys, monkeypatch, flag, ke
             assert all(r["pycoll_GBps"] > 0 and r["numpy_GBps"] > 0 for r in doc["rows"])
 
 
+def test_crosscheck_cost_as_json(uninitialized, capsys):
+    """--crosscheck: the three workloads, each variant timed and checked."""
+    code, doc = run_json(capsys, ["--crosscheck", "2", "-n", "20"])
+    assert code == 0
+    if doc is not None:
+        assert doc["wrong"] == 0 and doc["every"] == 64 and doc["bookkeeping_ns"] > 0
+        assert [r["workload"] for r in doc["rows"]] == [
+            "all_reduce 8 B",
+            "all_reduce 64 KiB",
+            "training step",
+        ]
+        for row in doc["rows"]:
+            assert row["check on us"] > 0 and row["check off us"] > 0 and row["mpi4py us"] > 0
+            assert len(row["check cost rounds"]) == 2
+            assert row["check cost q1"] <= row["check cost"] <= row["check cost q3"]
+
+
 def test_targets_as_json(uninitialized, capsys):
     """--targets: every case at every size, each ratio's median inside its
     own spread over rounds, and the verdict the same as the ratio's."""
