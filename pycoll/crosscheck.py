@@ -33,7 +33,7 @@ How:
   timeout) and at exit (within a few seconds), so a short program is checked
   too.
 
-``PYCOLL_CHECK_EVERY`` sets EVERY (a power of two, default 64; 0 turns the
+``PYCOLL_CHECK_EVERY`` sets EVERY (a power of two, default 128; 0 turns the
 check off). Its cost is in docs/benchmarks.md.
 """
 
@@ -55,7 +55,7 @@ from .errors import CollectiveMismatchError, DistBackendError
 __all__ = ["ENV_VAR", "key", "reduction_bits"]
 
 ENV_VAR = "PYCOLL_CHECK_EVERY"
-DEFAULT_EVERY = 64
+DEFAULT_EVERY = 128
 PENDING = 8  # exchanges a rank may have in flight before it waits for the oldest
 EXIT_WAIT = 5.0  # seconds the last exchange may take at exit
 IDUP_SPIN_S = 2e-3  # how long the first exchange waits for the side communicator
@@ -152,7 +152,7 @@ def describe(k: int, ranks: List[int]) -> str:
 
 
 def every_from_env() -> int:
-    """PYCOLL_CHECK_EVERY: 0 (off) or a power of two; default 64."""
+    """PYCOLL_CHECK_EVERY: 0 (off) or a power of two; default 128."""
     raw = os.environ.get(ENV_VAR, "").strip()
     if not raw:
         return DEFAULT_EVERY
@@ -175,59 +175,97 @@ def set_every(every: int) -> None:
     EVERY = every
 
 
-def new_ledger() -> array:
-    """A group's key slots (pycoll.groups.ProcessGroup._keys): EVERY of them,
-    or with the check off enough that the exchange point (a no-op then)
-    comes rarely."""
-    return array("q", bytes(8 * (EVERY or 1024)))
+def idle_ledger() -> array:
+    """A group's key slots with the check off: enough that the exchange point
+    (a no-op then) comes rarely."""
+    return array("q", bytes(8 * 1024))
+
+
+class _Slot:
+    """One exchange's buffers and request: this rank's row (seq, valid, then
+    the keys, which the calls store straight into it: ``keys`` is the group's
+    ledger while this slot is the one being filled), every rank's rows, and
+    the all-gather, made once as a persistent request (MPI_Allgather_init:
+    starting it again measured a few microseconds, a new MPI_Iallgather four
+    times that) and started at each use."""
+
+    __slots__ = ("mine", "keys", "everyone", "request", "persistent")
+
+    def __init__(self, every: int) -> None:
+        self.mine = np.zeros(every + 2, np.int64)
+        self.keys = self.mine[2:].data
+        self.everyone: Any = None  # every rank's rows, made on first use
+        self.request: Any = None
+        self.persistent = True
+
+    def start(self, comm: Any) -> None:
+        MPI = _mpi.MPI
+        if self.everyone is None:
+            self.everyone = np.zeros((comm.Get_size(), self.mine.size), np.int64)
+        send, recv = [self.mine, MPI.INT64_T], [self.everyone, MPI.INT64_T]
+        if self.request is None and self.persistent:
+            try:
+                self.request = comm.Allgather_init(send, recv)
+            except (NotImplementedError, MPI.Exception):
+                self.persistent = False  # an MPI before MPI-4: a new one each time
+        if self.persistent:
+            self.request.Start()
+        else:
+            self.request = comm.Iallgather(send, recv)
+
+    def agree(self) -> bool:
+        """Every rank's row is this rank's."""
+        return bool(self.everyone.tobytes() == self.mine.tobytes() * len(self.everyone))
 
 
 class Checker:
-    """One group's exchanges: those waiting for the side communicator, those
-    in flight, and the error once one has found a disagreement."""
+    """One group's exchanges: a pool of slots used in turn (PENDING + 1, so
+    the slot filled next was always compared already), those waiting for the
+    side communicator, those in flight, and the error once one has found a
+    disagreement. ``ledger()`` is the slot the group's calls store into."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.off = False  # MPI failed the check's traffic on this group
-        self.queued: List[np.ndarray] = []  # exchanges to start once the communicator is ready
-        self.pending: List[Tuple[np.ndarray, np.ndarray, Any]] = []
+        self.pool = [_Slot(EVERY) for _ in range(PENDING + 1)]
+        self.made = 0  # exchanges filled so far
+        self.comm: Any = None  # the group's side communicator, once ready
+        self.queued: List[_Slot] = []  # filled, to start once the communicator is ready
+        self.pending: List[_Slot] = []  # started, not compared yet
         self.error: Optional[CollectiveMismatchError] = None
 
-
-def _checker(pg: Any) -> Checker:
-    checker = pg._check
-    if checker is None:
-        checker = pg._check = Checker()
-    return checker
+    def ledger(self) -> memoryview:
+        return self.pool[self.made % len(self.pool)].keys
 
 
-def _snapshot(pg: Any, seq: int, valid: int) -> np.ndarray:
-    keys = np.frombuffer(pg._keys, np.int64)
-    out = np.empty(keys.size + 2, np.int64)
-    out[0], out[1] = seq, valid
-    out[2:] = keys
-    return out
+def _fill(pg: Any, checker: Checker, seq: int, valid: int) -> None:
+    """Queue the slot the calls have filled, as of ``seq``, and give the
+    group's calls the next one."""
+    slot = checker.pool[checker.made % len(checker.pool)]
+    mine = slot.mine
+    mine[0], mine[1] = seq, valid
+    checker.made += 1
+    checker.queued.append(slot)
+    pg._keys = checker.ledger()
 
 
 def exchange(pg: Any, op: str, seq: int) -> None:
     """At an exchange point (``seq % EVERY == EVERY - 1``, the caller having
     stored this call's key): start the exchange of the last EVERY keys, test
     the earlier ones, and raise if one found a disagreement."""
-    if not EVERY:
-        return
-    checker = _checker(pg)
-    if checker.off:
+    checker = pg._check
+    if checker is None or checker.off:
         return
     with checker.lock:
         try:
             _collect(pg, checker)
-            checker.queued.append(_snapshot(pg, seq, len(pg._keys)))
-            _start(pg, checker)
-            if len(checker.pending) + len(checker.queued) > PENDING:
+            if len(checker.pending) + len(checker.queued) >= PENDING:
                 from .watch import wait
 
-                while len(checker.pending) + len(checker.queued) > PENDING:
+                while len(checker.pending) + len(checker.queued) >= PENDING:
                     _wait_oldest(pg, checker, lambda request: wait(pg, op, seq, [request]))
+            _fill(pg, checker, seq, len(pg._keys))
+            _start(pg, checker)
         except _mpi.MPI.Exception as exc:
             raise _failed(checker, op, seq, exc) from None
 
@@ -265,24 +303,24 @@ def _failed(checker: Checker, op: str, seq: int, exc: Exception) -> DistBackendE
 def _start(pg: Any, checker: Checker) -> None:
     """Start the queued exchanges, in order, once the side communicator is ready.
 
-    The communicator is made (MPI_Comm_idup) at the first exchange point; the
-    other ranks are usually there within microseconds, so the first exchange
-    waits for it a little (IDUP_SPIN_S), but never longer: a rank ahead of
-    the others with async calls must not wait for them here."""
-    from .watch import side_comm
-
-    comm = side_comm(pg)
+    With the check on, a group makes its side communicator when it is made
+    (pycoll.groups), so it is ready; otherwise (MPI_Comm_idup under way) the
+    exchange waits for it a little (IDUP_SPIN_S), never longer: a rank ahead
+    of the others with async calls must not wait for them here."""
+    comm = checker.comm
     if comm is None:
+        from .watch import side_comm
+
+        comm = side_comm(pg)
         end = time.monotonic() + IDUP_SPIN_S
         while comm is None and time.monotonic() < end:
             comm = side_comm(pg)
         if comm is None:
             return
-    size = pg._size
-    for mine in checker.queued:
-        everyone = np.empty((size, mine.size), np.int64)
-        request = comm.Iallgather([mine, _mpi.MPI.INT64_T], [everyone, _mpi.MPI.INT64_T])
-        checker.pending.append((mine, everyone, request))
+        checker.comm = comm
+    for slot in checker.queued:
+        slot.start(comm)
+        checker.pending.append(slot)
     checker.queued.clear()
 
 
@@ -291,9 +329,8 @@ def _collect(pg: Any, checker: Checker) -> None:
     if checker.error is not None:
         raise checker.error
     pending = checker.pending
-    while pending and pending[0][2].Test():
-        _, everyone, _ = pending.pop(0)
-        _compare(pg, checker, everyone)
+    while pending and pending[0].request.Test():
+        _compare(pg, checker, pending.pop(0))
 
 
 def _wait_oldest(pg: Any, checker: Checker, wait: Callable[[Any], None]) -> None:
@@ -301,16 +338,16 @@ def _wait_oldest(pg: Any, checker: Checker, wait: Callable[[Any], None]) -> None
     while not checker.pending:  # the side communicator is still being made
         wait(pg._side[1])
         _start(pg, checker)
-    _, everyone, request = checker.pending[0]
-    wait(request)
+    slot = checker.pending[0]
+    wait(slot.request)
     checker.pending.pop(0)
-    _compare(pg, checker, everyone)
+    _compare(pg, checker, slot)
 
 
-def _compare(pg: Any, checker: Checker, everyone: np.ndarray) -> None:
-    if (everyone == everyone[0]).all():
+def _compare(pg: Any, checker: Checker, slot: _Slot) -> None:
+    if slot.agree():
         return
-    error = mismatch(pg, everyone)
+    error = mismatch(pg, slot.everyone)
     checker.error = error
     pg._broken = error
     from .groups import STATE
@@ -411,10 +448,8 @@ def final(pg: Any, deadline: float) -> Optional[CollectiveMismatchError]:
     broken = pg._broken
     if isinstance(broken, CollectiveMismatchError):
         return broken
-    if not EVERY or broken is not None:
-        return None
-    checker = _checker(pg)
-    if checker.off:
+    checker = pg._check
+    if checker is None or checker.off or broken is not None:
         return None
     seq = pg._seq
 
@@ -427,7 +462,9 @@ def final(pg: Any, deadline: float) -> Optional[CollectiveMismatchError]:
     with checker.lock:
         try:
             _collect(pg, checker)
-            checker.queued.append(_snapshot(pg, seq, seq % len(pg._keys) + 1))
+            while len(checker.pending) + len(checker.queued) >= PENDING:
+                _wait_oldest(pg, checker, wait)
+            _fill(pg, checker, seq, seq % len(pg._keys) + 1)
             _start(pg, checker)
             while checker.queued or checker.pending:
                 _wait_oldest(pg, checker, wait)
@@ -446,25 +483,35 @@ class _GaveUp(Exception):
 def _abandon(checker: Checker) -> None:
     """Keep the requests and buffers of unfinished exchanges alive for good."""
     held: List[Any] = []
-    for mine, everyone, request in checker.pending:
-        held += [mine, everyone, request]
+    for slot in checker.pending:
+        held += [slot.mine, slot.everyone, slot.request]
     progress.keep_alive(held)
     checker.pending.clear()
     checker.queued.clear()
+    checker.off = True
 
 
 def switch_off(pg: Any) -> None:
     """No more exchanges on ``pg`` (its calls still store their keys): for
     pycoll-bench's comparison of the check on and off in one run."""
-    _checker(pg).off = True
+    if pg._check is not None:
+        pg._check.off = True
 
 
 def free(pg: Any) -> None:
-    """Forget a destroyed group's exchanges (the side communicator is freed
-    with the group, pycoll.groups)."""
+    """Let go of a destroyed group's exchanges: unfinished ones are kept alive
+    for good, the persistent requests of the others freed (the side
+    communicator is freed with the group, pycoll.groups)."""
     checker = pg._check
-    if checker is not None and checker.pending:
+    if checker is None:
+        return
+    active = list(checker.pending)
+    if active:
         _abandon(checker)
+    for slot in checker.pool:
+        if slot.persistent and slot.request is not None and slot not in active:
+            slot.request.Free()
+            slot.request = None
 
 
 def at_exit() -> None:

@@ -122,10 +122,11 @@ class ProcessGroup:
         # disagreed), so the call check's first exchange finds it ready; with
         # the check off, made on first use.
         self._side: Any = comm.Dup() if crosscheck.EVERY else None
-        # The call check (pycoll.crosscheck): one key per call, in slot seq & _mask.
-        self._keys = crosscheck.new_ledger()
+        # The call check (pycoll.crosscheck): one key per call, in slot seq & _mask
+        # of the ledger (with the check on, the send buffer of its next exchange).
+        self._check: Any = crosscheck.Checker() if crosscheck.EVERY else None
+        self._keys: Any = self._check.ledger() if self._check else crosscheck.idle_ledger()
         self._mask = len(self._keys) - 1
-        self._check: Any = None
         # Works made of several steps (each started once the last is done), in
         # issue order, until they complete: see Work.wait.
         self._staged: List[Any] = []

@@ -88,7 +88,7 @@ def test_crosscheck_cost_as_json(uninitialized, capsys):
     code, doc = run_json(capsys, ["--crosscheck", "2", "-n", "20"])
     assert code == 0
     if doc is not None:
-        assert doc["wrong"] == 0 and doc["every"] == 64 and doc["bookkeeping_ns"] > 0
+        assert doc["wrong"] == 0 and doc["every"] == 128 and doc["bookkeeping_ns"] > 0
         assert [r["workload"] for r in doc["rows"]] == [
             "all_reduce 8 B",
             "all_reduce 64 KiB",
