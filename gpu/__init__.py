@@ -1,5 +1,8 @@
 """pycoll.gpu: CUDA arrays in pycoll's collectives.
 
+This folder (gpu/ at the top of the source tree) is installed as pycoll.gpu;
+import it by that name.
+
 Every collective takes CUDA arrays (cupy, torch CUDA tensors, anything with
 ``__cuda_array_interface__`` or CUDA ``__dlpack__``); :mod:`pycoll.gpu.collectives`
 sends them through NCCL, a CUDA-aware MPI, or pinned host memory. Public here:

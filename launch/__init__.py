@@ -1,5 +1,9 @@
 """pycoll-run: one front door for MPICH, Open MPI, Intel MPI and Slurm jobs.
 
+This folder (launch/ at the top of the source tree) is installed as
+pycoll.launch; import it by that name. It never imports mpi4py.MPI, and its
+rank side (rank.py, boot.py, wire.py) imports nothing of pycoll.
+
 It drives the MPI launcher that is installed (never replacing MPI's own
 process management), gives every rank torch-style variables (RANK,
 LOCAL_RANK, MASTER_ADDR...), tags output by rank, and ends the whole job

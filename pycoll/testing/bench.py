@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from ..launch.families import Job, choose
+from pycoll.launch.families import Job, choose
 
 
 def _time(cmd: List[str], cwd: Path, env: dict) -> float:

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..launch.cli import rank_program
-from ..launch.families import Family, Job, choose
-from ..launch.supervisor import Options, Supervisor
+from pycoll.launch.cli import rank_program
+from pycoll.launch.families import Family, Job, choose
+from pycoll.launch.supervisor import Options, Supervisor
 
 
 @dataclass

@@ -29,7 +29,8 @@ from typing import IO, Any, Dict, Generator, Iterator, List, Optional, Tuple
 
 import pytest
 
-from ..launch.supervisor import describe_exit
+from pycoll.launch.supervisor import describe_exit
+
 from . import job as job_mod
 from .merge import combine, labelled, prefixed
 
