@@ -202,3 +202,19 @@ def test_bad_options_are_refused(uninitialized, capsys, args, message):
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
     assert not pycoll.is_initialized()
+
+
+def test_pool_reads_targets_runs_and_prints_one_table(tmp_path, capsys):
+    """python -m pycoll.bench.pool: two runs' rounds pooled (no MPI needed)."""
+    from pycoll.bench import pool
+
+    files = []
+    for i, rounds in enumerate(({1024: [1.0, 0.5]}, {1024: [0.7, 0.85]})):
+        path = tmp_path / f"run{i}.json"
+        path.write_text(json.dumps(_report(2, rounds)))
+        files.append(str(path))
+    assert pool.main(files + ["--json"]) == 0
+    pooled = json.loads(capsys.readouterr().out)
+    assert pooled["rounds"] == 4 and pooled["wrong"] == 0
+    assert pool.main([]) == 2
+    assert "Pool several" in capsys.readouterr().err

@@ -10,8 +10,8 @@ Raw mpi4py's blocking and nonblocking calls are timed in the same blocks
 (the nonblocking one polled with ``Test``, yielding the core between tests
 only where ranks outnumber cores).
 
-    mpiexec -n 2 python scripts/watch_cost.py
-    PYCOLL_WAIT=blocking mpiexec -n 2 python scripts/watch_cost.py
+    mpiexec -n 2 python docs/measurements/watch_cost.py
+    PYCOLL_WAIT=blocking mpiexec -n 2 python docs/measurements/watch_cost.py
 
 Prints medians over BLOCKS (default 15) interleaved blocks of 20,000 calls,
 on rank 0.

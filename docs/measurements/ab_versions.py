@@ -4,9 +4,9 @@ Used to compare two versions on the same machine in one session (the figures
 in docs/benchmarks.md, "Cost of bounded waits"):
 
     git worktree add /tmp/old c5128cf
-    mpiexec -n 2 python scripts/ab_versions.py /tmp/old
-    mpiexec -n 2 python scripts/ab_versions.py .
-    PYCOLL_WAIT=blocking mpiexec -n 2 python scripts/ab_versions.py .
+    mpiexec -n 2 python docs/measurements/ab_versions.py /tmp/old
+    mpiexec -n 2 python docs/measurements/ab_versions.py .
+    PYCOLL_WAIT=blocking mpiexec -n 2 python docs/measurements/ab_versions.py .
 
 Prints the median over 5 blocks of 20,000 calls of each, on rank 0.
 """

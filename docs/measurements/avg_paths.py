@@ -14,8 +14,8 @@ every round); each round's figure is float32 SUM's time over the case's, and
 the median over rounds is printed, with each case's median time per call, on
 rank 0. A measurement for docs/benchmarks.md, not part of pycoll:
 
-    mpiexec -n 4 python scripts/avg_paths.py              # 7 rounds, 1 and 2 MiB
-    mpiexec -n 4 python scripts/avg_paths.py 9 256K,1M,2M
+    mpiexec -n 4 python docs/measurements/avg_paths.py              # 7 rounds, 1 and 2 MiB
+    mpiexec -n 4 python docs/measurements/avg_paths.py 9 256K,1M,2M
 """
 
 import sys
