@@ -41,7 +41,7 @@ import numpy as np
 
 from pycoll import arrays
 from pycoll.groups import STATE, resolve
-from pycoll.work import Future
+from pycoll.work import BaseWork, Future
 
 from . import nccl, runtime, staging
 from .aware import cuda_aware
@@ -365,7 +365,7 @@ def _finish_call(value: Any, slots: List[_Slot], after: Optional[Callable[[], No
     return value
 
 
-class DeviceWork:
+class DeviceWork(BaseWork):
     """The Work of a device collective: the host Work, then what finishes it on
     the device (copying staged results up, an AVG's division), run once by
     whichever of ``wait()``/``is_completed()`` first sees the host Work done.
@@ -416,14 +416,10 @@ class DeviceWork:
             self._settle()
         return self._done
 
-    def is_success(self) -> bool:
-        return self.is_completed() and self._exc is None
-
     def exception(self) -> Optional[BaseException]:
         return self._exc
 
-    def result(self) -> List[Any]:
-        self.wait()
+    def _value(self) -> List[Any]:
         return self._device_result()
 
     def _device_result(self) -> List[Any]:
@@ -434,19 +430,3 @@ class DeviceWork:
     def source_rank(self) -> int:
         self.wait()
         return self._work.source_rank()
-
-    def get_future(self) -> Future:
-        if self._future is None:
-            self._future = Future(self)  # type: ignore[arg-type]
-            if self._done:
-                self._settle_future()
-        return self._future
-
-    def _settle_future(self) -> None:
-        future = self._future
-        if future is None or future._event.is_set():
-            return
-        if self._exc is not None:
-            future.set_exception(self._exc)
-        else:
-            future.set_result(self._device_result())

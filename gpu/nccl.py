@@ -30,7 +30,9 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from pycoll.arrays import BFLOAT16, check_size
+from pycoll.work import BaseWork, Future, to_seconds
 
+from . import runtime
 from .device import DeviceArray
 
 __all__ = ["wanted", "run"]
@@ -56,7 +58,6 @@ _COLLECTIVES = (
     "all_gather_into_tensor",
     "reduce_scatter_tensor",
 )
-_NOT_READY = 600  # cudaErrorNotReady
 
 
 def wanted(name: str, pg: Any, args: Dict[str, Any], devs: List[DeviceArray]) -> bool:
@@ -111,8 +112,9 @@ def communicator(pg: Any) -> Any:
     return pg._nccl
 
 
-class NcclWork:
-    """The Work of an NCCL collective: done when the caller's stream has run it."""
+class NcclWork(BaseWork):
+    """The Work of an NCCL collective: done when the caller's stream has run it,
+    which ``event`` (recorded on that stream by pycoll.gpu.runtime) tells."""
 
     def __init__(self, pg: Any, op: str, seq: int, event: Any, result: List[Any]) -> None:
         self._pg = pg
@@ -122,46 +124,42 @@ class NcclWork:
         self._result = result
         self._exc: Optional[BaseException] = None
         self._done = False
+        self._future: Optional[Future] = None
+
+    def __repr__(self) -> str:
+        state = "completed" if self._done else "pending"
+        return f"NcclWork(op={self.op!r}, seq={self.seq}, {state})"
 
     def _poll(self) -> bool:
-        if not self._done:
-            import cupy
-
-            try:
-                status = cupy.cuda.runtime.eventQuery(self._event)
-            except cupy.cuda.runtime.CUDARuntimeError as exc:
-                if getattr(exc, "status", None) != _NOT_READY:
-                    raise
-                status = _NOT_READY
-            if status != _NOT_READY:
-                self._done = True
-                cupy.cuda.runtime.eventDestroy(self._event)
+        if not self._done and self._event.done():
+            self._done = True
+            self._settle_future()
         return self._done
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         from pycoll import watch
 
-        limit = self._pg._timeout_s if timeout is None else float(timeout)
+        limit = self._pg._timeout_s if timeout is None else to_seconds(timeout)
         start = time.monotonic()
         while not self._poll():
             elapsed = time.monotonic() - start
             if elapsed >= limit:
                 self._exc = watch.timed_out(self._pg, self.op, self.seq, elapsed, limit, [])
+                self._done = True
+                self._settle_future()
                 raise self._exc
             time.sleep(0 if elapsed < 0.01 else 0.001)
+        if self._exc is not None:
+            raise self._exc
         return True
 
     def is_completed(self) -> bool:
         return self._poll()
 
-    def is_success(self) -> bool:
-        return self._poll() and self._exc is None
-
     def exception(self) -> Optional[BaseException]:
         return self._exc
 
-    def result(self) -> List[Any]:
-        self.wait()
+    def _value(self) -> List[Any]:
         return self._result
 
 
@@ -174,7 +172,6 @@ def run(name: str, pg: Any, args: Dict[str, Any], devs: List[DeviceArray], strea
     from . import kernels
 
     _module()  # before anything is counted: every rank raises alike
-    import cupy
 
     nccl_op = 0
     op = args.get("op")
@@ -215,9 +212,7 @@ def run(name: str, pg: Any, args: Dict[str, Any], devs: List[DeviceArray], strea
         else:
             out, inp = devs
             comm.reduceScatter(inp.ptr, out.ptr, out.size, dtype, nccl_op, stream)
-        event = cupy.cuda.runtime.eventCreateWithFlags(2)  # no timing
-        cupy.cuda.runtime.eventRecord(event, stream)
-        work = NcclWork(pg, name, seq, event, [devs[0].obj])
+        work = NcclWork(pg, name, seq, runtime.get().record(stream), [devs[0].obj])
         if not args.get("async_op"):
             work.wait()
     return work if args.get("async_op") else None

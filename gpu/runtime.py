@@ -98,8 +98,13 @@ class Runtime:
 
 
 class _SimEvent:
+    """The simulator's event: the simulated stream has always run everything."""
+
     def synchronize(self) -> None:
         pass
+
+    def done(self) -> bool:
+        return True
 
 
 class SimRuntime(Runtime):
@@ -182,6 +187,9 @@ class CupyRuntime(Runtime):
         return np.frombuffer(memory, np.uint8, nbytes)  # keeps ``memory`` alive
 
 
+_NOT_READY = 600  # cudaErrorNotReady
+
+
 class _CudaEvent:
     """A CUDA event recorded on a stream (the runtime API's, no timing)."""
 
@@ -194,6 +202,15 @@ class _CudaEvent:
 
     def synchronize(self) -> None:
         self._rt.eventSynchronize(self._event)
+
+    def done(self) -> bool:
+        """Whether the stream has run everything before the event (never blocks)."""
+        try:
+            return self._rt.eventQuery(self._event) != _NOT_READY
+        except self._rt.CUDARuntimeError as exc:
+            if getattr(exc, "status", None) != _NOT_READY:
+                raise
+            return False
 
     def __del__(self) -> None:
         try:

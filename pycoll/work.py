@@ -20,7 +20,7 @@ from typing import Any, Callable, List, Optional
 from . import _mpi, debug, watch
 from .errors import DistBackendError
 
-__all__ = ["Work", "Future"]
+__all__ = ["BaseWork", "Work", "Future"]
 
 
 class Future:
@@ -31,7 +31,7 @@ class Future:
     the user calls :meth:`set_result` or :meth:`set_exception`.
     """
 
-    def __init__(self, _driver: Optional[Work] = None) -> None:
+    def __init__(self, _driver: Optional[BaseWork] = None) -> None:
         self._driver = _driver
         self._event = threading.Event()
         self._lock = threading.Lock()
@@ -115,8 +115,85 @@ class Future:
             cb(self)
 
 
-class Work:
-    """A collective or point-to-point operation started with ``async_op=True``.
+class BaseWork:
+    """The one Work protocol, which every kind of work implements: ``wait(timeout)``,
+    ``is_completed()``, ``is_success()``, ``exception()``, ``result()``,
+    ``get_future()`` and ``source_rank()``, as torch.distributed's Work.
+
+    A kind of work (MPI's, here; a device collective's, pycoll.gpu.collectives;
+    NCCL's, pycoll.gpu.nccl) implements ``wait``, ``is_completed``,
+    ``exception`` and ``_value`` (its outputs, once complete), and calls
+    ``_settle_future()`` once it has completed; the rest is shared here.
+
+    Attributes:
+        op: the operation's name, e.g. ``"all_reduce"``.
+        seq: its sequence number on the group (None for point-to-point).
+    """
+
+    __slots__ = ("op", "seq", "_future")
+
+    op: str
+    seq: Optional[int]
+    _future: Optional[Future]
+
+    def wait(self, timeout: Optional[float] = None) -> bool:  # pragma: no cover - abstract
+        """Block until the operation completes (at most ``timeout`` seconds, or
+        the group's timeout); return True, or raise its error."""
+        raise NotImplementedError
+
+    def is_completed(self) -> bool:  # pragma: no cover - abstract
+        """True once the operation has completed (successfully or not). Never blocks."""
+        raise NotImplementedError
+
+    def exception(self) -> Optional[BaseException]:  # pragma: no cover - abstract
+        """The error the operation failed with, or None."""
+        raise NotImplementedError
+
+    def _value(self) -> List[Any]:  # pragma: no cover - abstract
+        """The operation's outputs, once it has completed."""
+        raise NotImplementedError
+
+    def is_success(self) -> bool:
+        """True once completed without error."""
+        return self.is_completed() and self.exception() is None
+
+    def result(self) -> List[Any]:
+        """Wait for completion and return the operation's output arrays."""
+        self.wait()
+        return self._value()
+
+    def source_rank(self) -> int:
+        """For a completed receive from any source: the global rank it came from."""
+        self.wait()
+        raise RuntimeError(f"source_rank() applies to receives, not to {self.op}")
+
+    def get_future(self) -> Future:
+        """A Future that completes, with ``result()``, when this work does."""
+        future = self._future
+        if future is None:
+            future = self._future = Future(self)
+            if self.is_completed():
+                self._settle_future()
+        return future
+
+    def _settle_future(self) -> None:
+        """Complete the Future handed out, if any (once: a second call is a no-op)."""
+        future = self._future
+        if future is None or future._event.is_set():
+            return
+        exc = self.exception()
+        try:
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(self._value())
+        except RuntimeError:
+            pass  # another thread settled it first
+
+
+class Work(BaseWork):
+    """A collective or point-to-point operation started with ``async_op=True``
+    (one MPI request, or a staged chain of them).
 
     Attributes:
         op: the operation's name, e.g. ``"all_reduce"``.
@@ -124,14 +201,11 @@ class Work:
     """
 
     __slots__ = (
-        "op",
-        "seq",
         "_requests",
         "_finish",
         "_result",
         "_done",
         "_exc",
-        "_future",
         "_lock",
         "_pg",
         "_peer",
@@ -224,17 +298,11 @@ class Work:
                 self._lock.release()
         return self._done
 
-    def is_success(self) -> bool:
-        """True once completed without error."""
-        return self.is_completed() and self._exc is None
-
     def exception(self) -> Optional[BaseException]:
         """The error the operation failed with, or None."""
         return self._exc
 
-    def result(self) -> List[Any]:
-        """Wait for completion and return the operation's output arrays."""
-        self.wait()
+    def _value(self) -> List[Any]:
         return self._result
 
     def source_rank(self) -> int:
@@ -244,15 +312,6 @@ class Work:
             raise RuntimeError(f"source_rank() applies to receives, not to {self.op}")
         to_global, statuses = self._status
         return to_global(statuses[0].Get_source())
-
-    def get_future(self) -> Future:
-        """A Future that completes, with ``result()``, when this Work does."""
-        with self._lock:
-            if self._future is None:
-                self._future = Future(self)
-                if self._done:
-                    self._settle_future()
-        return self._future
 
     def _drive(self, block: bool, timeout: Optional[float] = None) -> None:
         """Wait for (block) or test the requests; finish up once they are done."""
@@ -299,15 +358,6 @@ class Work:
             )
         if self._future is not None:
             self._settle_future()
-
-    def _settle_future(self) -> None:
-        future = self._future
-        if future is None:
-            return
-        if self._exc is not None:
-            future.set_exception(self._exc)
-        else:
-            future.set_result(self._result)
 
 
 def to_seconds(timeout: Any) -> float:
