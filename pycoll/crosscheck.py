@@ -227,6 +227,7 @@ class Checker:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.off = False  # MPI failed the check's traffic on this group
+        self.abandoned = False  # an exchange was left unfinished (kept alive for good)
         self.pool = [_Slot(EVERY) for _ in range(PENDING + 1)]
         self.made = 0  # exchanges filled so far
         self.comm: Any = None  # the group's side communicator, once ready
@@ -464,7 +465,14 @@ def final(pg: Any, deadline: float) -> Optional[CollectiveMismatchError]:
             _collect(pg, checker)
             while len(checker.pending) + len(checker.queued) >= PENDING:
                 _wait_oldest(pg, checker, wait)
-            _fill(pg, checker, seq, seq % len(pg._keys) + 1)
+            # A one-off all-gather, not the pool's persistent one: the others may
+            # never come, and MPICH crashed in MPI_Finalize on a persistent
+            # collective left active.
+            last = _Slot(len(pg._keys))
+            last.persistent = False
+            last.mine[0], last.mine[1] = seq, seq % len(pg._keys) + 1
+            last.mine[2:] = np.asarray(pg._keys)
+            checker.queued.append(last)
             _start(pg, checker)
             while checker.queued or checker.pending:
                 _wait_oldest(pg, checker, wait)
@@ -486,6 +494,7 @@ def _abandon(checker: Checker) -> None:
     for slot in checker.pending:
         held += [slot.mine, slot.everyone, slot.request]
     progress.keep_alive(held)
+    checker.abandoned = checker.abandoned or bool(held)
     checker.pending.clear()
     checker.queued.clear()
     checker.off = True
@@ -498,13 +507,15 @@ def switch_off(pg: Any) -> None:
         pg._check.off = True
 
 
-def free(pg: Any) -> None:
+def free(pg: Any) -> bool:
     """Let go of a destroyed group's exchanges: unfinished ones are kept alive
-    for good, the persistent requests of the others freed (the side
-    communicator is freed with the group, pycoll.groups)."""
+    for good, the persistent requests of the others freed. Returns whether
+    the side communicator may be freed (pycoll.groups): not while an exchange
+    abandoned on it may still run (MPICH was seen to crash in MPI_Finalize
+    on a persistent all-gather left active on a freed communicator)."""
     checker = pg._check
     if checker is None:
-        return
+        return True
     active = list(checker.pending)
     if active:
         _abandon(checker)
@@ -512,6 +523,9 @@ def free(pg: Any) -> None:
         if slot.persistent and slot.request is not None and slot not in active:
             slot.request.Free()
             slot.request = None
+    if checker.abandoned:
+        progress.keep_alive([pg._side])
+    return not checker.abandoned
 
 
 def at_exit() -> None:

@@ -444,13 +444,13 @@ def _final_deadline(pg: ProcessGroup) -> float:
 
 def _free(pg: ProcessGroup) -> None:
     if not pg._destroyed:
-        crosscheck.free(pg)
+        side_free = crosscheck.free(pg)
         if pg._broken is None:  # a timed-out operation may still use the communicator
             pg.comm.Free()
             side = pg._side
             if isinstance(side, tuple):  # MPI_Comm_idup still under way
                 progress.keep_alive(list(side))
-            elif side is not None:
+            elif side is not None and side_free:
                 side.Free()
             if pg._nccl is not None:
                 pg._nccl.destroy()  # NCCL holds device memory per communicator
