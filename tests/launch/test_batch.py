@@ -221,14 +221,15 @@ pycoll.destroy_process_group()
 
 
 @slurm
-def test_the_readmes_batch_example_runs_as_written(tmp_path, world_size):
-    """The README's Slurm line, run as written (pycoll-run being this Python's),
-    then sbatch job.sh: train.py after -- is not executable, and runs."""
+def test_the_guides_batch_example_runs_as_written(tmp_path, world_size):
+    """The launcher guide's Slurm line (docs/guide/launcher.md), run as written
+    (pycoll-run being this Python's), then sbatch job.sh: train.py after -- is
+    not executable, and runs."""
     if world_size != 1:
         pytest.skip("submits its own jobs; runs in the single-rank pass")
     if "mpich" not in PYTHONS:
         pytest.skip("srun runs MPICH ranks here (Open MPI's wheel has no PMIx for srun)")
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "guide" / "launcher.md").read_text()
     line = next(
         x for x in readme.splitlines() if x.startswith("pycoll-run batch --scheduler slurm")
     )

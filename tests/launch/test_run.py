@@ -217,7 +217,7 @@ def test_a_signal_to_pycoll_run_ends_every_rank(family, signum, status):
 
 
 def test_command_form_with_python_ends_the_job_on_a_raise_as_the_script_form(family):
-    """``pycoll-run -n 3 python script.py``, as the README writes it, runs the
+    """``pycoll-run -n 3 python script.py``, as the launcher guide writes it, runs the
     script through the same exception hook as ``pycoll-run -n 3 script.py``."""
     proc, elapsed = pycoll_run(family, "-n", "3", PYTHONS[family], TARGET, "raise", "2")
     assert proc.returncode == 1, proc.stderr

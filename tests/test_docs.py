@@ -1,0 +1,58 @@
+"""The README's and the user guide's example programs run as written: every
+``python`` block that is a whole program (it calls init_process_group) runs as
+a 2-rank MPI job and must end with status 0; blocks that are fragments, or
+pytest files (the harness's own tests cover those), are left out."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs" / "guide").glob("*.md"))]
+_LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID", "OMPI_COMM_WORLD", "PRTE_JOB")
+
+
+def programs():
+    found = []
+    for page in PAGES:
+        for i, block in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), re.S)):
+            if "init_process_group()" in block and "pytest" not in block:
+                found.append(pytest.param(block, id=f"{page.name}:{i}"))
+    return found
+
+
+def test_the_pages_have_programs():
+    assert any("README.md" in p.id for p in programs())  # the README's example is found
+    assert len(programs()) >= 3
+
+
+@pytest.fixture
+def one_rank(world_size):
+    if world_size != 1:
+        pytest.skip("launches its own 2-rank jobs; runs in the single-rank pass")
+
+
+@pytest.mark.parametrize("source", programs())
+def test_example_program_runs_as_written(one_rank, source, tmp_path):
+    if "import cupy" in source and importlib.util.find_spec("cupy") is None:
+        pytest.skip("a GPU example: cupy is not installed")
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    if not mpiexec.exists():
+        pytest.skip(f"no mpiexec next to {sys.executable}")
+    script = tmp_path / "example.py"
+    script.write_text(source)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
+    version = subprocess.run([str(mpiexec), "--version"], capture_output=True, text=True)
+    flags = ["--oversubscribe"] if "Open MPI" in version.stdout else []
+    proc = subprocess.run(
+        [str(mpiexec), *flags, "-n", "2", sys.executable, str(script)],
+        capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
