@@ -290,8 +290,7 @@ def poll(pg: Any) -> None:
 def _failed(checker: Checker, op: str, seq: int, exc: Exception) -> DistBackendError:
     """MPI failed the check's own traffic: the check stops on this group (its
     exchanges can no longer pair up), and the caller raises this."""
-    _abandon(checker)
-    checker.off = True
+    _abandon(checker)  # which also turns the check off
     return DistBackendError(
         f"{op}: pycoll's call check (pycoll.crosscheck) could not exchange its keys over MPI: "
         f"{exc}. If MPI ran out of communicators, destroy the groups you no longer use "
