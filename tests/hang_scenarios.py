@@ -95,6 +95,10 @@ def main(scenario: str, then: str = "") -> None:
         y = np.ones(3 if rank == 1 else 4, np.float32)
         attempt(rank, lambda: pycoll.all_reduce(y))
     elif scenario == "uncaught":  # rank 2 skips seq 2; the others do not catch the timeout
+        if "STDERR_DIR" in os.environ:  # each rank's stderr apart: ranks print at once
+            sys.stderr.flush()
+            err = os.open(f"{os.environ['STDERR_DIR']}/{rank}", os.O_WRONLY | os.O_CREAT, 0o644)
+            os.dup2(err, 2)
         if rank != 2:
             pycoll.all_reduce(x)
         report(rank, error=None)
