@@ -1,8 +1,9 @@
 """Collectives on device arrays: staged through pinned host memory, or handed
 to a CUDA-aware MPI.
 
-Every public collective that takes arrays sends a call with CUDA arrays here
-(:func:`call`), with its arguments. The call then runs the host collective
+Every collective that takes arrays declares them once (pycoll.dispatch), and
+a call with CUDA arrays comes here (:func:`call`) with its arguments and that
+declaration. The call then runs the host collective
 itself, so argument checks, sequence numbers, DETAIL fingerprints, timeouts
 and Work handles are pycoll's usual ones, on one of two kinds of host array:
 
@@ -40,7 +41,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from pycoll import arrays
-from pycoll.groups import STATE, resolve
+from pycoll.dispatch import IN, OUT, Spec
+from pycoll.groups import STATE, get_rank, resolve
 from pycoll.work import BaseWork, Future
 
 from . import nccl, runtime, staging
@@ -48,48 +50,6 @@ from .aware import cuda_aware
 from .device import DeviceArray, adapt, host_alias, is_device
 
 __all__ = ["call", "stream_handle"]
-
-IN, OUT, INOUT = "in", "out", "inout"
-ONE, LIST, LISTS = "one", "list", "lists"
-
-# Each collective's array parameters: (name, role, form).
-SPECS: Dict[str, Tuple[Tuple[str, str, str], ...]] = {
-    "all_reduce": (("tensor", INOUT, ONE),),
-    "all_reduce_coalesced": (("tensors", INOUT, LIST),),
-    "reduce": (("tensor", INOUT, ONE),),
-    "broadcast": (("tensor", INOUT, ONE),),
-    "all_gather": (("tensor_list", OUT, LIST), ("tensor", IN, ONE)),
-    "all_gather_into_tensor": (("output_tensor", OUT, ONE), ("input_tensor", IN, ONE)),
-    "all_gather_coalesced": (
-        ("output_tensor_lists", OUT, LISTS),
-        ("input_tensor_list", IN, LIST),
-    ),
-    "gather": (("tensor", IN, ONE), ("gather_list", OUT, LIST)),
-    "scatter": (("tensor", OUT, ONE), ("scatter_list", IN, LIST)),
-    "reduce_scatter": (("output", OUT, ONE), ("input_list", IN, LIST)),
-    "reduce_scatter_tensor": (("output", OUT, ONE), ("input", IN, ONE)),
-    "all_to_all": (("output_tensor_list", OUT, LIST), ("input_tensor_list", IN, LIST)),
-    "all_to_all_single": (("output", OUT, ONE), ("input", IN, ONE)),
-    "send": (("tensor", IN, ONE),),
-    "isend": (("tensor", IN, ONE),),
-    "recv": (("tensor", OUT, ONE),),
-    "irecv": (("tensor", OUT, ONE),),
-}
-
-# Calls whose host code only hands their buffers to MPI (see the docstring).
-_AWARE = {
-    "all_reduce",
-    "reduce",
-    "reduce_scatter_tensor",
-    "broadcast",
-    "all_gather_into_tensor",
-    "all_to_all_single",
-    "send",
-    "isend",
-    "recv",
-    "irecv",
-}
-_REDUCTIONS = {"all_reduce", "reduce", "reduce_scatter_tensor"}
 
 
 def stream_handle(stream: Any) -> Optional[int]:
@@ -122,27 +82,16 @@ class _Slot:
         self.buf: Any = None  # the pinned pool buffer under it (staged)
 
 
-def _walk(name: str, args: Dict[str, Any]) -> Tuple[List[Tuple[Tuple[Any, ...], str, Any]], str]:
-    """Every array argument as (path, role, value), and a ValueError message if
-    numpy and CUDA arrays are mixed ('' when not)."""
-    found: List[Tuple[Tuple[Any, ...], str, Any]] = []
-    for param, role, form in SPECS[name]:
-        value = args.get(param)
-        if value is None:
-            continue
-        if form == ONE:
-            found.append(((param,), role, value))
-        elif form == LIST and isinstance(value, (list, tuple)):
-            found.extend(((param, i), role, x) for i, x in enumerate(value))
-        elif form == LISTS and isinstance(value, (list, tuple)):
-            for i, row in enumerate(value):
-                if isinstance(row, (list, tuple)):
-                    found.extend(((param, i, j), role, x) for j, x in enumerate(row))
+def _walk(spec: Spec, args: Dict[str, Any]) -> Tuple[List[Tuple[Tuple[Any, ...], str, Any]], str]:
+    """Every array argument as (path, role on this rank, value), and a
+    ValueError message if numpy and CUDA arrays are mixed ('' when not)."""
+    rank = get_rank() if any(a.root for a in spec.arrays) else -1
+    found = [(path, spec.role(a, args, rank), x) for path, a, x in spec.found(args)]
     device = [p for p, _, x in found if is_device(x)]
     host = [p for p, _, x in found if isinstance(x, np.ndarray)]
     if device and host:
         return found, (
-            f"{name}: all arrays of one call must be on one device kind, but "
+            f"{spec.name}: all arrays of one call must be on one device kind, but "
             f"{_label(device[0])} is a CUDA array and {_label(host[0])} is a "
             f"numpy.ndarray; move them to one device first (cupy.asarray / cupy.asnumpy)"
         )
@@ -164,35 +113,18 @@ def _put(args: Dict[str, Any], path: Tuple[Any, ...], value: Any) -> None:
     container[path[-1]] = value
 
 
-def _roles(name: str, args: Dict[str, Any], slots: List[_Slot]) -> None:
-    """Narrow INOUT where the call reads or writes on one rank only."""
-    from pycoll.groups import get_rank
-
-    if name == "broadcast":
-        sending = get_rank() == args["src"]
-        for s in slots:
-            s.role = IN if sending else OUT
-    elif name == "reduce" and get_rank() != args["dst"]:
-        for s in slots:
-            s.role = IN
-
-
-def call(name: str, func: Callable[..., Any], args: Dict[str, Any]) -> Any:
-    """Run collective ``name`` (host function ``func``) whose arguments
-    ``args`` hold CUDA arrays (see the module docstring)."""
+def call(spec: Spec, args: Dict[str, Any]) -> Any:
+    """Run a call of collective ``spec`` whose arguments ``args`` hold CUDA
+    arrays (see the module docstring)."""
+    name = spec.name
     args = dict(args)
     stream_arg = stream_handle(args.pop("stream", None))
-    found, mixed = _walk(name, args)
+    found, mixed = _walk(spec, args)
     if mixed:
         raise ValueError(mixed)
     rt = runtime.get()
     stream = stream_arg if stream_arg is not None else rt.current_stream()
-    slots = [
-        _Slot(path, role, adapt(x, name, _label(path), stream))
-        for path, role, x in found
-        if x is not None
-    ]
-    _roles(name, args, slots)
+    slots = [_Slot(path, role, adapt(x, name, _label(path), stream)) for path, role, x in found]
     for s in slots:
         if s.role != IN and s.dev.readonly:
             raise ValueError(
@@ -213,13 +145,13 @@ def call(name: str, func: Callable[..., Any], args: Dict[str, Any]) -> Any:
         if nccl.wanted(name, pg, args, devs):
             return nccl.run(name, pg, args, devs, stream)
     if cuda_aware().aware:
-        if _aware_ok(name, args, slots):
-            return _aware(name, func, args, slots, rt, stream)
+        if _aware_ok(spec, args, slots):
+            return _aware(spec, args, slots, rt, stream)
         if _ring_ok(name, args, slots):
             return _ring(args, slots[0].dev, rt, stream)
-    if name in ("all_reduce", "broadcast") and staging.chunked(slots[0].dev.nbytes):
+    if spec.chunked and staging.chunked(slots[0].dev.nbytes):
         return staging.pipelined(name, args, slots[0].dev, rt, stream)
-    return _staged(name, func, args, slots, rt, stream)
+    return _staged(spec, args, slots, rt, stream)
 
 
 def _overlap(slots: List[_Slot]) -> bool:
@@ -227,11 +159,12 @@ def _overlap(slots: List[_Slot]) -> bool:
     return any(a_end > b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
 
 
-def _aware_ok(name: str, args: Dict[str, Any], slots: List[_Slot]) -> bool:
-    if name not in _AWARE or _overlap(slots):
+def _aware_ok(spec: Spec, args: Dict[str, Any], slots: List[_Slot]) -> bool:
+    if not spec.aware or _overlap(slots):
         return False
-    if name not in _REDUCTIONS:
+    if not spec.reduction:
         return True
+    name = spec.name
     from pycoll.ops import ReduceOp, plan
 
     op = args.get("op", ReduceOp.SUM)
@@ -283,8 +216,7 @@ def _ring(args: Dict[str, Any], dev: DeviceArray, rt: runtime.Runtime, stream: i
 
 
 def _aware(
-    name: str,
-    func: Callable[..., Any],
+    spec: Spec,
     args: Dict[str, Any],
     slots: List[_Slot],
     rt: runtime.Runtime,
@@ -295,6 +227,7 @@ def _aware(
 
     from . import kernels
 
+    name = spec.name
     rt.synchronize(stream)
     for s in slots:
         s.host = host_alias(s.dev)
@@ -317,12 +250,11 @@ def _aware(
                 rt.synchronize(stream)
 
         args["op"] = ReduceOp.SUM
-    return _finish_call(func(**args), slots, after)
+    return _finish_call(spec.host(**args), slots, after)
 
 
 def _staged(
-    name: str,
-    func: Callable[..., Any],
+    spec: Spec,
     args: Dict[str, Any],
     slots: List[_Slot],
     rt: runtime.Runtime,
@@ -347,7 +279,7 @@ def _staged(
                 rt.give(s.buf)
 
     try:
-        value = func(**args)
+        value = spec.host(**args)
     except BaseException:
         for s in slots:
             rt.give(s.buf)

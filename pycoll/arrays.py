@@ -112,13 +112,6 @@ def on_device(*xs: Any) -> bool:
     return False
 
 
-def device_call(name: str, func: Any, args: Dict[str, Any]) -> Any:
-    """Run collective ``name`` on CUDA arrays (see pycoll.gpu.collectives)."""
-    from pycoll.gpu.collectives import call
-
-    return call(name, func, args)
-
-
 def check_input(func: str, name: str, x: Any) -> np.ndarray:
     """Check an array that is only read; return it C-contiguous.
 

@@ -46,7 +46,7 @@ SPIN_S = 0.05  # poll flat out this long, then pause between polls
 # need this core to finish, so the wait yields between tests from the start.
 SPIN_TESTS = 64
 OVERSUBSCRIBED_TESTS = 2
-_spins = range(OVERSUBSCRIBED_TESTS)
+spin_tests = range(OVERSUBSCRIBED_TESTS)
 PAUSE_S = 2e-4
 
 
@@ -166,8 +166,8 @@ def remove_excepthook() -> None:
 
 def set_spinning(own_core: bool) -> None:
     """Spin on a request before yielding only if this rank has a core of its own."""
-    global _spins
-    _spins = range(SPIN_TESTS if own_core else OVERSUBSCRIBED_TESTS)
+    global spin_tests
+    spin_tests = range(SPIN_TESTS if own_core else OVERSUBSCRIBED_TESTS)
 
 
 def backend_error(op: str, seq: Optional[int], exc: BaseException) -> DistBackendError:
@@ -277,9 +277,19 @@ def wait1(pg: ProcessGroup, op: str, seq: Optional[int], request: Any) -> None:
     """:func:`wait` for a single request: the hot path of every synchronous call."""
     test = request.Test
     try:
-        for _ in _spins:
+        for _ in spin_tests:
             if test():
                 return
+    except _mpi.MPI.Exception as exc:
+        raise backend_error(op, seq, exc) from None
+    wait1_yielding(pg, op, seq, request)
+
+
+def wait1_yielding(pg: ProcessGroup, op: str, seq: Optional[int], request: Any) -> None:
+    """:func:`wait1` once its first ``spin_tests`` tests have failed: yield the core
+    between tests, then :func:`wait`."""
+    test = request.Test
+    try:
         for _ in range(31):
             _yield()
             if test():
@@ -307,7 +317,7 @@ def wait(
     MPI = _mpi.MPI
     testall = MPI.Request.Testall
     try:
-        for _ in _spins:
+        for _ in spin_tests:
             if testall(requests, statuses):
                 return
         start = _now()

@@ -202,4 +202,4 @@ def test_waits_spin_only_where_each_rank_has_a_core(pg, world_size):
     cores = len(os.sched_getaffinity(0))
     expected = pycoll.watch.SPIN_TESTS if world_size <= cores else 2
     assert STATE.local_size == world_size
-    assert len(pycoll.watch._spins) == expected
+    assert len(pycoll.watch.spin_tests) == expected

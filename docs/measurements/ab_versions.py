@@ -1,14 +1,18 @@
-"""Time 8-byte pycoll.all_reduce against raw mpi4py for one checkout of pycoll.
+"""Time pycoll.all_reduce against raw mpi4py for one checkout of pycoll.
 
 Used to compare two versions on the same machine in one session (the figures
-in docs/benchmarks.md, "Cost of bounded waits"):
+in docs/benchmarks.md, "Cost of bounded waits" and "One door for devices"):
+run it for each checkout in turn, round after round, e.g.
 
     git worktree add /tmp/old c5128cf
-    mpiexec -n 2 python docs/measurements/ab_versions.py /tmp/old
-    mpiexec -n 2 python docs/measurements/ab_versions.py .
-    PYCOLL_WAIT=blocking mpiexec -n 2 python docs/measurements/ab_versions.py .
+    for round in 1 2 3; do
+        mpiexec -n 2 python docs/measurements/ab_versions.py /tmp/old 8 16777216
+        mpiexec -n 2 python docs/measurements/ab_versions.py . 8 16777216
+    done
 
-Prints the median over 5 blocks of 20,000 calls of each, on rank 0.
+Arguments: the checkout, then the message sizes in bytes (default 8).
+Prints, on rank 0, the median over 5 blocks of each size (20,000 calls a
+block at 8 bytes, fewer for larger messages), and checks every result.
 """
 
 import sys
@@ -23,11 +27,10 @@ import pycoll  # noqa: E402  (from the checkout named on the command line)
 
 pycoll.init_process_group()
 comm = MPI.COMM_WORLD.Dup()
-x = np.ones(2, np.float32)
 
 
-def bench(f, n=20000):
-    for _ in range(2000):
+def bench(f, n):
+    for _ in range(max(n // 10, 2)):
         f()
     comm.Barrier()
     t = time.perf_counter()
@@ -36,15 +39,23 @@ def bench(f, n=20000):
     return (time.perf_counter() - t) / n * 1e6
 
 
-def raw():
-    comm.Allreduce(MPI.IN_PLACE, [x, MPI.FLOAT], MPI.SUM)
+for nbytes in [int(a) for a in sys.argv[2:]] or [8]:
+    x = np.ones(nbytes // 4, np.float32)
+    calls = max(20000 * 8 // max(nbytes, 8), 20) if nbytes > 8 else 20000
 
+    def raw(x=x):
+        x[:] = 1
+        comm.Allreduce(MPI.IN_PLACE, [x, MPI.FLOAT], MPI.SUM)
 
-def pyc():
-    pycoll.all_reduce(x)
+    def pyc(x=x):
+        x[:] = 1
+        pycoll.all_reduce(x)
 
-
-r = np.median(np.array([(bench(raw), bench(pyc)) for _ in range(5)]), axis=0)
-if comm.rank == 0:
-    print(f"{pycoll.__file__}: raw {r[0]:.2f} us, pycoll {r[1]:.2f} us, ratio {r[1] / r[0]:.2f}")
+    r = np.median(np.array([(bench(raw, calls), bench(pyc, calls)) for _ in range(5)]), axis=0)
+    assert (x == comm.size).all(), "wrong all_reduce result"
+    if comm.rank == 0:
+        print(
+            f"{pycoll.__file__}: {nbytes} B: raw {r[0]:.2f} us, pycoll {r[1]:.2f} us, "
+            f"ratio {r[1] / r[0]:.2f}"
+        )
 pycoll.destroy_process_group()

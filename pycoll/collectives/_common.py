@@ -169,7 +169,16 @@ def plain(
         else:
             lock.release()
     if not blocks:
-        watch.wait1(pg, op, seq, request)
+        # watch.wait1's first tests, inlined: most small calls end in them.
+        test = request.Test
+        try:
+            for _ in watch.spin_tests:
+                if test():
+                    break
+            else:
+                watch.wait1_yielding(pg, op, seq, request)
+        except _mpi.MPI.Exception as exc:
+            raise watch.backend_error(op, seq, exc) from None
     if rec[word] == busy:
         rec[word] = busy - 1
 

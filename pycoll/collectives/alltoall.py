@@ -22,10 +22,9 @@ from ..arrays import (
     check_same_dtype,
     check_size,
     detach,
-    device_call,
     mpi_datatype,
-    on_device,
 )
+from ..dispatch import IN, LIST, OUT, Array, collective
 from ..groups import ProcessGroup, resolve
 from ..work import Work
 from ._common import DETAIL, run, sig
@@ -78,6 +77,7 @@ def _agree(pg: ProcessGroup, func: str, send_counts: List[int], recv_counts: Lis
         )
 
 
+@collective(Array("output_tensor_list", OUT, LIST), Array("input_tensor_list", IN, LIST))
 def all_to_all(
     output_tensor_list: List[np.ndarray],
     input_tensor_list: List[np.ndarray],
@@ -92,18 +92,6 @@ def all_to_all(
             rank i sent to this rank (sizes may differ from pair to pair).
         input_tensor_list: one array per rank; entry i goes to group rank i.
     """
-    if on_device(output_tensor_list, input_tensor_list):
-        return device_call(
-            "all_to_all",
-            all_to_all,
-            dict(
-                output_tensor_list=output_tensor_list,
-                input_tensor_list=input_tensor_list,
-                group=group,
-                async_op=async_op,
-                stream=stream,
-            ),
-        )
     func = "all_to_all"
     pg = resolve(group, func)
     if pg is None:
@@ -178,6 +166,7 @@ def _splits(
     return [int(s) for s in splits]
 
 
+@collective(Array("output", OUT), Array("input", IN), aware=True)
 def all_to_all_single(
     output: np.ndarray,
     input: np.ndarray,
@@ -202,22 +191,6 @@ def all_to_all_single(
         >>> # rank 1: input [10, 11],  input_split_sizes [1, 1], output_split_sizes [2, 1]
         >>> # after:  rank 0 output [0, 10]; rank 1 output [1, 2, 11]
     """
-    if (type(output) is not np.ndarray or type(input) is not np.ndarray) and on_device(
-        output, input
-    ):
-        return device_call(
-            "all_to_all_single",
-            all_to_all_single,
-            dict(
-                output=output,
-                input=input,
-                output_split_sizes=output_split_sizes,
-                input_split_sizes=input_split_sizes,
-                group=group,
-                async_op=async_op,
-                stream=stream,
-            ),
-        )
     func = "all_to_all_single"
     pg = resolve(group, func)
     if pg is None:

@@ -16,11 +16,10 @@ from ..arrays import (
     check_same_shape,
     check_size,
     detach,
-    device_call,
     is_slot,
     mpi_datatype,
-    on_device,
 )
+from ..dispatch import IN, LIST, LISTS, OUT, Array, collective
 from ..groups import STATE, ProcessGroup, resolve
 from ..work import Work
 from ._common import DETAIL, group_rank, plain, run, sig
@@ -48,6 +47,7 @@ def _check_outputs(
     return outs
 
 
+@collective(Array("tensor_list", OUT, LIST), Array("tensor", IN))
 def all_gather(
     tensor_list: List[np.ndarray],
     tensor: np.ndarray,
@@ -68,18 +68,6 @@ def all_gather(
         >>> pycoll.all_gather(out, np.full(2, rank))
         >>> out                      # both ranks: [array([0., 0.]), array([1., 1.])]
     """
-    if on_device(tensor_list, tensor):
-        return device_call(
-            "all_gather",
-            all_gather,
-            dict(
-                tensor_list=tensor_list,
-                tensor=tensor,
-                group=group,
-                async_op=async_op,
-                stream=stream,
-            ),
-        )
     func = "all_gather"
     pg = resolve(group, func)
     if pg is None:
@@ -105,6 +93,7 @@ def all_gather(
     )
 
 
+@collective(Array("output_tensor", OUT), Array("input_tensor", IN), aware=True)
 def all_gather_into_tensor(
     output_tensor: np.ndarray,
     input_tensor: np.ndarray,
@@ -149,9 +138,6 @@ def all_gather_into_tensor(
         comm = pg.comm
         plain(pg, func, key, comm.Iallgather, comm.Allgather, [inp, datatype], [out, datatype])
         return None
-    if on_device(out, inp):
-        args = dict(output_tensor=out, input_tensor=inp, group=group, async_op=async_op)
-        return device_call(func, all_gather_into_tensor, dict(args, stream=stream))
     output_tensor = check_output(func, "output_tensor", output_tensor)
     input_tensor = check_input(func, "input_tensor", input_tensor)
     check_same_dtype(func, [output_tensor, input_tensor])
@@ -185,6 +171,7 @@ def all_gather_into_tensor(
     )
 
 
+@collective(Array("output_tensor_lists", OUT, LISTS), Array("input_tensor_list", IN, LIST))
 def all_gather_coalesced(
     output_tensor_lists: List[List[np.ndarray]],
     input_tensor_list: List[np.ndarray],
@@ -200,18 +187,6 @@ def all_gather_coalesced(
             ``input_tensor_list[i]`` and must have its shape and dtype.
         input_tensor_list: this rank's arrays.
     """
-    if on_device(output_tensor_lists, input_tensor_list):
-        return device_call(
-            "all_gather_coalesced",
-            all_gather_coalesced,
-            dict(
-                output_tensor_lists=output_tensor_lists,
-                input_tensor_list=input_tensor_list,
-                group=group,
-                async_op=async_op,
-                stream=stream,
-            ),
-        )
     func = "all_gather_coalesced"
     pg = resolve(group, func)
     if pg is None:
@@ -266,6 +241,7 @@ def all_gather_coalesced(
     )
 
 
+@collective(Array("tensor", IN), Array("gather_list", OUT, LIST))
 def gather(
     tensor: np.ndarray,
     gather_list: Optional[List[np.ndarray]] = None,
@@ -282,19 +258,6 @@ def gather(
             shaped like ``tensor``; on every other rank, None.
         dst: global rank that receives.
     """
-    if on_device(tensor, gather_list):
-        return device_call(
-            "gather",
-            gather,
-            dict(
-                tensor=tensor,
-                gather_list=gather_list,
-                dst=dst,
-                group=group,
-                async_op=async_op,
-                stream=stream,
-            ),
-        )
     func = "gather"
     pg = resolve(group, func)
     if pg is None:

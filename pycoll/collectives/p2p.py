@@ -11,7 +11,8 @@ from typing import Any, Callable, List, Optional
 import numpy as np
 
 from .. import _mpi, watch
-from ..arrays import check_input, check_output, device_call, mpi_datatype, on_device
+from ..arrays import check_input, check_output, mpi_datatype
+from ..dispatch import IN, OUT, Array, collective
 from ..groups import ProcessGroup, resolve
 from ..work import Work
 from ._common import check_tag, group_rank
@@ -47,6 +48,7 @@ def _p2p(
     watch.wait(pg, op, None, [request], None, None if status is None else [status], peer)
 
 
+@collective(Array("tensor", IN), aware=True)
 def send(
     tensor: np.ndarray,
     dst: int,
@@ -55,10 +57,6 @@ def send(
     stream: Any = None,
 ) -> None:
     """Send ``tensor`` to global rank ``dst``; returns once the buffer may be reused."""
-    if type(tensor) is not np.ndarray and on_device(tensor):
-        return device_call(
-            "send", send, dict(tensor=tensor, dst=dst, group=group, tag=tag, stream=stream)
-        )
     pg = resolve(group, "send")
     if pg is None:
         return None
@@ -69,6 +67,7 @@ def send(
     return None
 
 
+@collective(Array("tensor", OUT), aware=True)
 def recv(
     tensor: np.ndarray,
     src: Optional[int] = None,
@@ -81,10 +80,6 @@ def recv(
     Returns:
         The global rank of the sender (-1 on a rank outside ``group``).
     """
-    if type(tensor) is not np.ndarray and on_device(tensor):
-        return device_call(
-            "recv", recv, dict(tensor=tensor, src=src, group=group, tag=tag, stream=stream)
-        )
     pg = resolve(group, "recv")
     if pg is None:
         return -1
@@ -98,6 +93,7 @@ def recv(
     return pg._ranks[status.Get_source()]
 
 
+@collective(Array("tensor", IN), aware=True)
 def isend(
     tensor: np.ndarray,
     dst: int,
@@ -106,10 +102,6 @@ def isend(
     stream: Any = None,
 ) -> Optional[Work]:
     """Start sending ``tensor`` to ``dst``; do not modify it until the Work completes."""
-    if type(tensor) is not np.ndarray and on_device(tensor):
-        return device_call(
-            "isend", isend, dict(tensor=tensor, dst=dst, group=group, tag=tag, stream=stream)
-        )
     pg = resolve(group, "isend")
     if pg is None:
         return None
@@ -118,6 +110,7 @@ def isend(
     return _start_send(pg, tensor, peer, check_tag(tag, "isend"))
 
 
+@collective(Array("tensor", OUT), aware=True)
 def irecv(
     tensor: np.ndarray,
     src: Optional[int] = None,
@@ -129,10 +122,6 @@ def irecv(
 
     The Work's ``source_rank()`` gives the sender's global rank once complete.
     """
-    if type(tensor) is not np.ndarray and on_device(tensor):
-        return device_call(
-            "irecv", irecv, dict(tensor=tensor, src=src, group=group, tag=tag, stream=stream)
-        )
     pg = resolve(group, "irecv")
     if pg is None:
         return None

@@ -20,10 +20,9 @@ from ..arrays import (
     check_same_shape,
     check_size,
     detach,
-    device_call,
-    on_device,
 )
 from ..crosscheck import COUNT, OP_BITS
+from ..dispatch import IN, INOUT, LIST, OUT, Array, collective
 from ..groups import STATE, ProcessGroup, resolve
 from ..ops import SPLIT_BYTES, SPLIT_BYTES_TWO_RANKS, Plan, ReduceOp, plan
 from ..work import Work
@@ -90,6 +89,7 @@ def _averager(out: np.ndarray, n: int) -> Callable[[], None]:
     return finish
 
 
+@collective(Array("tensor", INOUT), aware=True, chunked=True)
 def all_reduce(
     tensor: np.ndarray,
     op: ReduceOp = ReduceOp.SUM,
@@ -123,9 +123,6 @@ def all_reduce(
     # synchronous call, debug off) is checked inline and goes straight to
     # MPI: this is the call training loops make thousands of times a step.
     if type(tensor) is not np.ndarray or not ((f := tensor.flags).c_contiguous and f.writeable):
-        if on_device(tensor):
-            args = dict(tensor=tensor, op=op, group=group, async_op=async_op, stream=stream)
-            return device_call("all_reduce", all_reduce, args)
         tensor = check_output("all_reduce", "tensor", tensor)
     try:
         how = op._plans[tensor.dtype]
@@ -202,6 +199,7 @@ def _all_reduce_ring(
     )
 
 
+@collective(Array("tensors", INOUT, LIST))
 def all_reduce_coalesced(
     tensors: List[np.ndarray],
     op: ReduceOp = ReduceOp.SUM,
@@ -214,12 +212,6 @@ def all_reduce_coalesced(
     The arrays are packed into one buffer, reduced together and unpacked, so
     many small arrays cost about as much as one array of their total size.
     """
-    if on_device(tensors):
-        return device_call(
-            "all_reduce_coalesced",
-            all_reduce_coalesced,
-            dict(tensors=tensors, op=op, group=group, async_op=async_op, stream=stream),
-        )
     func = "all_reduce_coalesced"
     pg = resolve(group, func)
     if pg is None:
@@ -260,6 +252,7 @@ def all_reduce_coalesced(
     )
 
 
+@collective(Array("tensor", IN, root=("dst", INOUT)), aware=True)
 def reduce(
     tensor: np.ndarray,
     dst: int,
@@ -275,12 +268,6 @@ def reduce(
             be writeable there). Other ranks' arrays are left unchanged.
         dst: global rank that receives the result.
     """
-    if type(tensor) is not np.ndarray and on_device(tensor):
-        return device_call(
-            "reduce",
-            reduce,
-            dict(tensor=tensor, dst=dst, op=op, group=group, async_op=async_op, stream=stream),
-        )
     func = "reduce"
     pg = resolve(group, func)
     if pg is None:
@@ -343,6 +330,7 @@ def _reduce_scatter_block(
     )
 
 
+@collective(Array("output", OUT), Array("input_list", IN, LIST))
 def reduce_scatter(
     output: np.ndarray,
     input_list: List[np.ndarray],
@@ -357,19 +345,6 @@ def reduce_scatter(
         output: receives this rank's reduced slice.
         input_list: one array per rank of the group, each shaped like ``output``.
     """
-    if on_device(output, input_list):
-        return device_call(
-            "reduce_scatter",
-            reduce_scatter,
-            dict(
-                output=output,
-                input_list=input_list,
-                op=op,
-                group=group,
-                async_op=async_op,
-                stream=stream,
-            ),
-        )
     func = "reduce_scatter"
     pg = resolve(group, func)
     if pg is None:
@@ -391,6 +366,7 @@ def reduce_scatter(
     )
 
 
+@collective(Array("output", OUT), Array("input", IN), aware=True)
 def reduce_scatter_tensor(
     output: np.ndarray,
     input: np.ndarray,
@@ -407,14 +383,6 @@ def reduce_scatter_tensor(
         input: the array to reduce; rank i receives elements
             ``[i * output.size, (i + 1) * output.size)`` of the flattened sum.
     """
-    if (type(output) is not np.ndarray or type(input) is not np.ndarray) and on_device(
-        output, input
-    ):
-        return device_call(
-            "reduce_scatter_tensor",
-            reduce_scatter_tensor,
-            dict(output=output, input=input, op=op, group=group, async_op=async_op, stream=stream),
-        )
     func = "reduce_scatter_tensor"
     pg = resolve(group, func)
     if pg is None:

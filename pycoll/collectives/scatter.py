@@ -14,10 +14,9 @@ from ..arrays import (
     check_output,
     check_same_dtype,
     check_same_shape,
-    device_call,
     mpi_datatype,
-    on_device,
 )
+from ..dispatch import IN, LIST, OUT, Array, collective
 from ..groups import STATE, ProcessGroup, resolve
 from ..work import Work
 from ._common import DETAIL, group_rank, plain, run, sig
@@ -46,6 +45,7 @@ def _scatter_inputs(
     return inputs
 
 
+@collective(Array("tensor", OUT, root=("src", IN)), aware=True, chunked=True)
 def broadcast(
     tensor: np.ndarray,
     src: int,
@@ -81,9 +81,6 @@ def broadcast(
         key = crosscheck.key(func, tensor.dtype, tensor.size, root)
         plain(pg, func, key, pg.comm.Ibcast, pg.comm.Bcast, [tensor, datatype], root)
         return None
-    if type(tensor) is not np.ndarray and on_device(tensor):
-        args = dict(tensor=tensor, src=src, group=group, async_op=async_op, stream=stream)
-        return device_call(func, broadcast, args)
     if root == pg._rank:
         tensor = check_input(func, "tensor", tensor)
     else:
@@ -104,6 +101,7 @@ def broadcast(
     )
 
 
+@collective(Array("tensor", OUT), Array("scatter_list", IN, LIST))
 def scatter(
     tensor: np.ndarray,
     scatter_list: Optional[List[np.ndarray]] = None,
@@ -120,19 +118,6 @@ def scatter(
             like ``tensor``; on every other rank, None.
         src: global rank that sends.
     """
-    if on_device(tensor, scatter_list):
-        return device_call(
-            "scatter",
-            scatter,
-            dict(
-                tensor=tensor,
-                scatter_list=scatter_list,
-                src=src,
-                group=group,
-                async_op=async_op,
-                stream=stream,
-            ),
-        )
     func = "scatter"
     pg = resolve(group, func)
     if pg is None:

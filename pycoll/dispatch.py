@@ -1,0 +1,174 @@
+"""The one door for devices: each collective declares its arrays once.
+
+A collective is written for numpy arrays and declared with :func:`collective`,
+which names the role each array argument plays::
+
+    @collective(Array("tensor", INOUT), aware=True)
+    def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, stream=None):
+        ...  # numpy only: no branch on the device
+
+The decorator returns the public function. A call whose arrays are all
+numpy goes straight to the host body; any other call goes through
+:func:`route`, which sends CUDA arrays to the device layer
+(:func:`pycoll.gpu.collectives.call`: NCCL, CUDA-aware MPI, or staged
+through pinned memory), reading what it needs from the declaration
+(:class:`Spec`), and hands everything else to the host body, which raises the
+usual TypeError for what is no array at all. A new collective is one
+declaration here, and no table elsewhere repeats its parameters.
+
+Why the front is generated code rather than a ``*args, **kwargs`` wrapper:
+the 8-byte synchronous all_reduce, the call training loops make thousands of
+times a step, then pays one plain Python call and one type check, not
+argument binding (docs/benchmarks.md, "One door for devices").
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple, TypeVar
+
+import numpy as np
+
+from .arrays import on_device
+
+__all__ = ["IN", "OUT", "INOUT", "ONE", "LIST", "LISTS", "Array", "Spec", "collective", "route"]
+
+IN, OUT, INOUT = "in", "out", "inout"  # read, written, or both
+ONE, LIST, LISTS = "one", "list", "lists"  # an array, a list of them, a list of lists
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Array(NamedTuple):
+    """One array parameter of a collective.
+
+    ``root`` names the parameter (``"src"``/``"dst"``) of a rooted collective
+    and the role the array plays on that rank, where it differs from
+    ``role`` (a broadcast's tensor is read on src and written elsewhere).
+    """
+
+    name: str
+    role: str
+    form: str = ONE
+    root: Optional[Tuple[str, str]] = None
+
+
+class Spec:
+    """What the device layer knows of a collective, all read from its
+    declaration: its name, its host body, its arrays, and
+
+    - ``aware``: its host body only hands the buffers to MPI, so a CUDA-aware
+      MPI can be given device memory directly;
+    - ``chunked``: a large staged call is pipelined in chunks
+      (pycoll.gpu.staging);
+    - ``reduction``: it takes a ReduceOp (it has an ``op`` parameter).
+    """
+
+    __slots__ = ("name", "host", "arrays", "aware", "chunked", "reduction")
+
+    def __init__(
+        self,
+        host: Callable[..., Any],
+        arrays: Tuple[Array, ...],
+        aware: bool,
+        chunked: bool,
+    ) -> None:
+        params = inspect.signature(host).parameters
+        for a in arrays:
+            if a.name not in params:
+                raise TypeError(f"{host.__name__} has no parameter {a.name!r} to declare")
+        self.name: str = host.__name__
+        self.host = host
+        self.arrays = arrays
+        self.aware = aware
+        self.chunked = chunked
+        self.reduction = "op" in params
+
+    def __repr__(self) -> str:
+        return f"Spec({self.name}: {', '.join(f'{a.name} {a.role}' for a in self.arrays)})"
+
+    def found(self, args: Dict[str, Any]) -> Iterator[Tuple[Tuple[Any, ...], Array, Any]]:
+        """Every array of a call, as (path, declaration, value): the path is
+        the parameter name then the list indices, e.g. ``("tensor_list", 2)``."""
+        for a in self.arrays:
+            value = args.get(a.name)
+            if value is None:
+                continue
+            if a.form == ONE:
+                yield (a.name,), a, value
+            elif isinstance(value, (list, tuple)):
+                for i, x in enumerate(value):
+                    if a.form == LIST:
+                        yield (a.name, i), a, x
+                    elif isinstance(x, (list, tuple)):
+                        for j, y in enumerate(x):
+                            yield (a.name, i, j), a, y
+
+    def role(self, a: Array, args: Dict[str, Any], rank: int) -> str:
+        """The role array ``a`` plays in this call on global rank ``rank``."""
+        if a.root is not None and args.get(a.root[0]) == rank:
+            return a.root[1]
+        return a.role
+
+
+def collective(*arrays: Array, aware: bool = False, chunked: bool = False) -> Callable[[F], F]:
+    """Declare a collective's array parameters (see the module docstring);
+    the decorated function is its numpy body, the result its public front."""
+
+    def declare(host: F) -> F:
+        return _front(Spec(host, arrays, aware, chunked))  # type: ignore[return-value]
+
+    return declare
+
+
+def route(spec: Spec, args: Dict[str, Any]) -> Any:
+    """Run a call whose arrays are not all numpy: CUDA arrays go to the device
+    layer; anything else goes to the host body, which checks it."""
+    if on_device(*(args[a.name] for a in spec.arrays)):
+        from pycoll.gpu.collectives import call  # lazily: keeps `import pycoll` cheap
+
+        return call(spec, args)
+    return spec.host(**args)
+
+
+def _front(spec: Spec) -> Callable[..., Any]:
+    """The public function: the host body's signature, a type check of each
+    single-array parameter (and a device check of the list ones), then the
+    host body or :func:`route`."""
+    params = inspect.signature(spec.host).parameters
+    heads: List[str] = []
+    defaults: Dict[str, Any] = {}
+    for p in params.values():
+        if p.kind is not p.POSITIONAL_OR_KEYWORD:
+            raise TypeError(f"{spec.name}: collective() takes plain parameters, not {p}")
+        if p.default is p.empty:
+            heads.append(p.name)
+        else:
+            defaults[p.name] = p.default
+            heads.append(f"{p.name}=_defaults[{p.name!r}]")
+    checks = [f"type({a.name}) is _ndarray" for a in spec.arrays if a.form == ONE]
+    lists = [a.name for a in spec.arrays if a.form != ONE]
+    if lists:
+        checks.append(f"not _on_device({', '.join(lists)})")
+    names = ", ".join(params)
+    source = (
+        f"def {spec.name}({', '.join(heads)}):\n"
+        f"    if {' and '.join(checks)}:\n"
+        f"        return _host({names})\n"
+        f"    return _route(_spec, {{{', '.join(f'{n!r}: {n}' for n in params)}}})\n"
+    )
+    scope = {
+        "__name__": spec.host.__module__,  # its frames are pycoll's (launch.boot.user_frames)
+        "_defaults": defaults,
+        "_ndarray": np.ndarray,
+        "_on_device": on_device,
+        "_host": spec.host,
+        "_route": route,
+        "_spec": spec,
+    }
+    exec(compile(source, f"<pycoll.dispatch: {spec.name}>", "exec"), scope)
+    generated: Callable[..., Any] = scope[spec.name]  # type: ignore[assignment]
+    front = functools.update_wrapper(generated, spec.host)
+    front.spec = spec  # type: ignore[attr-defined]
+    return front
