@@ -143,7 +143,7 @@ def call(spec: Spec, args: Dict[str, Any]) -> Any:
             return None
         devs = [s.dev for s in slots]
         if nccl.wanted(name, pg, args, devs):
-            return nccl.run(name, pg, args, devs, stream)
+            return nccl.run(spec, pg, args, devs, stream)
     if cuda_aware().aware:
         if _aware_ok(spec, args, slots):
             return _aware(spec, args, slots, rt, stream)

@@ -25,11 +25,12 @@ CUDA array on such a group is a RuntimeError saying what to install.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from pycoll.arrays import BFLOAT16, check_size
+from pycoll.dispatch import Spec
 from pycoll.work import BaseWork, Future, to_seconds
 
 from . import runtime
@@ -51,18 +52,11 @@ _DTYPES = {
     BFLOAT16: 9,
 }
 _OPS = {"SUM": 0, "PRODUCT": 1, "MAX": 2, "MIN": 3, "AVG": 4}
-_COLLECTIVES = (
-    "all_reduce",
-    "broadcast",
-    "reduce",
-    "all_gather_into_tensor",
-    "reduce_scatter_tensor",
-)
 
 
 def wanted(name: str, pg: Any, args: Dict[str, Any], devs: List[DeviceArray]) -> bool:
     """Whether this call on ``pg`` goes through NCCL (see the module docstring)."""
-    if NCCL_BACKEND not in pg._backend or name not in _COLLECTIVES:
+    if NCCL_BACKEND not in pg._backend or name not in _CALLS:
         return False
     if any(d.dtype not in _DTYPES for d in devs) or len({d.dtype for d in devs}) != 1:
         return False
@@ -163,8 +157,54 @@ class NcclWork(BaseWork):
         return self._result
 
 
-def run(name: str, pg: Any, args: Dict[str, Any], devs: List[DeviceArray], stream: int) -> Any:
-    """Issue collective ``name`` through NCCL on ``stream``; wait unless async."""
+# What NCCL does for each collective it has: check the arrays as the host
+# collective would, and give the element count the call check records and
+# the call that issues it on a stream.
+Issue = Callable[[Any, int, int, Optional[int], int], None]  # (comm, dtype, op, root, stream)
+
+
+def _one(devs: List[DeviceArray], make: Callable[[DeviceArray], Issue]) -> Tuple[int, Issue]:
+    return devs[0].size, make(devs[0])
+
+
+def _all_reduce(pg: Any, devs: List[DeviceArray]) -> Tuple[int, Issue]:
+    return _one(devs, lambda d: lambda c, t, o, r, s: c.allReduce(d.ptr, d.ptr, d.size, t, o, s))
+
+
+def _broadcast(pg: Any, devs: List[DeviceArray]) -> Tuple[int, Issue]:
+    return _one(devs, lambda d: lambda c, t, o, r, s: c.bcast(d.ptr, d.size, t, r, s))
+
+
+def _reduce(pg: Any, devs: List[DeviceArray]) -> Tuple[int, Issue]:
+    return _one(devs, lambda d: lambda c, t, o, r, s: c.reduce(d.ptr, d.ptr, d.size, t, o, r, s))
+
+
+def _all_gather_into_tensor(pg: Any, devs: List[DeviceArray]) -> Tuple[int, Issue]:
+    out, inp = devs
+    why = "input_tensor.size x group size"
+    check_size("all_gather_into_tensor", "output_tensor", out, inp.size * pg.size(), why)  # type: ignore[arg-type]
+    return inp.size, lambda c, t, o, r, s: c.allGather(inp.ptr, out.ptr, inp.size, t, s)
+
+
+def _reduce_scatter_tensor(pg: Any, devs: List[DeviceArray]) -> Tuple[int, Issue]:
+    out, inp = devs
+    why = "output.size x group size"
+    check_size("reduce_scatter_tensor", "input", inp, out.size * pg.size(), why)  # type: ignore[arg-type]
+    return out.size, lambda c, t, o, r, s: c.reduceScatter(inp.ptr, out.ptr, out.size, t, o, s)
+
+
+_CALLS: Dict[str, Callable[[Any, List[DeviceArray]], Tuple[int, Issue]]] = {
+    "all_reduce": _all_reduce,
+    "broadcast": _broadcast,
+    "reduce": _reduce,
+    "all_gather_into_tensor": _all_gather_into_tensor,
+    "reduce_scatter_tensor": _reduce_scatter_tensor,
+}
+
+
+def run(spec: Spec, pg: Any, args: Dict[str, Any], devs: List[DeviceArray], stream: int) -> Any:
+    """Issue a call of collective ``spec`` through NCCL on ``stream``; wait
+    unless async."""
     from pycoll import crosscheck
     from pycoll.collectives._common import group_rank, sequenced
     from pycoll.ops import plan
@@ -172,7 +212,7 @@ def run(name: str, pg: Any, args: Dict[str, Any], devs: List[DeviceArray], strea
     from . import kernels
 
     _module()  # before anything is counted: every rank raises alike
-
+    name = spec.name
     nccl_op = 0
     op = args.get("op")
     dev = devs[0]
@@ -180,38 +220,20 @@ def run(name: str, pg: Any, args: Dict[str, Any], devs: List[DeviceArray], strea
         plan(op, dev.dtype, name)  # the host path's checks and messages
         nccl_op = 0 if op.name == "PREMUL_SUM" else _OPS[op.name]
     root = None
-    if name in ("broadcast", "reduce"):
-        key = "src" if name == "broadcast" else "dst"
-        root = group_rank(pg, args[key], key, name)
+    for a in spec.arrays:
+        if a.root is not None:  # a rooted collective: its src or dst
+            root = group_rank(pg, args[a.root[0]], a.root[0], name)
+    count, issue = _CALLS[name](pg, devs)
     dtype = _DTYPES[dev.dtype]
     shape = f"shape={dev.shape}, {dev.dtype}"
     opname = f"{op.name}, " if op is not None else ""
     call = f"{name}({opname}{shape})"
-    if name == "all_gather_into_tensor":  # the host collectives' checks, on device arrays
-        out, inp = devs
-        why = "input_tensor.size x group size"
-        check_size(name, "output_tensor", out, inp.size * pg.size(), why)  # type: ignore[arg-type]
-    elif name == "reduce_scatter_tensor":
-        out, inp = devs
-        check_size(name, "input", inp, out.size * pg.size(), "output.size x group size")  # type: ignore[arg-type]
-    count = devs[1].size if name == "all_gather_into_tensor" else dev.size
     check_key = crosscheck.key(name, dev.dtype, count, root or 0, op and op.name)
     with sequenced(pg, name, call, check_key) as seq:
         comm = communicator(pg)
         if op is not None and op.name == "PREMUL_SUM":
             kernels.scale(dev, op._scale, stream)
-        if name == "all_reduce":
-            comm.allReduce(dev.ptr, dev.ptr, dev.size, dtype, nccl_op, stream)
-        elif name == "broadcast":
-            comm.bcast(dev.ptr, dev.size, dtype, root, stream)
-        elif name == "reduce":
-            comm.reduce(dev.ptr, dev.ptr, dev.size, dtype, nccl_op, root, stream)
-        elif name == "all_gather_into_tensor":
-            out, inp = devs
-            comm.allGather(inp.ptr, out.ptr, inp.size, dtype, stream)
-        else:
-            out, inp = devs
-            comm.reduceScatter(inp.ptr, out.ptr, out.size, dtype, nccl_op, stream)
+        issue(comm, dtype, nccl_op, root, stream)
         work = NcclWork(pg, name, seq, runtime.get().record(stream), [devs[0].obj])
         if not args.get("async_op"):
             work.wait()

@@ -79,3 +79,54 @@ def _retype(capsule, code: int) -> None:
 def cuda_like(host: np.ndarray, kind: str = "cai", **kw):
     """``host`` as a fake CUDA array of ``kind`` 'cai' or 'dlpack'."""
     return FakeCAI(host, **kw) if kind == "cai" else FakeDLPack(host)
+
+
+class MpiNccl:
+    """cupy's NcclCommunicator, played by MPI on the simulator's device
+    memory (host memory): lets pycoll.gpu.nccl issue real collectives with no
+    GPU. It records each call's name, so a test can see NCCL was used."""
+
+    # NCCL's dtype and op codes (pycoll.gpu.nccl) as numpy dtypes and numpy ufuncs
+    DTYPES = {2: np.int32, 4: np.int64, 7: np.float32, 8: np.float64}
+    OPS = {0: np.add, 1: np.multiply, 2: np.maximum, 3: np.minimum}
+
+    def __init__(self, comm) -> None:
+        self.comm = comm
+        self.calls: List[str] = []
+
+    def _at(self, ptr: int, count: int, dtype: int) -> np.ndarray:
+        dt = np.dtype(self.DTYPES[dtype])
+        raw = (ctypes.c_byte * (count * dt.itemsize)).from_address(ptr)
+        return np.frombuffer(raw, dt, count)
+
+    def _reduce(self, send: np.ndarray, op: int) -> np.ndarray:
+        everyone = self.comm.allgather(send.copy())
+        if op == 4:  # AVG
+            return (np.add.reduce(everyone) / len(everyone)).astype(send.dtype)
+        return self.OPS[op].reduce(everyone).astype(send.dtype)
+
+    def allReduce(self, sptr, rptr, count, dtype, op, stream):  # noqa: N802 (cupy's names)
+        self.calls.append("allReduce")
+        self._at(rptr, count, dtype)[:] = self._reduce(self._at(sptr, count, dtype), op)
+
+    def reduce(self, sptr, rptr, count, dtype, op, root, stream):
+        self.calls.append("reduce")
+        result = self._reduce(self._at(sptr, count, dtype), op)
+        if self.comm.rank == root:
+            self._at(rptr, count, dtype)[:] = result
+
+    def bcast(self, ptr, count, dtype, root, stream):
+        self.calls.append("bcast")
+        buf = self._at(ptr, count, dtype)
+        buf[:] = self.comm.bcast(buf.copy(), root=root)
+
+    def allGather(self, sptr, rptr, count, dtype, stream):  # noqa: N802
+        self.calls.append("allGather")
+        parts = self.comm.allgather(self._at(sptr, count, dtype).copy())
+        self._at(rptr, count * self.comm.size, dtype)[:] = np.concatenate(parts)
+
+    def reduceScatter(self, sptr, rptr, count, dtype, op, stream):  # noqa: N802
+        self.calls.append("reduceScatter")
+        full = self._reduce(self._at(sptr, count * self.comm.size, dtype), op)
+        r = self.comm.rank
+        self._at(rptr, count, dtype)[:] = full[r * count : (r + 1) * count]

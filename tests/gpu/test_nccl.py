@@ -3,11 +3,11 @@ and (on a GPU with cupy's NCCL) the collectives NCCL runs."""
 
 import numpy as np
 import pytest
-from fakes import FakeCAI
+from fakes import FakeCAI, MpiNccl
 
 import pycoll
 from pycoll import ReduceOp
-from support import assert_equal, data, reduce_all
+from support import PREMUL_SCALE, assert_equal, data, reduce_all
 
 CONFIG = "cpu:mpi,cuda:nccl"
 F32 = np.dtype(np.float32)
@@ -91,3 +91,72 @@ def test_nccl_collectives_on_a_gpu(gpu, nccl_world, op, rank, world_size):
     out = gpu.zeros(6 * world_size, gpu.float32)
     pycoll.all_gather_into_tensor(out, gpu.asarray(data(rank, F32)))
     assert_equal(gpu.asnumpy(out), np.concatenate([data(r, F32) for r in range(world_size)]))
+
+
+@pytest.fixture
+def mpi_nccl(nccl_world, sim, monkeypatch):
+    """pycoll.gpu.nccl with cupy's NCCL played by MPI (fakes.MpiNccl)."""
+    from pycoll.gpu import nccl
+
+    comm = MpiNccl(nccl_world.comm.Dup())
+    monkeypatch.setattr(nccl, "_module", lambda: None)
+    monkeypatch.setattr(nccl, "communicator", lambda pg: comm)
+    yield comm
+    comm.comm.Free()
+
+
+I32 = np.dtype(np.int32)
+
+
+@pytest.mark.parametrize("dtype", [F32, I32], ids=str)
+@pytest.mark.parametrize("op", ["SUM", "MAX", "AVG", "PREMUL_SUM"])
+def test_each_nccl_collective_issues_nccl_with_the_host_results(
+    mpi_nccl, dtype, op, rank, world_size
+):
+    """Every collective NCCL has goes to NCCL on such a group, with the
+    counts and roots the host collective would use, and is counted once."""
+    if dtype == I32 and op in ("AVG", "PREMUL_SUM"):
+        op = "MIN"  # NCCL's integer reductions; AVG of integers is refused as on the host
+    rop = pycoll.make_premul_sum(PREMUL_SCALE) if op == "PREMUL_SUM" else getattr(ReduceOp, op)
+    every = [data(r, dtype) for r in range(world_size)]
+    root = world_size - 1
+    pg = pycoll.group.WORLD
+    seq = pg._seq
+
+    x = data(rank, dtype)
+    pycoll.all_reduce(FakeCAI(x), op=rop)
+    assert_equal(x, reduce_all(op, every, world_size))
+
+    y = data(rank, dtype)
+    pycoll.reduce(FakeCAI(y), dst=root, op=rop)
+    assert_equal(y, reduce_all(op, every, world_size) if rank == root else data(rank, dtype))
+
+    z = data(rank, dtype)
+    work = pycoll.broadcast(FakeCAI(z), src=root, async_op=True)
+    assert work.wait() and work.is_success()
+    assert_equal(z, data(root, dtype))
+
+    out = np.zeros(6 * world_size, dtype)
+    pycoll.all_gather_into_tensor(FakeCAI(out), FakeCAI(data(rank, dtype)))
+    assert_equal(out, np.concatenate(every))
+
+    part = np.zeros(2, dtype)
+    big = [data(r, dtype, (2 * world_size,)) for r in range(world_size)]
+    pycoll.reduce_scatter_tensor(FakeCAI(part), FakeCAI(big[rank]), op=rop)
+    full = reduce_all(op, big, world_size)
+    assert_equal(part, full[2 * rank : 2 * rank + 2])
+
+    assert pg._seq == seq + 5
+    if op == "PREMUL_SUM":  # NCCL scales then sums in all_reduce only; MPI takes the others
+        assert mpi_nccl.calls == ["allReduce", "bcast", "allGather"]
+    else:
+        assert mpi_nccl.calls == ["allReduce", "reduce", "bcast", "allGather", "reduceScatter"]
+
+
+def test_nccl_refuses_a_bad_size_before_counting(mpi_nccl, rank, world_size):
+    seq = pycoll.group.WORLD._seq
+    with pytest.raises(ValueError, match="output_tensor"):
+        pycoll.all_gather_into_tensor(
+            FakeCAI(np.zeros(5 * world_size + 1, F32)), FakeCAI(data(rank, F32, (5,)))
+        )
+    assert pycoll.group.WORLD._seq == seq and mpi_nccl.calls == []
