@@ -1,13 +1,13 @@
 """One Work protocol (pycoll.work.BaseWork), one suite over every kind of work:
 MPI's on host arrays, a device collective's staged through pinned memory and
-under CUDA-aware MPI (pycoll.gpu's simulator runtime), and NCCL's (its Work
-over a simulated stream's event)."""
+under CUDA-aware MPI (pycoll.gpu's simulator runtime), and NCCL's (on a
+group whose backend is NCCL, with cupy's NCCL played by MPI: fakes.MpiNccl)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakes import FakeCAI
+from fakes import FakeCAI, MpiNccl
 
 import pycoll
 from pycoll.gpu import aware, nccl
@@ -22,9 +22,16 @@ def start(kind, rank, world_size, monkeypatch, sim):
     x = np.full(3, rank + 1.0, np.float32)
     if kind == "host":
         return pycoll.all_reduce(x, async_op=True), x
-    if kind == "nccl":  # the NCCL call itself needs a GPU: its Work, over a simulated event
-        x[:] = world_size * (world_size + 1) / 2  # as NCCL would have left it
-        return nccl.NcclWork(pycoll.group.WORLD, "all_reduce", 0, sim.record(0), [x]), x
+    if kind == "nccl":
+        group = pycoll.new_group(list(range(world_size)), backend="cpu:mpi,cuda:nccl")
+        fake = MpiNccl(pycoll.group.WORLD.comm.Dup())
+        monkeypatch.setattr(nccl, "_module", lambda: None)
+        monkeypatch.setattr(nccl, "communicator", lambda pg: fake)
+        dev = FakeCAI(x)
+        work = pycoll.all_reduce(dev, group=group, async_op=True)
+        assert isinstance(work, nccl.NcclWork) and fake.calls == ["allReduce"]
+        fake.comm.Free()
+        return work, dev
     monkeypatch.setenv("PYCOLL_CUDA_AWARE", "1" if kind == "aware" else "0")
     aware.reset()
     dev = FakeCAI(x)
@@ -50,7 +57,7 @@ def test_every_kind_of_work_keeps_the_protocol(kinded, rank, world_size):
     total = world_size * (world_size + 1) / 2
     result = work.result()
     assert len(result) == 1 and result[0] is out  # the caller's own array, device or host
-    host = out.host if kind in ("staged", "aware") else out
+    host = out if kind == "host" else out.host
     np.testing.assert_array_equal(host, np.full(3, total, np.float32))
     assert future.wait()[0] is out and future.done()
     assert work.get_future() is future
