@@ -43,9 +43,10 @@ import numpy as np
 from pycoll import arrays
 from pycoll.dispatch import IN, OUT, Spec
 from pycoll.groups import STATE, get_rank, resolve
-from pycoll.work import BaseWork, Future
+from pycoll.ops import ReduceOp, plan
+from pycoll.work import BaseWork, Future, Work
 
-from . import nccl, runtime, staging
+from . import kernels, nccl, ring, runtime, staging
 from .aware import cuda_aware
 from .device import DeviceArray, adapt, host_alias, is_device
 
@@ -165,7 +166,6 @@ def _aware_ok(spec: Spec, args: Dict[str, Any], slots: List[_Slot]) -> bool:
     if not spec.reduction:
         return True
     name = spec.name
-    from pycoll.ops import ReduceOp, plan
 
     op = args.get("op", ReduceOp.SUM)
     dtype = slots[0].dev.dtype
@@ -187,7 +187,6 @@ def _ring_ok(name: str, args: Dict[str, Any], slots: List[_Slot]) -> bool:
     memory (a pycoll user op): pycoll's device ring (pycoll.gpu.ring)."""
     if name != "all_reduce" or args.get("async_op") or len(slots) != 1:
         return False
-    from pycoll.ops import ReduceOp
 
     op = args.get("op", ReduceOp.SUM)
     dev = slots[0].dev
@@ -199,9 +198,6 @@ def _ring_ok(name: str, args: Dict[str, Any], slots: List[_Slot]) -> bool:
 
 
 def _ring(args: Dict[str, Any], dev: DeviceArray, rt: runtime.Runtime, stream: int) -> None:
-    from pycoll.ops import ReduceOp, plan
-
-    from . import ring
 
     pg = resolve(args.get("group"), "all_reduce")
     if pg is None:
@@ -222,10 +218,6 @@ def _aware(
     rt: runtime.Runtime,
     stream: int,
 ) -> Any:
-    from pycoll.groups import resolve
-    from pycoll.ops import ReduceOp
-
-    from . import kernels
 
     name = spec.name
     rt.synchronize(stream)
@@ -288,7 +280,6 @@ def _staged(
 
 
 def _finish_call(value: Any, slots: List[_Slot], after: Optional[Callable[[], None]]) -> Any:
-    from pycoll.work import Work
 
     if isinstance(value, Work):
         return DeviceWork(value, after, slots)

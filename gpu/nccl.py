@@ -29,11 +29,14 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from pycoll import crosscheck, watch
 from pycoll.arrays import BFLOAT16, check_size
+from pycoll.collectives._common import group_rank, sequenced
 from pycoll.dispatch import Spec
+from pycoll.ops import plan
 from pycoll.work import BaseWork, Future, to_seconds
 
-from . import runtime
+from . import kernels, runtime
 from .device import DeviceArray
 
 __all__ = ["wanted", "run"]
@@ -131,7 +134,6 @@ class NcclWork(BaseWork):
         return self._done
 
     def wait(self, timeout: Optional[float] = None) -> bool:
-        from pycoll import watch
 
         limit = self._pg._timeout_s if timeout is None else to_seconds(timeout)
         start = time.monotonic()
@@ -205,11 +207,6 @@ _CALLS: Dict[str, Callable[[Any, List[DeviceArray]], Tuple[int, Issue]]] = {
 def run(spec: Spec, pg: Any, args: Dict[str, Any], devs: List[DeviceArray], stream: int) -> Any:
     """Issue a call of collective ``spec`` through NCCL on ``stream``; wait
     unless async."""
-    from pycoll import crosscheck
-    from pycoll.collectives._common import group_rank, sequenced
-    from pycoll.ops import plan
-
-    from . import kernels
 
     _module()  # before anything is counted: every rank raises alike
     name = spec.name

@@ -18,6 +18,12 @@ from typing import Any, Callable, Dict, List
 
 import numpy as np
 
+from pycoll import _mpi, crosscheck, kernels
+from pycoll.arrays import mpi_datatype
+from pycoll.collectives._common import group_rank, run
+from pycoll.groups import resolve
+from pycoll.ops import ReduceOp, plan
+
 from . import runtime
 from .device import DeviceArray
 
@@ -50,11 +56,6 @@ def pipelined(
     name: str, args: Dict[str, Any], dev: DeviceArray, rt: runtime.Runtime, stream: int
 ) -> Any:
     """all_reduce or broadcast of one device array, in chunks (module docstring)."""
-    from pycoll import _mpi, crosscheck, kernels
-    from pycoll.arrays import mpi_datatype
-    from pycoll.collectives._common import group_rank, run
-    from pycoll.groups import resolve
-    from pycoll.ops import ReduceOp, plan
 
     pg = resolve(args.get("group"), name)
     if pg is None:

@@ -16,6 +16,9 @@ from typing import Callable, Dict, List
 
 import numpy as np
 
+from . import _mpi
+from .errors import CollectiveMismatchError
+
 __all__ = ["DebugLevel", "get_debug_level", "set_debug_level", "set_debug_level_from_env"]
 
 ENV_VAR = "PYCOLL_DEBUG"
@@ -67,8 +70,6 @@ class _RankFormatter(logging.Formatter):
     """``[rank N] pycoll INFO: message``, with the rank in MPI's world."""
 
     def format(self, record: logging.LogRecord) -> str:
-        from . import _mpi
-
         MPI = _mpi.MPI
         rank = MPI.COMM_WORLD.Get_rank() if MPI is not None and MPI.Is_initialized() else "?"
         return f"[rank {rank}] pycoll {record.levelname}: {record.getMessage()}"
@@ -110,8 +111,6 @@ def check_fingerprint(
     all-gather over the group, made by ``exchange(mine, everyone)``) always
     matches across ranks, whatever collective each of them was about to run.
     """
-    from .errors import CollectiveMismatchError
-
     text = f"{call} at seq {seq}".encode()[:FINGERPRINT_BYTES]
     mine = np.zeros(FINGERPRINT_BYTES, np.uint8)
     mine[: len(text)] = np.frombuffer(text, np.uint8)
