@@ -42,7 +42,7 @@ import numpy as np
 
 from pycoll import arrays
 from pycoll.dispatch import IN, OUT, Spec
-from pycoll.groups import STATE, get_rank, resolve
+from pycoll.groups import STATE, ProcessGroup, get_rank, resolve
 from pycoll.ops import ReduceOp, plan
 from pycoll.work import BaseWork, Future, Work
 
@@ -138,7 +138,7 @@ def call(spec: Spec, args: Dict[str, Any]) -> Any:
         rt.synchronize(p)
     group = args.get("group")
     hint = group if group is not None else STATE.default
-    if hint is not None and nccl.NCCL_BACKEND in getattr(hint, "_backend", ""):
+    if isinstance(hint, ProcessGroup) and nccl.NCCL_BACKEND in hint.name():
         pg = resolve(group, name)
         if pg is None:
             return None

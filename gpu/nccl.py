@@ -59,7 +59,7 @@ _OPS = {"SUM": 0, "PRODUCT": 1, "MAX": 2, "MIN": 3, "AVG": 4}
 
 def wanted(name: str, pg: Any, args: Dict[str, Any], devs: List[DeviceArray]) -> bool:
     """Whether this call on ``pg`` goes through NCCL (see the module docstring)."""
-    if NCCL_BACKEND not in pg._backend or name not in _CALLS:
+    if NCCL_BACKEND not in pg.name() or name not in _CALLS:
         return False
     if any(d.dtype not in _DTYPES for d in devs) or len({d.dtype for d in devs}) != 1:
         return False
@@ -88,15 +88,17 @@ def _module() -> Any:
 
 
 def communicator(pg: Any) -> Any:
-    """The group's NCCL communicator, made on first use (collective)."""
-    if pg._nccl is None:
+    """The group's NCCL communicator, made on first use (collective) and kept
+    with the group (``pg.attach``) until it is destroyed."""
+    comm = pg.attached("nccl")
+    if comm is None:
         nccl = _module()
         import cupy
 
         # NCCL refuses two ranks on one GPU with a bare "invalid usage"; say
         # which ranks share one, on every rank, before NCCL is asked.
         buses = pg.comm.allgather(cupy.cuda.Device().pci_bus_id)
-        shared = [pg._ranks[i] for i, bus in enumerate(buses) if buses.count(bus) > 1]
+        shared = [pg.ranks[i] for i, bus in enumerate(buses) if buses.count(bus) > 1]
         if shared:
             raise RuntimeError(
                 f"NCCL needs one GPU per rank, but ranks {shared} of group "
@@ -105,8 +107,13 @@ def communicator(pg: Any) -> Any:
             )
         uid = nccl.get_unique_id() if pg.rank() == 0 else None
         uid = pg.comm.bcast(uid, root=0)
-        pg._nccl = nccl.NcclCommunicator(pg.size(), uid, pg.rank())
-    return pg._nccl
+        # NCCL holds device memory per communicator: destroyed with the group
+        comm = pg.attach("nccl", nccl.NcclCommunicator(pg.size(), uid, pg.rank()), _destroy)
+    return comm
+
+
+def _destroy(comm: Any) -> None:
+    comm.destroy()
 
 
 class NcclWork(BaseWork):
@@ -135,7 +142,7 @@ class NcclWork(BaseWork):
 
     def wait(self, timeout: Optional[float] = None) -> bool:
 
-        limit = self._pg._timeout_s if timeout is None else to_seconds(timeout)
+        limit = self._pg.timeout.total_seconds() if timeout is None else to_seconds(timeout)
         start = time.monotonic()
         while not self._poll():
             elapsed = time.monotonic() - start

@@ -77,7 +77,7 @@ def pipelined(
         src = args["src"]
         root = group_rank(pg, src, "src", name)
         datatype = mpi_datatype(dev.dtype)
-        reading = root == pg._rank
+        reading = root == pg.rank()
         writing = not reading
         call = f"broadcast(src={src}, {shape})"
         key = crosscheck.key(name, dev.dtype, n, root)
@@ -87,7 +87,7 @@ def pipelined(
     down: List[Any] = [None] * nchunks  # event: chunk i is in its slot
     up: List[Any] = [None] * nchunks  # event: chunk i is back in device memory
     out = rt.side_stream()
-    size = pg._size
+    size = pg.size()
 
     def slot(i: int) -> np.ndarray:
         a, b = bounds[i]

@@ -156,7 +156,7 @@ class FusedAllReduce:
             )
         from .kernels import pack, threads
 
-        how, n = self._plan, pg._size
+        how, n = self._plan, pg.size()
         buf, nbytes, views = self.buffer, self.buffer.nbytes, self._views
         table = (self._addresses, self._sizes, self._offsets)
         if not views:

@@ -13,7 +13,7 @@ import threading
 import time
 import warnings
 from datetime import timedelta
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _mpi, crosscheck, debug, progress
 from .progress import Board, uid_of
@@ -91,7 +91,7 @@ class ProcessGroup:
         "_rec",
         "_word",
         "_timeout_s",
-        "_nccl",
+        "_attached",
         "_side",
         "_keys",
         "_mask",
@@ -100,20 +100,28 @@ class ProcessGroup:
     )
 
     def __init__(
-        self, comm: Any, ranks: List[int], group_name: str, timeout: timedelta, group_desc: str = ""
+        self,
+        comm: Any,
+        ranks: List[int],
+        group_name: str,
+        timeout: timedelta,
+        group_desc: str = "",
+        backend: str = BACKEND,
     ):
         self.comm = comm
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
         self._ranks = list(ranks)
         self._group_rank_of = {g: i for i, g in enumerate(self._ranks)}
-        self._backend = BACKEND
+        self._backend = backend
         self.group_name = group_name
         self.group_desc = group_desc or group_name
         self.timeout = timeout
         self._timeout_s = timeout.total_seconds()
         self._seq = 0
-        self._nccl: Any = None  # the NCCL communicator, made on first use (pycoll.gpu.nccl)
+        # What other layers keep per group (pycoll.gpu.nccl: the NCCL communicator),
+        # with what frees it: see attach().
+        self._attached: Dict[str, Tuple[Any, Optional[Callable[[Any], None]]]] = {}
         # A duplicate communicator for pycoll's own traffic (the ring's messages,
         # the call check's exchanges); (communicator, request) while
         # MPI_Comm_idup is under way: see pycoll.watch.side_comm. Made here,
@@ -169,6 +177,22 @@ class ProcessGroup:
         return self._seq
 
     _get_sequence_number_for_group = sequence_number
+
+    def attach(self, key: str, value: Any, free: Optional[Callable[[Any], None]] = None) -> Any:
+        """Keep ``value`` with the group under ``key`` for a layer built on it
+        (pycoll.gpu.nccl keeps the group's NCCL communicator under "nccl"), so the
+        layer needs no table of groups of its own; ``free(value)`` runs when the
+        group is destroyed in good order (not after a timeout, when MPI or NCCL
+        may still be using it). Returns ``value``."""
+        if key in self._attached:
+            raise RuntimeError(f"group {self.group_desc!r} already has {key!r} attached")
+        self._attached[key] = (value, free)
+        return value
+
+    def attached(self, key: str) -> Any:
+        """What :meth:`attach` kept under ``key``; None if nothing."""
+        entry = self._attached.get(key)
+        return None if entry is None else entry[0]
 
     @property
     def ranks(self) -> List[int]:
@@ -384,8 +408,7 @@ def init_process_group(
     node.Free()
     watch.set_spinning(STATE.local_size <= cores())
     STATE.board = Board(own, timeout.total_seconds())
-    pg = ProcessGroup(own, list(range(size)), group_name or "default_pg", timeout)
-    pg._backend = backend_name
+    pg = ProcessGroup(own, list(range(size)), group_name or "default_pg", timeout, "", backend_name)
     STATE.default = pg
     STATE.groups = {pg.group_name: pg}
     GroupMember.WORLD = pg
@@ -452,8 +475,10 @@ def _free(pg: ProcessGroup) -> None:
                 progress.keep_alive(list(side))
             elif side is not None and side_free:
                 side.Free()
-            if pg._nccl is not None:
-                pg._nccl.destroy()  # NCCL holds device memory per communicator
+            for value, free in pg._attached.values():
+                if free is not None:
+                    free(value)
+        pg._attached.clear()
         pg._destroyed = True
         pg._rec = None
 

@@ -117,11 +117,10 @@ def _register(
     comm.Set_name(f"pycoll:{name}")
     try:
         with _new_communicator(func):  # the group's side communicator
-            pg = ProcessGroup(comm, ranks, name, timeout, desc or name)
+            pg = ProcessGroup(comm, ranks, name, timeout, desc or name, backend)
     except Exception:
         comm.Free()
         raise
-    pg._backend = backend
     STATE.groups[name] = pg
     return pg
 

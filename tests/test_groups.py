@@ -332,3 +332,29 @@ def test_the_exception_hook_lives_as_long_as_the_default_group(uninitialized, mo
     assert sys.excepthook is not before and sys.excepthook.previous is before
     pycoll.destroy_process_group()
     assert sys.excepthook is before
+
+
+def test_a_layer_keeps_its_state_with_the_group_until_it_is_destroyed(pg, world_size):
+    """ProcessGroup.attach: what a layer keeps per group (pycoll.gpu.nccl's
+    communicator) is found on the group and freed with it."""
+    freed = []
+    sub = pycoll.new_group(list(range(world_size)))
+    assert sub.attached("layer") is None
+    state = object()
+    assert sub.attach("layer", state, freed.append) is state
+    assert sub.attached("layer") is state and pg.attached("layer") is None
+    with pytest.raises(RuntimeError, match="already has 'layer' attached"):
+        sub.attach("layer", object())
+    assert freed == []
+    pycoll.destroy_process_group(sub)
+    assert freed == [state] and sub.attached("layer") is None
+
+
+def test_the_backend_is_the_groups_from_its_making(uninitialized):
+    pycoll.init_process_group(backend="cpu:mpi,cuda:nccl")
+    try:
+        assert pycoll.group.WORLD.name() == "cpu:mpi,cuda:nccl"
+        sub = pycoll.new_group(list(range(pycoll.get_world_size())), backend="mpi")
+        assert sub.name() == "mpi" and pycoll.get_backend(sub) == "mpi"
+    finally:
+        pycoll.destroy_process_group()
