@@ -44,7 +44,6 @@ if _TYPE_CHECKING:  # the names, for type checkers; at run time they load on fir
     from .groups import (
         GroupMember,
         ProcessGroup,
-        destroy_process_group,
         get_backend,
         get_global_rank,
         get_group_rank,
@@ -53,13 +52,13 @@ if _TYPE_CHECKING:  # the names, for type checkers; at run time they load on fir
         get_rank,
         get_world_size,
         group,
-        init_process_group,
         is_initialized,
         is_mpi_available,
     )
     from .ops import ReduceOp, make_premul_sum
     from .subgroups import new_group, new_subgroups, new_subgroups_by_enumeration, split_group
     from .work import Future, Work
+    from .world import destroy_process_group, init_process_group
 
 __version__ = "0.1.0"
 
@@ -171,7 +170,7 @@ _EXPORTS = {
     "DistTimeoutError": "errors",
     "GroupMember": "groups",
     "ProcessGroup": "groups",
-    "destroy_process_group": "groups",
+    "destroy_process_group": "world",
     "get_backend": "groups",
     "get_global_rank": "groups",
     "get_group_rank": "groups",
@@ -180,7 +179,7 @@ _EXPORTS = {
     "get_rank": "groups",
     "get_world_size": "groups",
     "group": "groups",
-    "init_process_group": "groups",
+    "init_process_group": "world",
     "is_initialized": "groups",
     "is_mpi_available": "groups",
     "ReduceOp": "ops",

@@ -15,7 +15,7 @@ How:
   ``seq % EVERY``: a list store on the fast path.
 - At every sequence number ``seq % EVERY == EVERY - 1`` each rank starts a
   nonblocking all-gather of its last EVERY keys over the group's side
-  communicator (pycoll.watch.side_comm) and goes on. The exchange points are
+  communicator (a duplicate made with the group) and goes on. The exchange points are
   fixed sequence numbers, so every rank makes the same exchanges in the same
   order whatever its timing.
 - A rank tests the exchanges it has started at each later exchange point and
@@ -39,7 +39,6 @@ check off). Its cost is in docs/benchmarks.md.
 
 from __future__ import annotations
 
-import atexit
 import os
 import sys
 import threading
@@ -58,7 +57,6 @@ ENV_VAR = "PYCOLL_CHECK_EVERY"
 DEFAULT_EVERY = 128
 PENDING = 8  # exchanges a rank may have in flight before it waits for the oldest
 EXIT_WAIT = 5.0  # seconds the last exchange may take at exit
-IDUP_SPIN_S = 2e-3  # how long the first exchange waits for the side communicator
 FINAL_WAIT = 10.0  # ... and at destroy_process_group (or the group's timeout, if shorter)
 
 # A key, low bit first: count (29 bits, the element count modulo 2**29), the
@@ -224,14 +222,13 @@ class Checker:
     side communicator, those in flight, and the error once one has found a
     disagreement. ``ledger()`` is the slot the group's calls store into."""
 
-    def __init__(self) -> None:
+    def __init__(self, comm: Any) -> None:
         self.lock = threading.Lock()
         self.off = False  # MPI failed the check's traffic on this group
         self.abandoned = False  # an exchange was left unfinished (kept alive for good)
         self.pool = [_Slot(EVERY) for _ in range(PENDING + 1)]
         self.made = 0  # exchanges filled so far
-        self.comm: Any = None  # the group's side communicator, once ready
-        self.queued: List[_Slot] = []  # filled, to start once the communicator is ready
+        self.comm = comm  # the group's side communicator (made with the group)
         self.pending: List[_Slot] = []  # started, not compared yet
         self.error: Optional[CollectiveMismatchError] = None
 
@@ -239,34 +236,33 @@ class Checker:
         return self.pool[self.made % len(self.pool)].keys
 
 
-def _fill(pg: Any, checker: Checker, seq: int, valid: int) -> None:
-    """Queue the slot the calls have filled, as of ``seq``, and give the
-    group's calls the next one."""
+def _issue(pg: Any, checker: Checker, seq: int, valid: int) -> None:
+    """Start the exchange of the slot the calls have filled, as of ``seq``,
+    and give the group's calls the next one."""
     slot = checker.pool[checker.made % len(checker.pool)]
     mine = slot.mine
     mine[0], mine[1] = seq, valid
     checker.made += 1
-    checker.queued.append(slot)
     pg._keys = checker.ledger()
+    slot.start(checker.comm)
+    checker.pending.append(slot)
 
 
-def exchange(pg: Any, op: str, seq: int) -> None:
+def exchange(pg: Any, op: str, seq: int, wait: Callable[..., None]) -> None:
     """At an exchange point (``seq % EVERY == EVERY - 1``, the caller having
     stored this call's key): start the exchange of the last EVERY keys, test
-    the earlier ones, and raise if one found a disagreement."""
+    the earlier ones, and raise if one found a disagreement. ``wait`` is
+    pycoll.watch.wait, which bounds a wait by the group's timeout: it is
+    used only when PENDING exchanges are in flight."""
     checker = pg._check
     if checker is None or checker.off:
         return
     with checker.lock:
         try:
             _collect(pg, checker)
-            if len(checker.pending) + len(checker.queued) >= PENDING:
-                from .watch import wait
-
-                while len(checker.pending) + len(checker.queued) >= PENDING:
-                    _wait_oldest(pg, checker, lambda request: wait(pg, op, seq, [request]))
-            _fill(pg, checker, seq, len(pg._keys))
-            _start(pg, checker)
+            while len(checker.pending) >= PENDING:
+                _wait_oldest(pg, checker, lambda request: wait(pg, op, seq, [request]))
+            _issue(pg, checker, seq, len(pg._keys))
         except _mpi.MPI.Exception as exc:
             raise _failed(checker, op, seq, exc) from None
 
@@ -279,7 +275,6 @@ def poll(pg: Any) -> None:
     if checker is None or checker.off or not checker.lock.acquire(blocking=False):
         return
     try:
-        _start(pg, checker)
         _collect(pg, checker)
     except _mpi.MPI.Exception as exc:  # the wait goes on: say so, never fail it for this
         sys.stderr.write(f"pycoll: {_failed(checker, 'call check', pg._seq, exc)}\n")
@@ -300,30 +295,6 @@ def _failed(checker: Checker, op: str, seq: int, exc: Exception) -> DistBackendE
     )
 
 
-def _start(pg: Any, checker: Checker) -> None:
-    """Start the queued exchanges, in order, once the side communicator is ready.
-
-    With the check on, a group makes its side communicator when it is made
-    (pycoll.groups), so it is ready; otherwise (MPI_Comm_idup under way) the
-    exchange waits for it a little (IDUP_SPIN_S), never longer: a rank ahead
-    of the others with async calls must not wait for them here."""
-    comm = checker.comm
-    if comm is None:
-        from .watch import side_comm
-
-        comm = side_comm(pg)
-        end = time.monotonic() + IDUP_SPIN_S
-        while comm is None and time.monotonic() < end:
-            comm = side_comm(pg)
-        if comm is None:
-            return
-        checker.comm = comm
-    for slot in checker.queued:
-        slot.start(comm)
-        checker.pending.append(slot)
-    checker.queued.clear()
-
-
 def _collect(pg: Any, checker: Checker) -> None:
     """Compare the exchanges that have completed, oldest first."""
     if checker.error is not None:
@@ -335,9 +306,6 @@ def _collect(pg: Any, checker: Checker) -> None:
 
 def _wait_oldest(pg: Any, checker: Checker, wait: Callable[[Any], None]) -> None:
     """Wait for the oldest exchange (``wait(request)`` bounds the wait) and compare it."""
-    while not checker.pending:  # the side communicator is still being made
-        wait(pg._side[1])
-        _start(pg, checker)
     slot = checker.pending[0]
     wait(slot.request)
     checker.pending.pop(0)
@@ -350,9 +318,7 @@ def _compare(pg: Any, checker: Checker, slot: _Slot) -> None:
     error = mismatch(pg, slot.everyone)
     checker.error = error
     pg._broken = error
-    from .groups import STATE
-
-    board = STATE.board
+    board = pg._board
     if board is not None and not board.abandoned:  # the group's MPI state is unknown:
         board.abandoned = "the call check found a group's ranks disagreeing"  # wait on no one
     raise error
@@ -462,7 +428,7 @@ def final(pg: Any, deadline: float) -> Optional[CollectiveMismatchError]:
     with checker.lock:
         try:
             _collect(pg, checker)
-            while len(checker.pending) + len(checker.queued) >= PENDING:
+            while len(checker.pending) >= PENDING:
                 _wait_oldest(pg, checker, wait)
             # A one-off all-gather, not the pool's persistent one: the others may
             # never come, and MPICH crashed in MPI_Finalize on a persistent
@@ -471,9 +437,9 @@ def final(pg: Any, deadline: float) -> Optional[CollectiveMismatchError]:
             last.persistent = False
             last.mine[0], last.mine[1] = seq, seq % len(pg._keys) + 1
             last.mine[2:] = np.asarray(pg._keys)
-            checker.queued.append(last)
-            _start(pg, checker)
-            while checker.queued or checker.pending:
+            last.start(checker.comm)
+            checker.pending.append(last)
+            while checker.pending:
                 _wait_oldest(pg, checker, wait)
         except CollectiveMismatchError as error:
             _abandon(checker)
@@ -495,7 +461,6 @@ def _abandon(checker: Checker) -> None:
     progress.keep_alive(held)
     checker.abandoned = checker.abandoned or bool(held)
     checker.pending.clear()
-    checker.queued.clear()
     checker.off = True
 
 
@@ -525,34 +490,3 @@ def free(pg: Any) -> bool:
     if checker.abandoned:
         progress.keep_alive([pg._side])
     return not checker.abandoned
-
-
-def at_exit() -> None:
-    """At exit without destroy_process_group: the final exchange of every live
-    group, within EXIT_WAIT seconds; a disagreement is printed and ends the
-    job with status 1, as an uncaught exception would."""
-    from .groups import STATE
-
-    deadline = time.monotonic() + EXIT_WAIT
-    errors = []
-    for pg in list(STATE.groups.values()):
-        if pg._destroyed:
-            continue
-        error = final(pg, deadline)
-        if error is not None:
-            errors.append(error)
-    if errors:
-        rank = _mpi.MPI.COMM_WORLD.Get_rank()
-        for error in errors:
-            sys.stderr.write(f"pycoll: rank {rank}: CollectiveMismatchError: {error}\n")
-        sys.stderr.flush()
-        time.sleep(1.0)  # let the launcher forward it (see watch.timed_out)
-        _mpi.MPI.COMM_WORLD.Abort(1)
-
-
-def register_exit() -> None:
-    atexit.register(at_exit)
-
-
-def unregister_exit() -> None:
-    atexit.unregister(at_exit)

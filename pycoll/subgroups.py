@@ -22,9 +22,9 @@ from .groups import (
     GroupMember,
     ProcessGroup,
     not_initialized,
-    parse_backend,
     resolve,
 )
+from .world import parse_backend
 
 __all__ = ["new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group"]
 

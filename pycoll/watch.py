@@ -25,6 +25,8 @@ import threading
 import time
 from typing import Any, Callable, List, Optional, Tuple, Union
 
+from pycoll.launch.boot import user_frames
+
 from . import _mpi, crosscheck, debug, progress
 from .errors import CollectiveMismatchError, DistBackendError, DistError, DistTimeoutError
 from .groups import STATE, ProcessGroup
@@ -120,8 +122,6 @@ class _AbortingHook:
         self.previous = previous
 
     def __call__(self, kind: Any, value: Any, tb: Any) -> None:
-        from pycoll.launch.boot import user_frames
-
         tb = user_frames(tb, value)  # for pycoll's errors, without pycoll's frames
         if isinstance(value, BaseException):
             value.__traceback__ = tb  # what Python's own hook prints from
@@ -222,7 +222,7 @@ def begin(
     slot = seq & pg._mask
     pg._keys[slot] = key or crosscheck.OP_BITS[op]
     if slot == pg._mask:
-        crosscheck.exchange(pg, op, seq)
+        crosscheck.exchange(pg, op, seq, wait)
     return seq
 
 

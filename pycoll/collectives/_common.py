@@ -152,7 +152,7 @@ def plain(
         slot = seq & pg._mask
         pg._keys[slot] = key
         if slot == pg._mask:
-            crosscheck.exchange(pg, op, seq)
+            crosscheck.exchange(pg, op, seq, watch.wait)
         try:
             if blocks:
                 watch.inflight = (pg, op, seq)

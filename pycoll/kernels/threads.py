@@ -13,6 +13,8 @@ import os
 import threading
 from typing import Any, Callable, Optional
 
+from ..groups import STATE
+
 __all__ = ["per_rank", "count", "run", "LOCK", "PARALLEL_BYTES"]
 
 LOCK = threading.Lock()
@@ -32,8 +34,6 @@ def cores() -> int:
 
 
 def _ranks_here() -> int:
-    from ..groups import STATE
-
     if STATE.local_size:
         return STATE.local_size
     for name in _VARS:
