@@ -3,8 +3,10 @@ stays light (pycoll-run and the pytest plugin import it in every process)."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pycoll
 
@@ -41,3 +43,48 @@ def test_dir_shows_the_api_not_the_modules_own_helpers():
         assert helper not in shown, helper
     assert not [n for n in shown if n.startswith("_") and not n.endswith("__")]
     assert "__version__" in shown and "all_reduce" in shown
+
+
+def _late_imports(root: Path, package: str):
+    """Every import of a pycoll module made inside a function, as
+    (file, imported module)."""
+    found = set()
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for top in ast.walk(tree):
+            if not isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(top):
+                if isinstance(node, ast.ImportFrom):
+                    name = "." * node.level + (node.module or "")
+                    if node.level or name.startswith("pycoll"):
+                        found.add((f"{package}/{path.relative_to(root)}", name))
+                elif isinstance(node, ast.Import):
+                    for alias in node.names:
+                        if alias.name.startswith("pycoll"):
+                            found.add((f"{package}/{path.relative_to(root)}", alias.name))
+    return found
+
+
+# Each import of pycoll's own modules inside a function, and why it is late:
+# anything else goes at the top of its module (an import cycle would show
+# here). pycoll/__init__.py loads its modules by name, with importlib, when a
+# name is first used.
+LATE = {
+    # the device layer: only a call holding a CUDA array needs it
+    ("pycoll/dispatch.py", "pycoll.gpu.collectives"),
+    # numba compiles on first use
+    ("pycoll/ops.py", "."),
+    ("pycoll/fusion.py", ".kernels"),
+    ("pycoll/kernels/__init__.py", ".elementwise"),
+    ("pycoll/kernels/__init__.py", "."),
+    # the pytest plugin is loaded by every pytest run: pycoll only when used
+    ("pycoll/testing/plugin.py", "pycoll"),
+}
+
+
+def test_pycoll_imports_its_modules_at_the_top():
+    here = Path(__file__).resolve().parent.parent
+    late = _late_imports(here / "pycoll", "pycoll") | _late_imports(here / "gpu", "gpu")
+    late = {(f, m) for f, m in late if not f.startswith("pycoll/bench/")}  # a command
+    assert late == LATE
