@@ -93,25 +93,10 @@ def _walk(spec: Spec, args: Dict[str, Any]) -> Tuple[List[Tuple[Tuple[Any, ...],
     if device and host:
         return found, (
             f"{spec.name}: all arrays of one call must be on one device kind, but "
-            f"{_label(device[0])} is a CUDA array and {_label(host[0])} is a "
+            f"{spec.label(device[0])} is a CUDA array and {spec.label(host[0])} is a "
             f"numpy.ndarray; move them to one device first (cupy.asarray / cupy.asnumpy)"
         )
     return found, ""
-
-
-def _label(path: Tuple[Any, ...]) -> str:
-    return path[0] + "".join(f"[{i}]" for i in path[1:])
-
-
-def _put(args: Dict[str, Any], path: Tuple[Any, ...], value: Any) -> None:
-    if len(path) == 1:
-        args[path[0]] = value
-        return
-    container = args[path[0]] = list(args[path[0]])
-    for i in path[1:-1]:
-        container[i] = list(container[i])
-        container = container[i]
-    container[path[-1]] = value
 
 
 def call(spec: Spec, args: Dict[str, Any]) -> Any:
@@ -125,11 +110,11 @@ def call(spec: Spec, args: Dict[str, Any]) -> Any:
         raise ValueError(mixed)
     rt = runtime.get()
     stream = stream_arg if stream_arg is not None else rt.current_stream()
-    slots = [_Slot(path, role, adapt(x, name, _label(path), stream)) for path, role, x in found]
+    slots = [_Slot(path, role, adapt(x, name, spec.label(path), stream)) for path, role, x in found]
     for s in slots:
         if s.role != IN and s.dev.readonly:
             raise ValueError(
-                f"{name}: {_label(s.path)} is read-only, so the result cannot be written "
+                f"{name}: {spec.label(s.path)} is read-only, so the result cannot be written "
                 f"into it; pass a writeable array (e.g. a copy)"
             )
     # The producers' work must be done before MPI or a copy reads the data.
@@ -223,7 +208,7 @@ def _aware(
     rt.synchronize(stream)
     for s in slots:
         s.host = host_alias(s.dev)
-        _put(args, s.path, s.host)
+        spec.put(args, s.path, s.host)
     op = args.get("op")
     after: Optional[Callable[[], None]] = None
     if name == "all_reduce" and op is not None and op.name in ("AVG", "PREMUL_SUM"):
@@ -257,7 +242,7 @@ def _staged(
         s.host = s.buf[: s.dev.nbytes].view(s.dev.dtype).reshape(s.dev.shape)
         if s.role != OUT:
             rt.to_host(s.host, s.dev.ptr, stream)
-        _put(args, s.path, s.host)
+        spec.put(args, s.path, s.host)
     rt.synchronize(stream)
 
     def back() -> None:

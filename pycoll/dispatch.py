@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tu
 
 import numpy as np
 
+from . import torchcompat
 from .arrays import on_device
 
 __all__ = ["IN", "OUT", "INOUT", "ONE", "LIST", "LISTS", "Array", "Spec", "collective", "route"]
@@ -105,6 +106,24 @@ class Spec:
                         for j, y in enumerate(x):
                             yield (a.name, i, j), a, y
 
+    @staticmethod
+    def put(args: Dict[str, Any], path: Tuple[Any, ...], value: Any) -> None:
+        """Replace the array at ``path`` (from :meth:`found`) in ``args``; the
+        caller's lists are copied, never changed."""
+        if len(path) == 1:
+            args[path[0]] = value
+            return
+        container = args[path[0]] = list(args[path[0]])
+        for i in path[1:-1]:
+            container[i] = list(container[i])
+            container = container[i]
+        container[path[-1]] = value
+
+    @staticmethod
+    def label(path: Tuple[Any, ...]) -> str:
+        """A path as the user wrote it: ``tensor_list[2]``."""
+        return str(path[0]) + "".join(f"[{i}]" for i in path[1:])
+
     def role(self, a: Array, args: Dict[str, Any], rank: int) -> str:
         """The role array ``a`` plays in this call on global rank ``rank``."""
         if a.root is not None and args.get(a.root[0]) == rank:
@@ -123,8 +142,15 @@ def collective(*arrays: Array, aware: bool = False, chunked: bool = False) -> Ca
 
 
 def route(spec: Spec, args: Dict[str, Any]) -> Any:
-    """Run a call whose arrays are not all numpy: CUDA arrays go to the device
-    layer; anything else goes to the host body, which checks it."""
+    """Run a call whose arrays are not all numpy: torch's tensors and ops are
+    taken as pycoll's (pycoll.torchcompat), CUDA arrays go to the device
+    layer, and anything else goes to the host body, which checks it."""
+    if torchcompat.holds_torch(spec, args):
+        return torchcompat.call(spec, args, _route)
+    return _route(spec, args)
+
+
+def _route(spec: Spec, args: Dict[str, Any]) -> Any:
     if on_device(*(args[a.name] for a in spec.arrays)):
         from pycoll.gpu.collectives import call  # lazily: keeps `import pycoll` cheap
 
@@ -132,10 +158,21 @@ def route(spec: Spec, args: Dict[str, Any]) -> Any:
     return spec.host(**args)
 
 
+def _numpy_only(*values: Any) -> bool:
+    """Whether list arguments hold numpy arrays (or None) only, at any depth."""
+    for x in values:
+        if isinstance(x, (list, tuple)):
+            if not _numpy_only(*x):
+                return False
+        elif x is not None and type(x) is not np.ndarray:
+            return False
+    return True
+
+
 def _front(spec: Spec) -> Callable[..., Any]:
     """The public function: the host body's signature, a type check of each
-    single-array parameter (and a device check of the list ones), then the
-    host body or :func:`route`."""
+    array parameter (each item of the list ones), then the host body or
+    :func:`route`."""
     params = inspect.signature(spec.host).parameters
     heads: List[str] = []
     defaults: Dict[str, Any] = {}
@@ -150,7 +187,7 @@ def _front(spec: Spec) -> Callable[..., Any]:
     checks = [f"type({a.name}) is _ndarray" for a in spec.arrays if a.form == ONE]
     lists = [a.name for a in spec.arrays if a.form != ONE]
     if lists:
-        checks.append(f"not _on_device({', '.join(lists)})")
+        checks.append(f"_numpy_only({', '.join(lists)})")
     names = ", ".join(params)
     source = (
         f"def {spec.name}({', '.join(heads)}):\n"
@@ -162,7 +199,7 @@ def _front(spec: Spec) -> Callable[..., Any]:
         "__name__": spec.host.__module__,  # its frames are pycoll's (launch.boot.user_frames)
         "_defaults": defaults,
         "_ndarray": np.ndarray,
-        "_on_device": on_device,
+        "_numpy_only": _numpy_only,
         "_host": spec.host,
         "_route": route,
         "_spec": spec,

@@ -4,17 +4,21 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/scripts/mpi.env"
 PYTHON=${PYTHON:-python3}
 
-# ensure_venv DIR EXTRAS: create DIR with pycoll installed (editable) with
-# EXTRAS, unless it is already there for the current setup.cfg.
+# ensure_venv DIR EXTRAS [PACKAGE...]: create DIR with pycoll installed
+# (editable) with EXTRAS, and the PACKAGEs given (pinned by the caller: torch is
+# torch==2.13.0, the CPU build, never a range that lets pip pick a CUDA build),
+# unless it is already there for the current setup.cfg.
 ensure_venv() {
     local dir="$ROOT/$1" extras=$2 stamp
-    stamp="$extras $(cksum < "$ROOT/setup.cfg")"
+    shift 2
+    stamp="$extras $* $(cksum < "$ROOT/setup.cfg")"
     if [ -f "$dir/.pycoll-installed" ] && [ "$(cat "$dir/.pycoll-installed")" = "$stamp" ]; then
         return 0
     fi
-    echo "== setting up $1 with pycoll[$extras] (log: $1/install.log)"
+    echo "== setting up ${dir#"$ROOT"/} with pycoll[$extras] $* (log: ${dir#"$ROOT"/}/install.log)"
     [ -x "$dir/bin/python" ] || "$PYTHON" -m venv "$dir" || return 1
     if ! { "$dir/bin/python" -m pip install --upgrade pip &&
+           { [ $# -eq 0 ] || "$dir/bin/python" -m pip install "$@"; } &&
            "$dir/bin/python" -m pip install -e "$ROOT[$extras]"; } > "$dir/install.log" 2>&1; then
         tail -n 40 "$dir/install.log"
         return 1

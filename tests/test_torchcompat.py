@@ -1,0 +1,137 @@
+"""torch tensors and torch's ReduceOps in pycoll's own API (pycoll.torchcompat).
+
+Needs torch (CI's .venv-torch has the CPU build); skipped where it is not
+installed. Expected values come from numpy on each rank's own inputs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import pycoll
+from support import BF16, assert_equal, data, reduce_all, valid_pairs
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+# numpy dtype -> torch dtype, for every dtype both have
+TORCH = {
+    np.dtype(np.bool_): torch.bool,
+    np.dtype(np.int8): torch.int8,
+    np.dtype(np.uint8): torch.uint8,
+    np.dtype(np.int16): torch.int16,
+    np.dtype(np.int32): torch.int32,
+    np.dtype(np.int64): torch.int64,
+    np.dtype(np.float16): torch.float16,
+    BF16: torch.bfloat16,
+    np.dtype(np.float32): torch.float32,
+    np.dtype(np.float64): torch.float64,
+    np.dtype(np.complex64): torch.complex64,
+    np.dtype(np.complex128): torch.complex128,
+}
+PAIRS = [(op, dt) for op, dt in valid_pairs() if dt in TORCH and op != "PREMUL_SUM"]
+
+
+def tensor(x: np.ndarray):
+    """A torch tensor holding ``x`` (built from its values, not from its memory)."""
+    if x.dtype == BF16:
+        return torch.tensor(x.astype(np.float32).tolist(), dtype=torch.bfloat16)
+    return torch.tensor(x.tolist(), dtype=TORCH[x.dtype])
+
+
+def values(t) -> np.ndarray:
+    """A tensor's values as numpy, in the dtype the tests compare in."""
+    if t.dtype == torch.bfloat16:
+        return t.float().numpy().astype(BF16)
+    return t.numpy()
+
+
+@pytest.mark.parametrize("op,dtype", PAIRS, ids=[f"{o}-{d}" for o, d in PAIRS])
+def test_all_reduce_of_a_tensor_with_torchs_op(op, dtype, rank, world_size):
+    t = tensor(data(rank, dtype))
+    address = t.data_ptr()
+    assert pycoll.all_reduce(t, op=getattr(dist.ReduceOp, op)) is None
+    expected = reduce_all(op, [data(r, dtype) for r in range(world_size)], world_size)
+    assert_equal(values(t), expected)
+    assert t.data_ptr() == address  # in place: the tensor's own memory
+
+
+def test_every_family_takes_tensors(rank, world_size):
+    f32 = np.dtype(np.float32)
+    every = [data(r, f32) for r in range(world_size)]
+    out = torch.zeros(6 * world_size)
+    pycoll.all_gather_into_tensor(out, tensor(data(rank, f32)))
+    assert_equal(values(out), np.concatenate(every))
+    outs = [torch.zeros(6) for _ in range(world_size)]
+    pycoll.all_gather(outs, tensor(data(rank, f32)))
+    for r in range(world_size):
+        assert_equal(values(outs[r]), every[r])
+    b = tensor(data(rank, f32))
+    pycoll.broadcast(b, src=world_size - 1)
+    assert_equal(values(b), every[-1])
+    part = torch.zeros(2)
+    big = [data(r, f32, (2 * world_size,)) for r in range(world_size)]
+    pycoll.reduce_scatter_tensor(part, tensor(big[rank]), op=dist.ReduceOp.MAX)
+    assert_equal(values(part), reduce_all("MAX", big, world_size)[2 * rank : 2 * rank + 2])
+    got = torch.zeros(world_size, dtype=torch.int64)
+    pycoll.all_to_all_single(got, torch.arange(world_size) + 10 * rank)
+    assert_equal(values(got), np.array([10 * r + rank for r in range(world_size)]))
+    coalesced = [tensor(data(rank, f32)), tensor(data(rank, f32, (3,)))]
+    pycoll.all_reduce_coalesced(coalesced)
+    assert_equal(
+        values(coalesced[1]),
+        reduce_all("SUM", [data(r, f32, (3,)) for r in range(world_size)], world_size),
+    )
+
+
+def test_a_tensor_that_needs_grad_is_reduced_in_place(rank, world_size):
+    w = torch.full((3,), float(rank + 1), requires_grad=True)
+    pycoll.all_reduce(w)  # reduced in its memory, outside autograd (as torch's own)
+    assert w.detach().tolist() == [world_size * (world_size + 1) / 2] * 3
+    with torch.no_grad():
+        g = torch.ones(2) * (rank + 1)
+        pycoll.all_reduce(g, op=dist.ReduceOp.AVG)
+    assert g.tolist() == [(world_size + 1) / 2] * 2
+
+
+def test_async_work_hands_back_the_tensors(rank, world_size):
+    t = torch.full((4,), float(rank))
+    work = pycoll.all_reduce(t, async_op=True)
+    future = work.get_future()
+    assert work.wait() is True and work.is_success()
+    assert work.result()[0] is t  # the caller's tensor, not a view of it
+    assert future.wait()[0] is t
+    assert t.tolist() == [sum(range(world_size))] * 4
+    src = torch.full((2,), float(rank))
+    if world_size > 1 and rank < 2:
+        peer = 1 - rank
+        if rank == 0:
+            w = pycoll.isend(src, dst=peer)
+        else:
+            w = pycoll.irecv(src, src=peer)
+        w.wait()
+        if rank == 1:
+            assert w.result()[0] is src and src.tolist() == [0.0, 0.0]
+
+
+def test_what_pycoll_cannot_take_is_refused_by_name(rank):
+    with pytest.raises(ValueError, match=r"output is not contiguous; pass output.contiguous\(\)"):
+        pycoll.reduce_scatter_tensor(
+            torch.zeros(4, 2).t(), torch.zeros(8 * pycoll.get_world_size())
+        )
+    with pytest.raises(TypeError, match="torch's PREMUL_SUM ops cannot be read back"):
+        pycoll.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0))
+    with pytest.raises(TypeError, match="tensor is a torch tensor numpy cannot view: .*Sparse"):
+        pycoll.all_reduce(torch.ones(2).to_sparse())
+    with pytest.raises(TypeError, match="tensor must be a numpy.ndarray or a CUDA array"):
+        pycoll.all_reduce([torch.ones(2)])
+
+
+def test_import_pycoll_does_not_import_torch():
+    code = "import sys, pycoll; pycoll.all_reduce; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
