@@ -47,7 +47,11 @@ def holds_torch(spec: Spec, args: Dict[str, Any]) -> bool:
         return False
     if _is_torch_op(args.get("op")):
         return True
-    return any(isinstance(x, torch.Tensor) for _, _, x in spec.found(args))
+    tensor = torch.Tensor
+    for _, _, x in spec.found(args):
+        if isinstance(x, tensor):
+            return True
+    return False
 
 
 def _is_torch_op(op: Any) -> bool:
@@ -72,16 +76,16 @@ def reduce_op(op: Any, func: str) -> Any:
 
 def host_view(t: Any, func: str, label: str) -> np.ndarray:
     """A numpy array over a CPU tensor's memory (no copy)."""
-    torch = _torch()
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise ValueError(
             f"{func}: {label} is a torch tensor on {t.device}, which pycoll cannot reach; "
             f"pass a CPU or CUDA tensor"
         )
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(BFLOAT16)
+    if t.requires_grad:
+        t = t.detach()  # the same memory, outside autograd (as torch.distributed's own)
     try:
+        if t.dtype is _torch().bfloat16:
+            return t.view(_torch().int16).numpy().view(BFLOAT16)
         return t.numpy()
     except (TypeError, RuntimeError) as exc:
         raise TypeError(f"{func}: {label} is a torch tensor numpy cannot view: {exc}") from None
@@ -97,7 +101,7 @@ def call(spec: Spec, args: Dict[str, Any], then: Callable[[Spec, Dict[str, Any]]
         args["op"] = reduce_op(args["op"], spec.name)
     tensors: Dict[int, Any] = {}
     for path, a, x in spec.found(args):
-        if isinstance(x, torch.Tensor) and x.device.type == "cpu":
+        if isinstance(x, torch.Tensor) and x.is_cpu:
             view = host_view(x, spec.name, spec.label(path))
             if a.role != "in" and a.root is None and not x.is_contiguous():
                 raise ValueError(
