@@ -73,7 +73,7 @@ _HOST_ONLY = ("pycoll.kernels", "FusedAllReduce")
 def _type_error(func: str, name: str, x: Any) -> TypeError:
     what = "a numpy.ndarray"
     if not func.startswith(_HOST_ONLY):
-        what += " or a CUDA array (cupy, torch.cuda, anything with __cuda_array_interface__)"
+        what += ", a torch tensor or a CUDA array (cupy, anything with __cuda_array_interface__)"
     return TypeError(f"{func}: {name} must be {what}, got {type(x).__name__}")
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import linecache
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple, TypeVar
 
 import numpy as np
@@ -204,7 +205,10 @@ def _front(spec: Spec) -> Callable[..., Any]:
         "_route": route,
         "_spec": spec,
     }
-    exec(compile(source, f"<pycoll.dispatch: {spec.name}>", "exec"), scope)
+    filename = f"<pycoll.dispatch: {spec.name}>"
+    # Tracebacks through the front show its lines (as attrs does for its methods).
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), scope)
     generated: Callable[..., Any] = scope[spec.name]  # type: ignore[assignment]
     front = functools.update_wrapper(generated, spec.host)
     front.spec = spec  # type: ignore[attr-defined]

@@ -108,8 +108,20 @@ def test_defaults_and_keywords_reach_the_body():
 def test_the_body_refuses_what_is_no_array(rank):
     with pytest.raises(
         TypeError,
-        match=r"all_reduce: tensor must be a numpy.ndarray or a CUDA array \(cupy, .*\), got list",
+        match=r"all_reduce: tensor must be a numpy.ndarray, a torch tensor or a CUDA array "
+        r"\(cupy, .*\), got list",
     ):
         pycoll.all_reduce([1.0, 2.0])
     with pytest.raises(TypeError, match=r"all_gather: tensor_list\[0\]"):
         pycoll.all_gather(["x"] * pycoll.get_world_size(), np.zeros(1))
+
+
+def test_a_traceback_through_the_front_shows_its_line(rank):
+    import traceback
+
+    try:
+        pycoll.all_reduce("not an array")
+    except TypeError as exc:
+        text = "".join(traceback.format_exception(exc))
+    assert 'File "<pycoll.dispatch: all_reduce>", line 4, in all_reduce' in text, text
+    assert "return _route(_spec, {" in text, text

@@ -127,7 +127,9 @@ def test_what_pycoll_cannot_take_is_refused_by_name(rank):
         pycoll.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0))
     with pytest.raises(TypeError, match="tensor is a torch tensor numpy cannot view: .*Sparse"):
         pycoll.all_reduce(torch.ones(2).to_sparse())
-    with pytest.raises(TypeError, match="tensor must be a numpy.ndarray or a CUDA array"):
+    with pytest.raises(
+        TypeError, match="tensor must be a numpy.ndarray, a torch tensor or a CUDA array"
+    ):
         pycoll.all_reduce([torch.ones(2)])
 
 

@@ -224,7 +224,7 @@ def test_tensors_with_different_dtypes(unsent, world_size, rank):
 
 
 def test_objects_that_are_not_arrays(unsent, world_size, rank):
-    msg = "must be a numpy.ndarray or a CUDA array .*, got list"
+    msg = "must be a numpy.ndarray, a torch tensor or a CUDA array .*, got list"
     raises(TypeError, msg, lambda: pycoll.all_reduce([1.0, 2.0]))
     raises(TypeError, msg, lambda: pycoll.broadcast([1.0], src=rank))
     raises(TypeError, msg, lambda: pycoll.all_gather([np.zeros(1)] * world_size, [1.0]))
