@@ -35,7 +35,6 @@ work on any stream sees them.
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -44,7 +43,7 @@ from pycoll import arrays
 from pycoll.dispatch import IN, OUT, Spec
 from pycoll.groups import STATE, ProcessGroup, get_rank, resolve
 from pycoll.ops import ReduceOp, plan
-from pycoll.work import BaseWork, Future, Work
+from pycoll.work import AliasWork, Work
 
 from . import kernels, nccl, ring, runtime, staging
 from .aware import cuda_aware
@@ -172,7 +171,6 @@ def _ring_ok(name: str, args: Dict[str, Any], slots: List[_Slot]) -> bool:
     memory (a pycoll user op): pycoll's device ring (pycoll.gpu.ring)."""
     if name != "all_reduce" or args.get("async_op") or len(slots) != 1:
         return False
-
     op = args.get("op", ReduceOp.SUM)
     dev = slots[0].dev
     if not isinstance(op, ReduceOp):
@@ -183,7 +181,6 @@ def _ring_ok(name: str, args: Dict[str, Any], slots: List[_Slot]) -> bool:
 
 
 def _ring(args: Dict[str, Any], dev: DeviceArray, rt: runtime.Runtime, stream: int) -> None:
-
     pg = resolve(args.get("group"), "all_reduce")
     if pg is None:
         return None
@@ -203,7 +200,6 @@ def _aware(
     rt: runtime.Runtime,
     stream: int,
 ) -> Any:
-
     name = spec.name
     rt.synchronize(stream)
     for s in slots:
@@ -265,76 +261,8 @@ def _staged(
 
 
 def _finish_call(value: Any, slots: List[_Slot], after: Optional[Callable[[], None]]) -> Any:
-
     if isinstance(value, Work):
-        return DeviceWork(value, after, slots)
+        return AliasWork(value, {id(s.host): s.dev.obj for s in slots}, after)
     if after is not None:
         after()
     return value
-
-
-class DeviceWork(BaseWork):
-    """The Work of a device collective: the host Work, then what finishes it on
-    the device (copying staged results up, an AVG's division), run once by
-    whichever of ``wait()``/``is_completed()`` first sees the host Work done.
-    ``result()`` gives the caller's device arrays."""
-
-    def __init__(self, work: Any, after: Optional[Callable[[], None]], slots: List[_Slot]) -> None:
-        self._work = work
-        self._after = after
-        self._slots = slots
-        self._lock = threading.Lock()
-        self._done = False
-        self._exc: Optional[BaseException] = None
-        self._future: Optional[Future] = None
-        self.op = work.op
-        self.seq = work.seq
-
-    def __repr__(self) -> str:
-        state = "completed" if self._done else "pending"
-        return f"DeviceWork(op={self.op!r}, seq={self.seq}, {state})"
-
-    def _settle(self) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self._exc = self._work.exception()
-            try:
-                if self._after is not None:
-                    self._after()  # after an error too: it returns the pinned buffers
-            except Exception as exc:
-                self._exc = self._exc or exc
-            self._done = True
-        if self._future is not None:
-            self._settle_future()
-
-    def wait(self, timeout: Optional[float] = None) -> bool:
-        """As :meth:`pycoll.Work.wait`; the device arrays hold the result after it."""
-        try:
-            self._work.wait(timeout)
-        finally:
-            if self._work.is_completed():
-                self._settle()
-        if self._exc is not None:
-            raise self._exc
-        return True
-
-    def is_completed(self) -> bool:
-        if not self._done and self._work.is_completed():
-            self._settle()
-        return self._done
-
-    def exception(self) -> Optional[BaseException]:
-        return self._exc
-
-    def _value(self) -> List[Any]:
-        return self._device_result()
-
-    def _device_result(self) -> List[Any]:
-        """The host Work's outputs, each host alias replaced by its device array."""
-        mine = {id(s.host): s.dev.obj for s in self._slots}
-        return [mine.get(id(x), x) for x in self._work.result()]
-
-    def source_rank(self) -> int:
-        self.wait()
-        return self._work.source_rank()

@@ -146,7 +146,7 @@ def route(spec: Spec, args: Dict[str, Any]) -> Any:
     """Run a call whose arrays are not all numpy: torch's tensors and ops are
     taken as pycoll's (pycoll.torchcompat), CUDA arrays go to the device
     layer, and anything else goes to the host body, which checks it."""
-    if torchcompat.holds_torch(spec, args):
+    if torchcompat.imported():
         return torchcompat.call(spec, args, _route)
     return _route(spec, args)
 

@@ -12,8 +12,8 @@ device door, pycoll.dispatch):
 - ``torch.distributed.ReduceOp`` values (``ReduceOp.SUM``, ``ReduceOp.AVG``...)
   are taken for pycoll's ReduceOp of the same name.
 
-An ``async_op=True`` call's Work hands back the caller's tensors from
-``result()`` and its future. torch is never imported here: a tensor can only
+An ``async_op=True`` call's Work (pycoll.work.AliasWork) hands back the
+caller's tensors from ``result()`` and its future. torch is never imported here: a tensor can only
 come from a program that has imported it, so its presence in
 ``sys.modules`` is the test.
 """
@@ -21,37 +21,23 @@ come from a program that has imported it, so its presence in
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict
 
 import numpy as np
 
 from .arrays import BFLOAT16
 from .ops import ReduceOp
-from .work import BaseWork
+from .work import AliasWork, BaseWork
 
 if TYPE_CHECKING:
     from .dispatch import Spec
 
-__all__ = ["holds_torch", "call"]
+__all__ = ["imported", "call"]
 
 
-def _torch() -> Any:
-    return sys.modules.get("torch")
-
-
-def holds_torch(spec: Spec, args: Dict[str, Any]) -> bool:
-    """Whether a call's arrays or op come from torch (torch imported, one of
-    them a ``torch.Tensor`` or a torch ReduceOp)."""
-    torch = _torch()
-    if torch is None:
-        return False
-    if _is_torch_op(args.get("op")):
-        return True
-    tensor = torch.Tensor
-    for _, _, x in spec.found(args):
-        if isinstance(x, tensor):
-            return True
-    return False
+def imported() -> bool:
+    """Whether the program has imported torch (if not, no argument is torch's)."""
+    return "torch" in sys.modules
 
 
 def _is_torch_op(op: Any) -> bool:
@@ -84,73 +70,41 @@ def host_view(t: Any, func: str, label: str) -> np.ndarray:
     if t.requires_grad:
         t = t.detach()  # the same memory, outside autograd (as torch.distributed's own)
     try:
-        if t.dtype is _torch().bfloat16:
-            return t.view(_torch().int16).numpy().view(BFLOAT16)
+        torch = sys.modules["torch"]
+        if t.dtype is torch.bfloat16:
+            return t.view(torch.int16).numpy().view(BFLOAT16)
         return t.numpy()
     except (TypeError, RuntimeError) as exc:
         raise TypeError(f"{func}: {label} is a torch tensor numpy cannot view: {exc}") from None
 
 
 def call(spec: Spec, args: Dict[str, Any], then: Callable[[Spec, Dict[str, Any]], Any]) -> Any:
-    """Run a call holding torch tensors or a torch ReduceOp: the op as
-    pycoll's, CPU tensors as numpy views, then ``then(spec, args)`` (the
-    door's next step: the device layer for CUDA tensors, else the host body)."""
-    torch = _torch()
-    args = dict(args)
-    if "op" in args:
-        args["op"] = reduce_op(args["op"], spec.name)
+    """Run a call through ``then(spec, args)`` (the door's next step: the
+    device layer for CUDA arrays, else the host body), torch's op taken as
+    pycoll's and each CPU tensor replaced by a numpy view of its memory; a
+    call holding nothing of torch's goes on unchanged."""
+    tensor = sys.modules["torch"].Tensor
+    op = args.get("op")
+    mine = reduce_op(op, spec.name)
     tensors: Dict[int, Any] = {}
+    rewritten = dict(args, op=mine) if mine is not op else None
     for path, a, x in spec.found(args):
-        if isinstance(x, torch.Tensor) and x.is_cpu:
-            view = host_view(x, spec.name, spec.label(path))
-            if a.role != "in" and a.root is None and not x.is_contiguous():
-                raise ValueError(
-                    f"{spec.name}: {spec.label(path)} is not contiguous; pass "
-                    f"{spec.label(path)}.contiguous() and use that tensor afterwards "
-                    f"(the result is written into the tensor given)"
-                )
-            tensors[id(view)] = x
-            spec.put(args, path, view)
-    value = then(spec, args)
-    if isinstance(value, BaseWork) and tensors:
-        return TensorWork(value, tensors)
+        if not (isinstance(x, tensor) and x.is_cpu):
+            continue  # a CUDA tensor is a CUDA array
+        view = host_view(x, spec.name, spec.label(path))
+        if a.role != "in" and a.root is None and not x.is_contiguous():
+            raise ValueError(
+                f"{spec.name}: {spec.label(path)} is not contiguous; pass "
+                f"{spec.label(path)}.contiguous() and use that tensor afterwards "
+                f"(the result is written into the tensor given)"
+            )
+        tensors[id(view)] = x
+        if rewritten is None:
+            rewritten = dict(args)
+        spec.put(rewritten, path, view)
+    if rewritten is None:
+        return then(spec, args)
+    value = then(spec, rewritten)
+    if tensors and isinstance(value, BaseWork):
+        return AliasWork(value, tensors)
     return value
-
-
-class TensorWork(BaseWork):
-    """The Work of a call on CPU tensors: the host Work, whose ``result()``
-    (and future) hand back the caller's tensors instead of their numpy views."""
-
-    __slots__ = ("_work", "_tensors")
-
-    def __init__(self, work: BaseWork, tensors: Dict[int, Any]) -> None:
-        self._work = work
-        self._tensors = tensors
-        self._future = None
-        self.op = work.op
-        self.seq = work.seq
-
-    def __repr__(self) -> str:
-        return f"TensorWork({self._work!r})"
-
-    def wait(self, timeout: Optional[float] = None) -> bool:
-        try:
-            return self._work.wait(timeout)
-        finally:
-            if self._work.is_completed():
-                self._settle_future()
-
-    def is_completed(self) -> bool:
-        done = self._work.is_completed()
-        if done:
-            self._settle_future()
-        return done
-
-    def exception(self) -> Optional[BaseException]:
-        return self._work.exception()
-
-    def _value(self) -> List[Any]:
-        return [self._tensors.get(id(x), x) for x in self._work.result()]
-
-    def source_rank(self) -> int:
-        return self._work.source_rank()

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from . import _mpi, debug, watch
 from .errors import DistBackendError
 
-__all__ = ["BaseWork", "Work", "Future"]
+__all__ = ["AliasWork", "BaseWork", "Work", "Future"]
 
 
 class Future:
@@ -120,9 +120,10 @@ class BaseWork:
     ``is_completed()``, ``is_success()``, ``exception()``, ``result()``,
     ``get_future()`` and ``source_rank()``, as torch.distributed's Work.
 
-    A kind of work (MPI's, here; a device collective's, pycoll.gpu.collectives;
-    NCCL's, pycoll.gpu.nccl) implements ``wait``, ``is_completed``,
-    ``exception`` and ``_value`` (its outputs, once complete), and calls
+    A kind of work (MPI's, Work; a call made on stand-ins for the caller's
+    arrays, AliasWork; NCCL's, pycoll.gpu.nccl) implements ``wait``,
+    ``is_completed``, ``exception`` and ``_value`` (its outputs, once
+    complete), and calls
     ``_settle_future()`` once it has completed; the rest is shared here.
 
     Attributes:
@@ -365,3 +366,75 @@ def to_seconds(timeout: Any) -> float:
     if seconds < 0:
         raise ValueError(f"timeout must not be negative, got {timeout}")
     return seconds
+
+
+class AliasWork(BaseWork):
+    """The Work of a call pycoll made on stand-ins for the caller's arrays (the
+    pinned or aliased host buffers of device arrays, pycoll.gpu.collectives;
+    the numpy views of torch tensors, pycoll.torchcompat): the host Work, then
+    ``after`` (copying staged results up, an AVG's device division), run once
+    by whichever of ``wait()``/``is_completed()`` first sees the host Work
+    done, after an error too. ``result()`` and the future give the caller's
+    own arrays: ``callers`` maps ``id()`` of each stand-in to its array."""
+
+    __slots__ = ("_work", "_callers", "_after", "_lock", "_done", "_exc")
+
+    def __init__(
+        self,
+        work: BaseWork,
+        callers: Dict[int, Any],
+        after: Optional[Callable[[], None]] = None,
+    ) -> None:
+        self._work = work
+        self._callers = callers
+        self._after = after
+        self._lock = threading.Lock()
+        self._done = False
+        self._exc: Optional[BaseException] = None
+        self._future = None
+        self.op = work.op
+        self.seq = work.seq
+
+    def __repr__(self) -> str:
+        state = "completed" if self._done else "pending"
+        return f"AliasWork(op={self.op!r}, seq={self.seq}, {state})"
+
+    def _settle(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._exc = self._work.exception()
+            try:
+                if self._after is not None:
+                    self._after()  # after an error too: it gives back pinned buffers
+            except Exception as exc:
+                self._exc = self._exc or exc
+            self._done = True
+        self._settle_future()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """As :meth:`Work.wait`; the caller's arrays hold the result after it."""
+        try:
+            self._work.wait(timeout)
+        finally:
+            if self._work.is_completed():
+                self._settle()
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def is_completed(self) -> bool:
+        if not self._done and self._work.is_completed():
+            self._settle()
+        return self._done
+
+    def exception(self) -> Optional[BaseException]:
+        return self._exc
+
+    def _value(self) -> List[Any]:
+        callers = self._callers
+        return [callers.get(id(x), x) for x in self._work.result()]
+
+    def source_rank(self) -> int:
+        self.wait()
+        return self._work.source_rank()
