@@ -141,7 +141,6 @@ class NcclWork(BaseWork):
         return self._done
 
     def wait(self, timeout: Optional[float] = None) -> bool:
-
         limit = self._pg.timeout.total_seconds() if timeout is None else to_seconds(timeout)
         start = time.monotonic()
         while not self._poll():
@@ -172,20 +171,19 @@ class NcclWork(BaseWork):
 Issue = Callable[[Any, int, int, Optional[int], int], None]  # (comm, dtype, op, root, stream)
 
 
-def _one(devs: List[DeviceArray], make: Callable[[DeviceArray], Issue]) -> Tuple[int, Issue]:
-    return devs[0].size, make(devs[0])
-
-
 def _all_reduce(pg: Any, devs: List[DeviceArray]) -> Tuple[int, Issue]:
-    return _one(devs, lambda d: lambda c, t, o, r, s: c.allReduce(d.ptr, d.ptr, d.size, t, o, s))
+    d = devs[0]
+    return d.size, lambda c, t, o, r, s: c.allReduce(d.ptr, d.ptr, d.size, t, o, s)
 
 
 def _broadcast(pg: Any, devs: List[DeviceArray]) -> Tuple[int, Issue]:
-    return _one(devs, lambda d: lambda c, t, o, r, s: c.bcast(d.ptr, d.size, t, r, s))
+    d = devs[0]
+    return d.size, lambda c, t, o, r, s: c.bcast(d.ptr, d.size, t, r, s)
 
 
 def _reduce(pg: Any, devs: List[DeviceArray]) -> Tuple[int, Issue]:
-    return _one(devs, lambda d: lambda c, t, o, r, s: c.reduce(d.ptr, d.ptr, d.size, t, o, r, s))
+    d = devs[0]
+    return d.size, lambda c, t, o, r, s: c.reduce(d.ptr, d.ptr, d.size, t, o, r, s)
 
 
 def _all_gather_into_tensor(pg: Any, devs: List[DeviceArray]) -> Tuple[int, Issue]:
@@ -214,7 +212,6 @@ _CALLS: Dict[str, Callable[[Any, List[DeviceArray]], Tuple[int, Issue]]] = {
 def run(spec: Spec, pg: Any, args: Dict[str, Any], devs: List[DeviceArray], stream: int) -> Any:
     """Issue a call of collective ``spec`` through NCCL on ``stream``; wait
     unless async."""
-
     _module()  # before anything is counted: every rank raises alike
     name = spec.name
     nccl_op = 0

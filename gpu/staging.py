@@ -56,7 +56,6 @@ def pipelined(
     name: str, args: Dict[str, Any], dev: DeviceArray, rt: runtime.Runtime, stream: int
 ) -> Any:
     """all_reduce or broadcast of one device array, in chunks (module docstring)."""
-
     pg = resolve(args.get("group"), name)
     if pg is None:
         return None

@@ -218,9 +218,9 @@ class _Slot:
 
 class Checker:
     """One group's exchanges: a pool of slots used in turn (PENDING + 1, so
-    the slot filled next was always compared already), those waiting for the
-    side communicator, those in flight, and the error once one has found a
-    disagreement. ``ledger()`` is the slot the group's calls store into."""
+    the slot filled next was always compared already), those in flight, and
+    the error once one has found a disagreement. ``ledger()`` is the slot the
+    group's calls store into."""
 
     def __init__(self, comm: Any) -> None:
         self.lock = threading.Lock()
@@ -474,7 +474,7 @@ def switch_off(pg: Any) -> None:
 def free(pg: Any) -> bool:
     """Let go of a destroyed group's exchanges: unfinished ones are kept alive
     for good, the persistent requests of the others freed. Returns whether
-    the side communicator may be freed (pycoll.groups): not while an exchange
+    the side communicator may be freed (pycoll.world): not while an exchange
     abandoned on it may still run (MPICH was seen to crash in MPI_Finalize
     on a persistent all-gather left active on a freed communicator)."""
     checker = pg._check

@@ -216,7 +216,7 @@ def _free(pg: ProcessGroup) -> None:
                     free(value)
         pg._attached.clear()
         pg._destroyed = True
-        pg._rec = None
+        pg._rec = pg._board = None
 
 
 def _at_exit() -> None:
