@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict
 import numpy as np
 
 from .arrays import BFLOAT16
-from .ops import ReduceOp
+from .ops import ReduceOp, make_premul_sum
 from .work import AliasWork, BaseWork
 
 if TYPE_CHECKING:
@@ -45,14 +45,26 @@ def _is_torch_op(op: Any) -> bool:
 
 
 def reduce_op(op: Any, func: str) -> Any:
-    """torch's ReduceOp as pycoll's (anything else unchanged: the body checks it)."""
+    """torch's ReduceOp as pycoll's (anything else unchanged: the body checks it).
+
+    Takes a member (``ReduceOp.SUM``, a ``RedOpType``) or a full
+    ``torch.distributed.ReduceOp`` object, as torch's options carry and
+    ``_make_nccl_premul_sum(factor)`` makes; a PREMUL_SUM keeps its factor
+    (a number or a one-element tensor)."""
     if not _is_torch_op(op):
         return op
-    if type(op).__name__ == "ReduceOp" and hasattr(op, "op"):  # a premul-sum, say
-        raise TypeError(
-            f"{func}: torch's PREMUL_SUM ops cannot be read back from torch; use "
-            f"pycoll.make_premul_sum(factor) for pycoll's collectives"
-        )
+    if type(op).__name__ == "ReduceOp" and hasattr(op, "op"):  # the full object
+        if op.op.name == "PREMUL_SUM":
+            factor = op.factor
+            if hasattr(factor, "numel"):  # a tensor
+                if factor.numel() != 1:
+                    raise ValueError(
+                        f"{func}: a PREMUL_SUM factor must be a number or a one-element "
+                        f"tensor, got a tensor of shape {tuple(factor.shape)}"
+                    )
+                factor = factor.item()
+            return make_premul_sum(factor)
+        op = op.op
     name = getattr(op, "name", None)
     mine = getattr(ReduceOp, name, None) if isinstance(name, str) else None
     if not isinstance(mine, ReduceOp):

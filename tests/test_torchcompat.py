@@ -123,8 +123,8 @@ def test_what_pycoll_cannot_take_is_refused_by_name(rank):
         pycoll.reduce_scatter_tensor(
             torch.zeros(4, 2).t(), torch.zeros(8 * pycoll.get_world_size())
         )
-    with pytest.raises(TypeError, match="torch's PREMUL_SUM ops cannot be read back"):
-        pycoll.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0))
+    with pytest.raises(ValueError, match="PREMUL_SUM factor must be a number or a one-element"):
+        pycoll.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(torch.ones(2)))
     with pytest.raises(TypeError, match="tensor is a torch tensor numpy cannot view: .*Sparse"):
         pycoll.all_reduce(torch.ones(2).to_sparse())
     with pytest.raises(

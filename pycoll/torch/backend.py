@@ -1,0 +1,459 @@
+"""ProcessGroupPycoll: torch.distributed's process group over pycoll.
+
+torch calls :func:`create` (registered by pycoll.torch) on the members of
+each group it makes with the backend "pycoll". The group it returns is a
+``torch.distributed.ProcessGroup`` subclass (what torch 2.13 takes from a
+Python backend) whose every method runs pycoll's collective of the same
+meaning on a pycoll group of the same ranks, so torch's API gets pycoll's
+whole house: MPI's algorithms and pycoll's own, the numba kernels for
+float16/bfloat16/AVG/PREMUL_SUM, the device door for CUDA tensors, sequence
+numbers, the call check, bounded waits with a diagnosis.
+
+- The default group runs on pycoll's default group (started here, over
+  COMM_WORLD, when the program has not started pycoll itself); any other on
+  a group made by its members alone (``pycoll.new_group`` with
+  ``use_local_synchronization=True``: MPI_Comm_create_group), from torch's
+  ``global_ranks_in_group``, since torch calls the creator on members only.
+- torch passes group ranks (roots, peers); pycoll's API takes global ranks:
+  they are translated here.
+- A call torch makes synchronously (``asyncOp=False``: ``dist.all_reduce``
+  without ``async_op``) runs pycoll's synchronous path and returns a
+  completed Work; any other returns at once a :class:`TorchWork` over
+  pycoll's nonblocking one (DDP's buckets, ``async_op=True``).
+- Each group has a second pycoll group of the same ranks for the collectives
+  issued from the future completer's thread (comm hooks' callbacks): see
+  pycoll.torch.work.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any, Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+
+import pycoll
+
+from ..groups import ProcessGroup as PycollGroup
+from ..groups import default_timeout
+from ..torchcompat import host_view, reduce_op
+from .errors import as_torch
+from .work import COMPLETER, TorchWork, done
+
+__all__ = ["ProcessGroupPycoll", "create", "NAME"]
+
+NAME = "pycoll"
+
+# Whether pycoll's default group was started by this module (then destroying
+# torch's default group ends it too) rather than by the program.
+_STARTED_HERE = [False]
+
+
+def _array(t: Any, func: str, label: str) -> Any:
+    """What pycoll's API takes for a tensor: a numpy view of a CPU tensor's
+    memory (no copy), a CUDA tensor as it is (the device door takes it)."""
+    return host_view(t, func, label) if t.is_cpu else t
+
+
+def _seconds(opts: Any) -> Optional[float]:
+    """The call's own timeout in seconds; None when it has none (torch's
+    options carry a negative one then)."""
+    timeout = getattr(opts, "timeout", None)
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds()
+    return seconds if seconds > 0 else None
+
+
+def _reraise(exc: BaseException) -> None:
+    mapped = as_torch(exc)
+    if mapped is None:
+        raise exc
+    raise mapped from None
+
+
+class ProcessGroupPycoll(dist.ProcessGroup):
+    """A torch process group whose operations run on pycoll over MPI.
+
+    Made by torch through the backend "pycoll" (``init_process_group``,
+    ``new_group``...), not by hand.
+
+    Args:
+        group: the pycoll group the operations run on.
+        side: a second pycoll group of the same ranks, for operations issued
+            from the future completer's thread.
+        owns: pycoll groups to destroy when torch shuts this group down.
+    """
+
+    def __init__(self, group: PycollGroup, side: PycollGroup, owns: List[PycollGroup]) -> None:
+        super().__init__(group.rank(), group.size())
+        self._group = group
+        self._side = side
+        self._owns = owns
+        self._globals = group.ranks  # group rank -> global rank
+        self._local = {g: i for i, g in enumerate(self._globals)}
+        self._closed = False
+
+    # -- what torch asks of a backend -------------------------------------------
+
+    def getBackendName(self) -> str:
+        return NAME
+
+    @property
+    def pycoll_group(self) -> PycollGroup:
+        """The pycoll group this group's operations run on (for pycoll's own
+        API on the same ranks: ``pycoll.all_reduce(x, group=g.pycoll_group)``)."""
+        return self._group
+
+    def _get_sequence_number_for_group(self) -> int:
+        """How many collectives this rank has issued on the group (pycoll's count)."""
+        return self._group.sequence_number() + self._side.sequence_number()
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupPycoll(rank={self.rank()}, size={self.size()}, on={self._group!r})"
+
+    # -- the common path -----------------------------------------------------------
+
+    def _channel(self) -> PycollGroup:
+        return self._side if COMPLETER.is_own_thread() else self._group
+
+    def _run(
+        self,
+        opts: Any,
+        value: List[Any],
+        call: Callable[[PycollGroup, bool], Any],
+        collective: bool = True,
+    ) -> TorchWork:
+        """Run ``call(group, async_op)``: synchronously where torch waits at
+        once (``asyncOp`` False, no timeout of the call's own), else
+        nonblocking; a Work either way, errors in torch's family."""
+        timeout = _seconds(opts)
+        group = self._channel()
+        try:
+            if timeout is None and getattr(opts, "asyncOp", True) is False:
+                call(group, False)
+                return done(value)
+            work = call(group, True)
+        except Exception as exc:
+            _reraise(exc)
+        works = work if isinstance(work, list) else [work]
+        return TorchWork(works, value, group if collective else None, timeout)
+
+    def _root(self, opts: Any) -> int:
+        return self._globals[opts.rootRank]
+
+    # -- reductions ------------------------------------------------------------------
+
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> TorchWork:
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        op = reduce_op(opts.reduceOp, "all_reduce")
+        if len(tensors) == 1:
+            x = _array(tensors[0], "all_reduce", "tensor")
+            return self._run(
+                opts, tensors, lambda g, a: pycoll.all_reduce(x, op=op, group=g, async_op=a)
+            )
+        xs = [_array(t, "all_reduce", f"tensors[{i}]") for i, t in enumerate(tensors)]
+        return self._run(
+            opts, tensors, lambda g, a: pycoll.all_reduce_coalesced(xs, op=op, group=g, async_op=a)
+        )
+
+    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> TorchWork:
+        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        op = reduce_op(opts.reduceOp, "all_reduce_coalesced")
+        xs = [_array(t, "all_reduce_coalesced", f"tensors[{i}]") for i, t in enumerate(tensors)]
+        return self._run(
+            opts, tensors, lambda g, a: pycoll.all_reduce_coalesced(xs, op=op, group=g, async_op=a)
+        )
+
+    def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> TorchWork:
+        opts = opts if opts is not None else dist.ReduceOptions()
+        op = reduce_op(opts.reduceOp, "reduce")
+        x = _array(tensors[0], "reduce", "tensor")
+        dst = self._root(opts)
+        return self._run(
+            opts, tensors, lambda g, a: pycoll.reduce(x, dst, op=op, group=g, async_op=a)
+        )
+
+    def reduce_scatter(
+        self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None
+    ) -> TorchWork:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        op = reduce_op(opts.reduceOp, "reduce_scatter")
+        out = _array(outputs[0], "reduce_scatter", "output")
+        ins = [_array(t, "reduce_scatter", f"input_list[{i}]") for i, t in enumerate(input_lists[0])]
+        return self._run(
+            opts, outputs, lambda g, a: pycoll.reduce_scatter(out, ins, op=op, group=g, async_op=a)
+        )
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> TorchWork:
+        return self.reduce_scatter_single_coalesced([output], [input], opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
+    ) -> TorchWork:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        func = "reduce_scatter_tensor"
+        op = reduce_op(opts.reduceOp, func)
+        pairs = [
+            (_array(o, func, "output"), _array(i, func, "input")) for o, i in zip(outputs, inputs)
+        ]
+
+        def call(g: PycollGroup, a: bool) -> Any:
+            works = [
+                pycoll.reduce_scatter_tensor(o, i, op=op, group=g, async_op=a) for o, i in pairs
+            ]
+            return works if a else None
+
+        return self._run(opts, outputs, call)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # -- copies ----------------------------------------------------------------------
+
+    def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> TorchWork:
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        x = _array(tensors[0], "broadcast", "tensor")
+        src = self._root(opts)
+        return self._run(opts, tensors, lambda g, a: pycoll.broadcast(x, src, group=g, async_op=a))
+
+    def allgather(
+        self,
+        output_lists: List[List[torch.Tensor]],
+        inputs: List[torch.Tensor],
+        opts: Any = None,
+    ) -> TorchWork:
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        outs = [_array(t, "all_gather", f"tensor_list[{i}]") for i, t in enumerate(output_lists[0])]
+        x = _array(inputs[0], "all_gather", "tensor")
+        return self._run(
+            opts, output_lists, lambda g, a: pycoll.all_gather(outs, x, group=g, async_op=a)
+        )
+
+    def allgather_coalesced(
+        self,
+        output_lists: List[List[torch.Tensor]],
+        inputs: List[torch.Tensor],
+        opts: Any = None,
+    ) -> TorchWork:
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        func = "all_gather_coalesced"
+        outs = [[_array(t, func, "output") for t in row] for row in output_lists]
+        xs = [_array(t, func, "input") for t in inputs]
+        return self._run(
+            opts, output_lists, lambda g, a: pycoll.all_gather_coalesced(outs, xs, group=g, async_op=a)
+        )
+
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> TorchWork:
+        return self.all_gather_single_coalesced([output], [input], opts)
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(
+        self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
+    ) -> TorchWork:
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        func = "all_gather_into_tensor"
+        pairs = [
+            (_array(o, func, "output_tensor"), _array(i, func, "input_tensor"))
+            for o, i in zip(outputs, inputs)
+        ]
+
+        def call(g: PycollGroup, a: bool) -> Any:
+            works = [pycoll.all_gather_into_tensor(o, i, group=g, async_op=a) for o, i in pairs]
+            return works if a else None
+
+        return self._run(opts, outputs, call)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(
+        self,
+        output_lists: List[List[torch.Tensor]],
+        inputs: List[torch.Tensor],
+        opts: Any = None,
+    ) -> TorchWork:
+        opts = opts if opts is not None else dist.GatherOptions()
+        dst = self._root(opts)
+        outs = (
+            [_array(t, "gather", f"gather_list[{i}]") for i, t in enumerate(output_lists[0])]
+            if output_lists
+            else None
+        )
+        x = _array(inputs[0], "gather", "tensor")
+        return self._run(
+            opts, output_lists, lambda g, a: pycoll.gather(x, outs, dst, group=g, async_op=a)
+        )
+
+    def scatter(
+        self,
+        outputs: List[torch.Tensor],
+        input_lists: List[List[torch.Tensor]],
+        opts: Any = None,
+    ) -> TorchWork:
+        opts = opts if opts is not None else dist.ScatterOptions()
+        src = self._root(opts)
+        ins = (
+            [_array(t, "scatter", f"scatter_list[{i}]") for i, t in enumerate(input_lists[0])]
+            if input_lists
+            else None
+        )
+        out = _array(outputs[0], "scatter", "tensor")
+        return self._run(
+            opts, outputs, lambda g, a: pycoll.scatter(out, ins, src, group=g, async_op=a)
+        )
+
+    def alltoall(
+        self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
+    ) -> TorchWork:
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        outs = [_array(t, "all_to_all", f"output_tensor_list[{i}]") for i, t in enumerate(outputs)]
+        ins = [_array(t, "all_to_all", f"input_tensor_list[{i}]") for i, t in enumerate(inputs)]
+        return self._run(opts, outputs, lambda g, a: pycoll.all_to_all(outs, ins, group=g, async_op=a))
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: List[int],
+        input_split_sizes: List[int],
+        opts: Any = None,
+    ) -> TorchWork:
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        out = _array(output, "all_to_all_single", "output")
+        x = _array(input, "all_to_all_single", "input")
+        out_splits = list(output_split_sizes) or None
+        in_splits = list(input_split_sizes) or None
+        return self._run(
+            opts,
+            [output],
+            lambda g, a: pycoll.all_to_all_single(
+                out, x, out_splits, in_splits, group=g, async_op=a
+            ),
+        )
+
+    alltoall_base = all_to_all_single
+
+    # -- synchronization ---------------------------------------------------------------
+
+    def barrier(self, opts: Any = None) -> TorchWork:
+        opts = opts if opts is not None else dist.BarrierOptions()
+        return self._run(opts, [], lambda g, a: pycoll.barrier(group=g, async_op=a))
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """pycoll's monitored_barrier: rank 0 names the ranks that did not
+        arrive within ``timeout``. (``torch.distributed.monitored_barrier``
+        itself accepts only gloo groups; call this method, or
+        ``pycoll.monitored_barrier(group=g.pycoll_group)``.)"""
+        try:
+            pycoll.monitored_barrier(
+                group=self._channel(), timeout=timeout, wait_all_ranks=wait_all_ranks
+            )
+        except Exception as exc:
+            _reraise(exc)
+
+    # -- point to point ------------------------------------------------------------------
+
+    def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> TorchWork:
+        x = _array(tensors[0], "send", "tensor")
+        peer = self._globals[dst]
+        return self._run(
+            None, tensors, lambda g, a: pycoll.isend(x, peer, group=g, tag=tag), collective=False
+        )
+
+    def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> TorchWork:
+        x = _array(tensors[0], "recv", "tensor")
+        peer = self._globals[src]
+        return self._run(
+            None, tensors, lambda g, a: pycoll.irecv(x, peer, group=g, tag=tag), collective=False
+        )
+
+    def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> TorchWork:
+        x = _array(tensors[0], "recv", "tensor")
+        group = self._channel()
+        try:
+            work = pycoll.irecv(x, None, group=group, tag=tag)
+        except Exception as exc:
+            _reraise(exc)
+        return TorchWork([work], tensors, None, None, source=self._local.__getitem__)
+
+    # -- the end -------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Destroy the pycoll groups under this one (torch calls it from
+        destroy_process_group); pycoll itself ends with torch's default group
+        when this module started it."""
+        if self._closed:
+            return
+        self._closed = True
+        for group in self._owns:
+            pycoll.destroy_process_group(group)
+        if self._group is pycoll.group.WORLD and _STARTED_HERE[0]:
+            _STARTED_HERE[0] = False
+            pycoll.destroy_process_group()
+
+    def abort(self) -> None:
+        self.shutdown()
+
+
+def _world(timeout: timedelta) -> PycollGroup:
+    """pycoll's default group, started over COMM_WORLD if the program has not."""
+    world = pycoll.group.WORLD
+    if world is None:
+        debug = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").strip()
+        if debug and not os.environ.get("PYCOLL_DEBUG"):
+            os.environ["PYCOLL_DEBUG"] = debug  # DETAIL: pycoll's call check
+        pycoll.init_process_group(timeout=timeout)
+        _STARTED_HERE[0] = True
+        world = pycoll.group.WORLD
+    assert world is not None
+    return world
+
+
+def create(dist_opts: Any, options: Any = None) -> ProcessGroupPycoll:
+    """torch's creator for the backend "pycoll" (``extended_api=True``): the
+    group of ``dist_opts.global_ranks_in_group`` (the whole world where
+    empty), on this rank, which torch says is ``dist_opts.group_rank`` of
+    ``dist_opts.group_size``.
+
+    Raises:
+        ValueError: torch's rank or size for the group disagrees with MPI's.
+    """
+    timeout = dist_opts.timeout
+    if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
+        timeout = None
+    world = _world(timeout or default_timeout())
+    members = list(dist_opts.global_ranks_in_group)
+    name = str(dist_opts.group_id)
+    everyone = list(range(world.size()))
+    if not members:
+        if (dist_opts.group_rank, dist_opts.group_size) != (world.rank(), world.size()):
+            raise ValueError(
+                f"init_process_group: torch was told rank {dist_opts.group_rank} of "
+                f"{dist_opts.group_size}, but MPI started this process as rank "
+                f"{world.rank()} of {world.size()}; leave rank and world_size out (and "
+                f"RANK/WORLD_SIZE unset) to take them from MPI, or launch "
+                f"{dist_opts.group_size} processes"
+            )
+        group = world
+        owns: List[PycollGroup] = []
+    else:
+        group = pycoll.new_group(
+            members, timeout=timeout, use_local_synchronization=True, group_desc=f"torch:{name}"
+        )
+        owns = [group]
+    side = pycoll.new_group(
+        members or everyone,
+        timeout=timeout or group.timeout,
+        use_local_synchronization=True,
+        group_desc=f"torch:{name}:callbacks",
+    )
+    owns.insert(0, side)
+    return ProcessGroupPycoll(group, side, owns)

@@ -1,0 +1,120 @@
+"""Rendezvous from MPI: ``init_method="mpi://"``, and env:// without variables.
+
+torch needs a key-value store beside any backend (gloo groups made beside
+pycoll's, store-based barriers, RPC). Under an MPI launcher rank and size
+are known already, so ``mpi://`` starts pycoll (MPI), makes a TCPStore on
+rank 0 (on a free port, at ``MASTER_ADDR`` where that is set, else on
+127.0.0.1 when every rank shares rank 0's host, else on rank 0's host name)
+and tells the other ranks where it is with an MPI broadcast. No environment
+variable is read or needed.
+
+``env://`` (torch's default init_method) still reads RANK, WORLD_SIZE,
+MASTER_ADDR and MASTER_PORT where they are set (pycoll-run and torchrun set
+them). Where none of them is set and the process was started by an MPI
+launcher (mpiexec, mpirun, srun), pycoll.torch's env:// does what mpi://
+does, so that a plain ``init_process_group("pycoll")`` works under any of
+them. With any of them set, torch's own env:// runs unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from datetime import timedelta
+from typing import Any, Dict, Iterator, Tuple
+from urllib.parse import urlparse
+
+import torch.distributed as dist
+import torch.distributed.rendezvous  # noqa: F401  (the module, for its handler table)
+
+import pycoll
+
+__all__ = ["mpi_rendezvous", "register", "launched_by_mpi"]
+
+SCHEME = "mpi"
+ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# Set in every process an MPI launcher starts: MPICH's and Intel MPI's Hydra,
+# Open MPI's (ORTE and PRRTE/PMIx), Slurm's srun.
+LAUNCHER_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
+
+
+def launched_by_mpi() -> bool:
+    """Whether an MPI launcher (or srun) started this process."""
+    return any(os.environ.get(v) for v in LAUNCHER_VARS)
+
+
+def _query(url: str) -> Dict[str, str]:
+    pairs = (p.split("=", 1) for p in urlparse(url).query.split("&") if "=" in p)
+    return {k: v for k, v in pairs}
+
+
+def _address(world: Any) -> str:
+    """Where rank 0's store listens, as the other ranks reach it."""
+    if os.environ.get("MASTER_ADDR"):
+        return os.environ["MASTER_ADDR"]
+    hosts = [""] * world.size()
+    pycoll.all_gather_object(hosts, socket.gethostname(), group=world)
+    return "127.0.0.1" if len(set(hosts)) == 1 else hosts[0]
+
+
+def mpi_rendezvous(
+    url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any
+) -> Iterator[Tuple[Any, int, int]]:
+    """torch's rendezvous handler for ``mpi://``: (store, rank, world size)
+    from MPI (see the module's docstring).
+
+    Raises:
+        ValueError: a rank or world_size given to init_process_group
+            disagrees with MPI's.
+    """
+    if not pycoll.is_initialized():
+        from .backend import _world
+
+        _world(timeout)
+    world = pycoll.group.WORLD
+    rank, size = world.rank(), world.size()
+    asked = _query(url)
+    for key, mine in (("rank", rank), ("world_size", size)):
+        given = int(asked.get(key, "-1"))
+        if given not in (-1, mine):
+            raise ValueError(
+                f"init_process_group: {key}={given} was given, but MPI started this "
+                f"process as rank {rank} of {size}; leave rank and world_size out "
+                f"(MPI knows them), or launch the number of processes you meant"
+            )
+    address = _address(world)
+    store = None
+    port = [0]
+    if rank == 0:
+        store = dist.TCPStore(address, 0, size, is_master=True, timeout=timeout,
+                              wait_for_workers=False, multi_tenant=True)
+        port[0] = store.port
+    pycoll.broadcast_object_list(port, src=0, group=world)
+    if rank != 0:
+        store = dist.TCPStore(address, port[0], size, is_master=False, timeout=timeout)
+    yield (store, rank, size)
+    raise RuntimeError("mpi:// rendezvous cannot run again: the MPI job is fixed")
+
+
+def _env_or_mpi(original: Any) -> Any:
+    def env_rendezvous(url: str, **kwargs: Any) -> Iterator[Tuple[Any, int, int]]:
+        if launched_by_mpi() and not any(os.environ.get(v) for v in ENV_VARS):
+            query = _query(url)
+            if query.get("rank", "-1") == "-1":
+                return mpi_rendezvous(url, **kwargs)
+        return original(url, **kwargs)
+
+    env_rendezvous.pycoll_wraps = original  # type: ignore[attr-defined]
+    return env_rendezvous
+
+
+def register() -> None:
+    """Register ``mpi://``, and env:// without variables, with torch; harmless twice."""
+    handlers = sys.modules["torch.distributed.rendezvous"]._rendezvous_handlers
+    if SCHEME not in handlers:
+        dist.register_rendezvous_handler(SCHEME, mpi_rendezvous)
+    # torch has no call to replace a handler: the env:// entry is wrapped in place.
+    env = handlers.get("env")
+    if env is not None and not hasattr(env, "pycoll_wraps"):
+        handlers["env"] = _env_or_mpi(env)

@@ -1,0 +1,241 @@
+"""The torch Work of the pycoll backend, and the completer that fulfils its futures.
+
+A collective issued through torch returns a :class:`TorchWork`: a
+``torch.distributed._Work`` over one or more of pycoll's Works (pycoll.work).
+``wait()`` waits on them within the group's timeout, with pycoll's
+diagnosis raised as torch's DistBackendError family (pycoll.torch.errors).
+
+``get_future()`` gives a real ``torch.futures.Future`` holding the outputs
+(``[tensor]`` for an all_reduce, as DDP's hooks read it). MPI has no
+completion callback, so one thread per process, the :class:`Completer`,
+tests the pending operations (which also gives MPI the progress an overlapped
+DDP bucket needs) and sets each future once its operation is done, backing
+off from a yield to half a millisecond while nothing completes. It runs only
+while some future is pending; a Work whose future nobody asks for costs
+nothing here.
+
+Order: a future's callbacks run in the completer's thread, and a comm hook's
+callback may issue collectives (PowerSGD does). So that every rank issues
+those in the same order, the completer completes a group's collective
+futures in the order they were asked for, and the backend sends collectives
+issued from its thread over a second communicator of the group (see
+pycoll.torch.backend): each of the two streams of collectives is then in one
+order on every rank.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any, Deque, List, Optional, Sequence
+
+import torch.distributed as dist
+from torch.futures import Future
+
+from ..work import BaseWork, to_seconds
+from .errors import as_torch
+
+__all__ = ["TorchWork", "COMPLETER"]
+
+SPINS = 32  # polls that only yield the GIL before the completer starts to sleep
+MAX_NAP = 5e-4  # seconds: the longest the completer sleeps between polls
+
+
+def _torch_error(exc: BaseException) -> BaseException:
+    return as_torch(exc) or exc
+
+
+class TorchWork(dist._Work):
+    """An operation of the pycoll backend, as torch's Work.
+
+    Args:
+        works: pycoll's Works the operation is made of (none when it already
+            completed, as a synchronous call does).
+        value: what ``result()`` and the future hold (the output tensors).
+        key: the group the operation is a collective of (it orders the
+            futures, see the module's docstring); None for point-to-point.
+        timeout: seconds ``wait()`` waits by default (None: the group's).
+        source: for a receive from any rank, maps pycoll's global source rank
+            to the group rank torch expects from ``_source_rank()``.
+    """
+
+    def __init__(
+        self,
+        works: Sequence[BaseWork],
+        value: List[Any],
+        key: Any = None,
+        timeout: Optional[float] = None,
+        source: Any = None,
+    ) -> None:
+        super().__init__()
+        self._works = list(works)
+        self._value = value
+        self._key = key
+        self._timeout = timeout
+        self._source = source
+        self._future: Optional[Future] = None
+        self._exc: Optional[BaseException] = None
+
+    def __repr__(self) -> str:
+        ops = ",".join(getattr(w, "op", "?") for w in self._works) or "done"
+        return f"TorchWork({ops}, {'completed' if self.is_completed() else 'pending'})"
+
+    def wait(self, timeout: Any = None) -> bool:
+        """Wait for the operation (within ``timeout``, a timedelta or seconds;
+        None or zero: the call's or the group's timeout); True once complete.
+
+        Raises:
+            DistTimeoutError: it did not complete in time (pycoll.torch.errors,
+                a torch DistBackendError), with pycoll's diagnosis.
+        """
+        seconds = to_seconds(timeout) if timeout is not None else 0.0
+        limit = seconds if seconds > 0 else self._timeout
+        for work in self._works:
+            try:
+                work.wait(limit)
+            except Exception as exc:
+                self._exc = self._exc or _torch_error(exc)
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def is_completed(self) -> bool:
+        """True once every part has completed (successfully or not). Never blocks."""
+        return all(w.is_completed() for w in self._works)
+
+    def is_success(self) -> bool:
+        """True once completed without an error."""
+        return self.is_completed() and self.exception() is None
+
+    def exception(self) -> Optional[BaseException]:
+        """The error the operation failed with (torch's family), or None."""
+        if self._exc is None:
+            for work in self._works:
+                exc = work.exception()
+                if exc is not None:
+                    self._exc = _torch_error(exc)
+                    break
+        return self._exc
+
+    def result(self) -> List[Any]:
+        """The output tensors, once complete."""
+        self.wait()
+        return self._value
+
+    def _source_rank(self) -> int:
+        """For a receive from any rank: the group rank of the sender."""
+        self.wait()
+        if self._source is None:
+            raise RuntimeError("_source_rank() applies to a receive from any rank")
+        return int(self._source(self._works[0].source_rank()))
+
+    source_rank = _source_rank
+
+    def get_future(self) -> Future:
+        """A torch Future holding the outputs, completed when MPI completes.
+
+        Asked for on the completer's own thread (a comm hook's callback that
+        issues a collective), the operation is finished first: that thread
+        is the one that completes futures, so it must not wait on one.
+        """
+        if self._future is None:
+            self._future = Future()
+            if not self._works or COMPLETER.is_own_thread():
+                self._complete_now()
+            else:
+                COMPLETER.add(self)
+        return self._future
+
+    def _complete_now(self) -> None:
+        try:
+            self.wait()
+        except Exception:
+            pass  # it is the future's exception
+        self._settle()
+
+    def _settle(self) -> None:
+        """Set the future from the completed operation (runs its callbacks)."""
+        future = self._future
+        assert future is not None
+        exc = self.exception()
+        if exc is None:
+            future.set_result(self._value)
+        else:
+            future.set_exception(exc)
+
+
+class Completer:
+    """The thread that completes the futures of pending TorchWorks (see the
+    module's docstring), started on the first future asked for."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._pending: Deque[TorchWork] = deque()
+        self._thread: Optional[threading.Thread] = None
+        self._ident: Optional[int] = None
+
+    def is_own_thread(self) -> bool:
+        return threading.get_ident() == self._ident
+
+    def add(self, work: TorchWork) -> None:
+        with self._cond:
+            self._pending.append(work)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="pycoll-torch-completer", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def pending(self) -> int:
+        """How many futures wait to be completed."""
+        return len(self._pending)
+
+    def _run(self) -> None:
+        self._ident = threading.get_ident()
+        idle = 0
+        while True:
+            with self._cond:
+                while not self._pending:
+                    idle = 0
+                    self._cond.wait()
+                pending = list(self._pending)
+            ready = self._ready(pending)
+            if ready:
+                with self._cond:
+                    for work in ready:
+                        self._pending.remove(work)
+                for work in ready:  # callbacks run here, outside the lock
+                    try:
+                        work._settle()
+                    except Exception:  # a callback's error belongs to its own future
+                        pass
+                idle = 0
+                continue
+            idle += 1
+            time.sleep(0 if idle < SPINS else min(MAX_NAP, 1e-6 * (idle - SPINS + 1) ** 2))
+
+    @staticmethod
+    def _ready(pending: List[TorchWork]) -> List[TorchWork]:
+        """The pending Works to complete now: every completed one, except a
+        collective whose group has an earlier collective still pending."""
+        ready = []
+        blocked = set()
+        for work in pending:
+            key = work._key
+            if key is not None and key in blocked:
+                continue
+            if work.is_completed():
+                ready.append(work)
+            elif key is not None:
+                blocked.add(key)
+        return ready
+
+
+COMPLETER = Completer()
+
+
+def done(value: List[Any]) -> TorchWork:
+    """The Work of an operation that already completed."""
+    return TorchWork((), value)
