@@ -95,6 +95,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self._globals = group.ranks  # group rank -> global rank
         self._local = {g: i for i, g in enumerate(self._globals)}
         self._closed = False
+        self._name = group.group_name
+        self._desc = group.group_desc
 
     # -- what torch asks of a backend -------------------------------------------
 
@@ -106,6 +108,22 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         """The pycoll group this group's operations run on (for pycoll's own
         API on the same ranks: ``pycoll.all_reduce(x, group=g.pycoll_group)``)."""
         return self._group
+
+    # torch names each group after making it; a Python group keeps the names
+    # itself (torch's C++ getters ask a C++ backend, which this group has not).
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return self._desc
 
     def _get_sequence_number_for_group(self) -> int:
         """How many collectives this rank has issued on the group (pycoll's count)."""

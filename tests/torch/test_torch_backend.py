@@ -1,0 +1,315 @@
+"""torch.distributed's API over the backend "pycoll" (pycoll.torch).
+
+Every collective, torch's way, with expected values computed with numpy from
+each rank's own inputs (tests/support.py), never by the backend.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+import pycoll
+from support import BF16, assert_equal, data, invalid_pairs, reduce_all, valid_pairs
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+TORCH = {
+    np.dtype(np.bool_): torch.bool,
+    np.dtype(np.int8): torch.int8,
+    np.dtype(np.uint8): torch.uint8,
+    np.dtype(np.int16): torch.int16,
+    np.dtype(np.int32): torch.int32,
+    np.dtype(np.int64): torch.int64,
+    np.dtype(np.float16): torch.float16,
+    BF16: torch.bfloat16,
+    np.dtype(np.float32): torch.float32,
+    np.dtype(np.float64): torch.float64,
+    np.dtype(np.complex64): torch.complex64,
+    np.dtype(np.complex128): torch.complex128,
+}
+COMPLEX_DENIED = ("PRODUCT", "MIN", "MAX")  # torch refuses these on complex tensors itself
+PAIRS = [
+    (op, dt)
+    for op, dt in valid_pairs()
+    if dt in TORCH and not (dt.kind == "c" and op in COMPLEX_DENIED)
+]
+F32 = np.dtype(np.float32)
+
+
+def tensor(x: np.ndarray):
+    """A torch tensor holding ``x`` (built from its values, not its memory)."""
+    if x.dtype == BF16:
+        return torch.tensor(x.astype(np.float32).tolist(), dtype=torch.bfloat16)
+    return torch.tensor(x.tolist(), dtype=TORCH[x.dtype])
+
+
+def values(t) -> np.ndarray:
+    if t.dtype == torch.bfloat16:
+        return t.float().numpy().astype(BF16)
+    return t.numpy()
+
+
+def torch_op(op: str):
+    if op == "PREMUL_SUM":
+        from support import PREMUL_SCALE
+
+        return dist._make_nccl_premul_sum(PREMUL_SCALE)
+    return getattr(dist.ReduceOp, op)
+
+
+def test_the_backend_is_registered_and_named(tdist, world_size):
+    assert dist.is_backend_available("pycoll")
+    assert dist.get_backend() == "pycoll"
+    assert dist.get_world_size() == world_size
+    assert dist.get_rank() == pycoll.get_rank()
+    assert dist.group.WORLD.name() == "pycoll"
+    assert dist.group.WORLD.group_name  # torch's name methods reach the group
+
+
+@pytest.mark.parametrize("op,dtype", PAIRS, ids=[f"{o}-{d}" for o, d in PAIRS])
+def test_all_reduce_every_dtype_and_op(tdist, op, dtype, rank, world_size):
+    t = tensor(data(rank, dtype))
+    dist.all_reduce(t, op=torch_op(op))
+    expected = reduce_all(op, [data(r, dtype) for r in range(world_size)], world_size)
+    assert_equal(values(t), expected)
+
+
+BAD = [(op, dt) for op, dt in invalid_pairs() if dt in TORCH and dt.kind != "c"]
+
+
+@pytest.mark.parametrize("op,dtype", BAD, ids=[f"{o}-{d}" for o, d in BAD])
+def test_an_op_the_dtype_lacks_is_refused_before_sending(tdist, op, dtype, rank):
+    t = tensor(data(rank, dtype))
+    with pytest.raises((TypeError, ValueError), match=op):
+        dist.all_reduce(t, op=torch_op(op))
+    # Nothing was sent: the group is in step for the next call.
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    assert x.item() == dist.get_world_size()
+
+
+def test_async_all_reduce_future_holds_the_tensor_and_chains(tdist, rank, world_size):
+    t = torch.full((1000,), float(rank + 1))
+    work = dist.all_reduce(t, async_op=True)
+    fut = work.get_future()
+    assert isinstance(fut, torch.futures.Future)
+    chained = fut.then(lambda f: f.value()[0] * 2)
+    got = chained.wait()
+    total = world_size * (world_size + 1) / 2
+    assert got.tolist() == [2 * total] * 1000
+    assert fut.value()[0] is t
+    assert work.is_completed() and work.is_success()
+    assert work.wait()
+
+
+def test_a_future_completes_without_anyone_waiting(tdist, world_size):
+    t = torch.ones(4)
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    seen = threading.Event()
+    fut.add_done_callback(lambda f: seen.set())
+    assert seen.wait(60), "the completer did not complete the future"
+    assert t.tolist() == [float(world_size)] * 4
+
+
+def test_coalesced_forms(tdist, rank, world_size):
+    n = world_size
+    ts = [torch.full((3,), float(rank)), torch.full((2,), float(rank + 1))]
+    dist.all_reduce_coalesced(ts)
+    assert ts[0].tolist() == [n * (n - 1) / 2] * 3
+    assert ts[1].tolist() == [n * (n + 1) / 2] * 2
+    outs = [torch.zeros(2 * n), torch.zeros(3 * n)]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.all_gather_single(outs[0], torch.full((2,), float(rank)))
+        dist.all_gather_single(outs[1], torch.full((3,), float(rank) * 10))
+    cm.wait()
+    assert outs[0].tolist() == [float(r) for r in range(n) for _ in range(2)]
+    assert outs[1].tolist() == [r * 10.0 for r in range(n) for _ in range(3)]
+    parts = [torch.zeros(2), torch.zeros(1)]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.reduce_scatter_single(parts[0], torch.arange(2.0 * n))
+        dist.reduce_scatter_single(parts[1], torch.arange(1.0 * n))
+    cm.wait()
+    assert parts[0].tolist() == [n * (2.0 * rank), n * (2.0 * rank + 1)]
+    assert parts[1].tolist() == [n * float(rank)]
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16, np.dtype(np.int64)], ids=str)
+def test_every_collective(tdist, dtype, rank, world_size):
+    n = world_size
+    every = [data(r, dtype) for r in range(n)]
+    last = n - 1
+
+    t = tensor(every[rank])
+    dist.reduce(t, dst=last, op=dist.ReduceOp.MAX)
+    if rank == last:
+        assert_equal(values(t), reduce_all("MAX", every, n))
+
+    t = tensor(every[rank])
+    dist.broadcast(t, src=last)
+    assert_equal(values(t), every[last])
+
+    outs = [tensor(np.zeros(6, dtype)) for _ in range(n)]
+    dist.all_gather(outs, tensor(every[rank]))
+    for r in range(n):
+        assert_equal(values(outs[r]), every[r])
+
+    out = tensor(np.zeros(6 * n, dtype))
+    dist.all_gather_into_tensor(out, tensor(every[rank]))
+    assert_equal(values(out), np.concatenate(every))
+
+    gathered = [tensor(np.zeros(6, dtype)) for _ in range(n)] if rank == 0 else None
+    dist.gather(tensor(every[rank]), gathered, dst=0)
+    if rank == 0:
+        for r in range(n):
+            assert_equal(values(gathered[r]), every[r])
+
+    mine = tensor(np.zeros(6, dtype))
+    dist.scatter(mine, [tensor(a) for a in every] if rank == last else None, src=last)
+    assert_equal(values(mine), every[rank])
+
+    big = [data(r, dtype, (6 * n,)) for r in range(n)]
+    part = tensor(np.zeros(6, dtype))
+    dist.reduce_scatter_tensor(part, tensor(big[rank]), op=dist.ReduceOp.SUM)
+    assert_equal(values(part), reduce_all("SUM", big, n)[6 * rank : 6 * rank + 6])
+
+    part = tensor(np.zeros(6, dtype))
+    dist.reduce_scatter(part, [tensor(b[6 * r : 6 * r + 6]) for r, b in enumerate([big[rank]] * n)])
+    assert_equal(values(part), reduce_all("SUM", big, n)[6 * rank : 6 * rank + 6])
+
+    ins = [tensor(data(rank, dtype, (2,), salt=r)) for r in range(n)]
+    outs = [tensor(np.zeros(2, dtype)) for _ in range(n)]
+    dist.all_to_all(outs, ins)
+    for r in range(n):
+        assert_equal(values(outs[r]), data(r, dtype, (2,), salt=rank))
+
+
+def test_all_to_all_single_uneven(tdist, rank, world_size):
+    n = world_size
+    # rank r sends (s + 1) rows to rank s; each row holds 100 * r + s
+    in_splits = [s + 1 for s in range(n)]
+    x = torch.cat([torch.full((s + 1, 2), 100.0 * rank + s) for s in range(n)])
+    out_splits = [rank + 1] * n
+    out = torch.zeros(sum(out_splits), 2)
+    dist.all_to_all_single(out, x, out_splits, in_splits)
+    expected = torch.cat([torch.full((rank + 1, 2), 100.0 * r + rank) for r in range(n)])
+    assert torch.equal(out, expected)
+    even = torch.arange(float(n)) + 10 * rank
+    got = torch.zeros(n)
+    dist.all_to_all_single(got, even)
+    assert got.tolist() == [10.0 * r + rank for r in range(n)]
+
+
+def test_complex_tensors(tdist, rank, world_size):
+    t = torch.full((3,), complex(rank, 1), dtype=torch.complex64)
+    dist.all_reduce(t)
+    n = world_size
+    assert t.tolist() == [complex(n * (n - 1) / 2, n)] * 3
+
+
+def test_barrier_and_sequence_numbers(tdist, world_size):
+    group = dist.group.WORLD
+    before = group._get_sequence_number_for_group()
+    dist.barrier()
+    dist.all_reduce(torch.ones(1))
+    assert group._get_sequence_number_for_group() == before + 2
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, group._get_sequence_number_for_group())
+    assert len(set(everyone)) == 1
+    work = dist.barrier(async_op=True)
+    assert work.wait()
+    group.monitored_barrier(timedelta(seconds=60), wait_all_ranks=True)
+
+
+def test_point_to_point_and_any_source(tdist, rank, world_size):
+    if world_size == 1:
+        pytest.skip("needs a peer")
+    nxt, prv = (rank + 1) % world_size, (rank - 1) % world_size
+    out = torch.full((4,), float(rank))
+    got = torch.zeros(4)
+    ops = [dist.P2POp(dist.isend, out, nxt), dist.P2POp(dist.irecv, got, prv)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    assert got.tolist() == [float(prv)] * 4
+    if rank == 0:
+        srcs = set()
+        for _ in range(world_size - 1):
+            buf = torch.zeros(1)
+            src = dist.recv(buf)
+            assert buf.item() == 7.0 + src
+            srcs.add(src)
+        assert srcs == set(range(1, world_size))
+    else:
+        dist.send(torch.full((1,), 7.0 + rank), 0)
+    if rank == 0:
+        w = dist.isend(torch.arange(3.0), 1)
+        w.wait()
+    elif rank == 1:
+        y = torch.zeros(3)
+        dist.irecv(y, 0).wait()
+        assert y.tolist() == [0.0, 1.0, 2.0]
+
+
+def test_object_collectives(tdist, rank, world_size):
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, {"rank": rank, "s": "x" * rank})
+    assert everyone == [{"rank": r, "s": "x" * r} for r in range(world_size)]
+    objs = [("a", 1), None] if rank == 0 else [None, None]
+    dist.broadcast_object_list(objs, src=0)
+    assert objs == [("a", 1), None]
+    got = [None] * world_size if rank == 0 else None
+    dist.gather_object(rank * 3, got, dst=0)
+    if rank == 0:
+        assert got == [r * 3 for r in range(world_size)]
+    out = [None]
+    dist.scatter_object_list(out, [f"to {r}" for r in range(world_size)] if rank == 0 else None)
+    assert out == [f"to {rank}"]
+
+
+def test_new_group_and_subgroups(tdist, rank, world_size):
+    evens = list(range(0, world_size, 2))
+    g = dist.new_group(evens, backend="pycoll")
+    if rank in evens:
+        assert dist.get_backend(g) == "pycoll"
+        x = torch.full((2,), float(rank))
+        dist.all_reduce(x, group=g)
+        assert x.tolist() == [float(sum(evens))] * 2
+        assert dist.get_rank(g) == evens.index(rank)
+        dist.broadcast(x := torch.full((1,), float(rank)), src=evens[-1], group=g)
+        assert x.item() == float(evens[-1])
+    else:
+        assert g == dist.GroupMember.NON_GROUP_MEMBER
+    mine, _ = dist.new_subgroups(group_size=1)
+    y = torch.full((1,), float(rank))
+    dist.all_reduce(y, group=mine)
+    assert y.item() == float(rank)
+    dist.destroy_process_group(mine)
+
+
+def test_gloo_groups_beside_it_use_the_store(tdist, rank, world_size):
+    g = dist.new_group(backend="gloo")
+    x = torch.full((2,), float(rank))
+    dist.all_reduce(x, group=g)
+    assert x.tolist() == [world_size * (world_size - 1) / 2] * 2
+
+
+def test_bad_input_is_refused_by_name(tdist):
+    t = torch.zeros(4, 2).t()
+    with pytest.raises(ValueError, match="not contiguous|contiguous"):
+        dist.all_reduce(t.contiguous().t())
+    with pytest.raises(ValueError, match="must have .*|same|size|elements"):
+        dist.all_gather_into_tensor(torch.zeros(1), torch.zeros(5))
+    x = torch.ones(1)
+    dist.all_reduce(x)  # nothing was sent by either
+    assert x.item() == dist.get_world_size()
+
+
+def test_pycoll_api_on_the_same_ranks(tdist, world_size):
+    g = dist.group.WORLD
+    x = np.ones(3, np.float32)
+    pycoll.all_reduce(x, group=g.pycoll_group)
+    assert x.tolist() == [float(world_size)] * 3
