@@ -214,6 +214,7 @@ class Work(BaseWork):
         "_t0",
         "_status",
         "_stages",
+        "_keep",
     )
 
     def __init__(
@@ -228,6 +229,7 @@ class Work(BaseWork):
         status: Any = None,
         peer: Optional[int] = None,
         stages: Optional[List[Callable[[], List[Any]]]] = None,
+        keep: Any = None,
     ) -> None:
         self.op = op
         self.seq = seq
@@ -244,6 +246,11 @@ class Work(BaseWork):
         self._t0 = time.perf_counter() if debug.LEVEL else 0.0
         self._status = status
         self._stages = stages  # each starts the next MPI operations once the last are done
+        # The buffers MPI reads until it completes (the send side of a
+        # collective), held here: mpi4py's request does not hold them all, and
+        # Open MPI was seen to read a freed temporary input of an
+        # Ireduce_scatter_block after it returned.
+        self._keep = keep
 
     def __repr__(self) -> str:
         state = "completed" if self._done else "pending"
@@ -336,6 +343,7 @@ class Work(BaseWork):
         self._settle()
 
     def _settle(self) -> None:
+        self._keep = None
         if self._exc is None and self._finish is not None:
             try:
                 self._finish()

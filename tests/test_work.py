@@ -164,3 +164,14 @@ def test_negative_timeout(pg):
     with pytest.raises(ValueError, match="must not be negative"):
         work.wait(timeout=-1)
     work.wait()
+
+
+def test_an_async_collective_keeps_a_temporary_input_alive(rank, world_size):
+    """Open MPI read a freed temporary input of an Ireduce_scatter_block after
+    the call returned (mpi4py's request does not hold it): the Work must."""
+    n = world_size
+    out = np.zeros(2, np.float32)
+    work = pycoll.reduce_scatter_tensor(out, np.arange(2.0 * n, dtype=np.float32), async_op=True)
+    junk = [np.full(2 * n, -7.0, np.float32) for _ in range(20)]  # reuses freed memory
+    work.wait()
+    assert out.tolist() == [n * 2.0 * rank, n * (2.0 * rank + 1)], junk[0][0]

@@ -72,7 +72,7 @@ def run(
             watch.end(pg, seq)
             raise watch.backend_error(op, seq, exc) from None
         if stages:
-            work = Work(op, seq, [request], finish, result, pg, nbytes, stages=stages)
+            work = Work(op, seq, [request], finish, result, pg, nbytes, stages=stages, keep=args)
             pg._staged.append(work)  # in issue order, under the lock
     if stages:
         if async_op:
@@ -80,7 +80,7 @@ def run(
         work.wait()
         return None
     if async_op:
-        return Work(op, seq, [request], finish, result, pg, nbytes)
+        return Work(op, seq, [request], finish, result, pg, nbytes, keep=args)
     t0 = time.perf_counter() if debug.LEVEL else 0.0
     watch.wait1(pg, op, seq, request)
     watch.end(pg, seq)
