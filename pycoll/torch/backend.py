@@ -33,11 +33,11 @@ from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
 import pycoll
 
 from ..groups import ProcessGroup as PycollGroup
-from ..groups import default_timeout
 from ..torchcompat import host_view, reduce_op
 from .errors import as_torch
 from .work import COMPLETER, TorchWork, done
@@ -421,7 +421,18 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self.shutdown()
 
 
-def _world(timeout: timedelta) -> PycollGroup:
+def torch_timeout(timeout: Any) -> Optional[timedelta]:
+    """The timeout torch gives a group, or None where it is torch's default
+    (so that ``PYCOLL_TIMEOUT``, where set, or pycoll's default applies: torch
+    cannot tell a default from a choice)."""
+    if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
+        return None
+    if timeout == default_pg_timeout:
+        return None
+    return timeout
+
+
+def _world(timeout: Optional[timedelta]) -> PycollGroup:
     """pycoll's default group, started over COMM_WORLD if the program has not."""
     world = pycoll.group.WORLD
     if world is None:
@@ -444,10 +455,8 @@ def create(dist_opts: Any, options: Any = None) -> ProcessGroupPycoll:
     Raises:
         ValueError: torch's rank or size for the group disagrees with MPI's.
     """
-    timeout = dist_opts.timeout
-    if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
-        timeout = None
-    world = _world(timeout or default_timeout())
+    timeout = torch_timeout(dist_opts.timeout)
+    world = _world(timeout)
     members = list(dist_opts.global_ranks_in_group)
     name = str(dist_opts.group_id)
     everyone = list(range(world.size()))

@@ -69,9 +69,9 @@ def mpi_rendezvous(
             disagrees with MPI's.
     """
     if not pycoll.is_initialized():
-        from .backend import _world
+        from .backend import _world, torch_timeout
 
-        _world(timeout)
+        _world(torch_timeout(timeout))
     world = pycoll.group.WORLD
     rank, size = world.rank(), world.size()
     asked = _query(url)

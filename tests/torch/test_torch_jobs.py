@@ -1,0 +1,122 @@
+"""The torch backend in jobs of its own: rendezvous with no variables set,
+errors that must name the problem, the ``import torch`` hook.
+
+Each test starts a 2-rank job with the mpiexec beside this Python (so it
+runs in the single-rank pass), with the launcher's and torch's rendezvous
+variables of the surrounding job removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+pytest.importorskip("torch")
+
+SCRIPT = Path(__file__).with_name("torch_scenarios.py")
+JOB_LIMIT_S = 120
+_DROP = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID", "OMPI_COMM_WORLD", "PRTE_JOB", "SLURM_")
+_RENDEZVOUS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
+
+
+@pytest.fixture(autouse=True)
+def one_rank(world_size):
+    if world_size != 1:
+        pytest.skip("launches its own jobs; runs in the single-rank pass")
+
+
+def clean_env(**extra: str) -> Dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items()
+        if not k.startswith(_DROP) and k not in _RENDEZVOUS and k != "PYCOLL_DEBUG"
+    }
+    env.update(extra)
+    return env
+
+
+def run_job(scenario: str, **env: str) -> List[Dict]:
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    if not mpiexec.exists():
+        pytest.skip(f"no mpiexec next to {sys.executable}")
+    args = [str(mpiexec), "-n", "2"]
+    if "Open MPI" in subprocess.run([str(mpiexec), "--version"], capture_output=True,
+                                    text=True).stdout:
+        args.append("--oversubscribe")
+    proc = subprocess.run(
+        args + [sys.executable, str(SCRIPT), scenario],
+        capture_output=True, text=True, env=clean_env(**env), timeout=JOB_LIMIT_S,
+    )
+    reports, decoder, text = [], json.JSONDecoder(), proc.stdout
+    at = text.find("{")
+    while at != -1:  # launchers may glue the ranks' lines together
+        obj, end = decoder.raw_decode(text, at)
+        reports.append(obj)
+        at = text.find("{", end)
+    assert reports, f"no reports; rc={proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    return reports
+
+
+@pytest.mark.parametrize("scenario", ["mpi_url", "plain"])
+def test_rendezvous_needs_no_variables(scenario):
+    reports = run_job(scenario)
+    assert sorted(r["rank_seen"] for r in reports) == [0, 1]
+    for r in reports:
+        assert r["size"] == 2 and r["sum"] == [3.0, 3.0, 3.0]
+        assert r["gloo"] == 2.0 and r["backend"] == "pycoll"
+
+
+def test_a_rank_that_disagrees_with_mpi_is_refused_by_name():
+    reports = run_job("wrong_rank")
+    assert len(reports) == 2
+    for r in reports:
+        assert "rank=5 was given, but MPI started this process as rank" in r["error"]
+        assert "leave rank and world_size out" in r["error"]
+
+
+def test_a_hang_ends_in_torchs_error_family_with_pycolls_diagnosis():
+    reports = run_job("timeout", PYCOLL_TIMEOUT="3")
+    r0 = next(r for r in reports if "kind" in r)
+    assert r0["is_torch"], r0["kind"]
+    assert "DistTimeoutError" in r0["kind"]
+    assert "all_reduce" in r0["error"] and "rank 1" in r0["error"], r0["error"]
+
+
+def test_a_mismatch_under_detail_is_named(tmp_path):
+    reports = run_job("mismatch", TORCH_DISTRIBUTED_DEBUG="DETAIL")
+    assert len(reports) == 2
+    for r in reports:
+        assert r["is_torch"] and "CollectiveMismatchError" in r["kind"], r
+        assert "all_reduce" in r["error"]
+
+
+def test_the_import_torch_hook_registers_and_starts_nothing():
+    code = (
+        "import sys, torch, torch.distributed as d;"
+        "print(d.is_backend_available('pycoll'), 'mpi4py.MPI' in sys.modules,"
+        " 'pycoll.torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=clean_env(), timeout=JOB_LIMIT_S)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False", "True"]
+
+
+def test_a_failing_hook_warns_and_import_torch_goes_on():
+    code = (
+        "import sys, warnings; sys.modules['pycoll.torch'] = None\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import torch\n"
+        "    from pycoll._torch_hook import autoload; autoload()\n"
+        "print([str(w.message) for w in seen if 'pycoll' in str(w.message)])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=clean_env(), timeout=JOB_LIMIT_S)
+    assert out.returncode == 0, out.stderr
+    assert "could not register its torch backend" in out.stdout
