@@ -200,7 +200,9 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         op = reduce_op(opts.reduceOp, "reduce_scatter")
         out = _array(outputs[0], "reduce_scatter", "output")
-        ins = [_array(t, "reduce_scatter", f"input_list[{i}]") for i, t in enumerate(input_lists[0])]
+        ins = [
+            _array(t, "reduce_scatter", f"input_list[{i}]") for i, t in enumerate(input_lists[0])
+        ]
         return self._run(
             opts, outputs, lambda g, a: pycoll.reduce_scatter(out, ins, op=op, group=g, async_op=a)
         )
@@ -264,7 +266,9 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         outs = [[_array(t, func, "output") for t in row] for row in output_lists]
         xs = [_array(t, func, "input") for t in inputs]
         return self._run(
-            opts, output_lists, lambda g, a: pycoll.all_gather_coalesced(outs, xs, group=g, async_op=a)
+            opts,
+            output_lists,
+            lambda g, a: pycoll.all_gather_coalesced(outs, xs, group=g, async_op=a),
         )
 
     def all_gather_single(
@@ -334,7 +338,9 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         opts = opts if opts is not None else dist.AllToAllOptions()
         outs = [_array(t, "all_to_all", f"output_tensor_list[{i}]") for i, t in enumerate(outputs)]
         ins = [_array(t, "all_to_all", f"input_tensor_list[{i}]") for i, t in enumerate(inputs)]
-        return self._run(opts, outputs, lambda g, a: pycoll.all_to_all(outs, ins, group=g, async_op=a))
+        return self._run(
+            opts, outputs, lambda g, a: pycoll.all_to_all(outs, ins, group=g, async_op=a)
+        )
 
     def all_to_all_single(
         self,
@@ -400,6 +406,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             work = pycoll.irecv(x, None, group=group, tag=tag)
         except Exception as exc:
             _reraise(exc)
+        assert work is not None  # a member's receive
         return TorchWork([work], tensors, None, None, source=self._local.__getitem__)
 
     # -- the end -------------------------------------------------------------------------
@@ -446,6 +453,15 @@ def _world(timeout: Optional[timedelta]) -> PycollGroup:
     return world
 
 
+def _members_group(members: List[int], timeout: Optional[timedelta], desc: str) -> PycollGroup:
+    """A pycoll group of ``members`` made by them alone (MPI_Comm_create_group)."""
+    group = pycoll.new_group(
+        members, timeout=timeout, use_local_synchronization=True, group_desc=desc
+    )
+    assert isinstance(group, PycollGroup)  # this rank is a member
+    return group
+
+
 def create(dist_opts: Any, options: Any = None) -> ProcessGroupPycoll:
     """torch's creator for the backend "pycoll" (``extended_api=True``): the
     group of ``dist_opts.global_ranks_in_group`` (the whole world where
@@ -472,15 +488,8 @@ def create(dist_opts: Any, options: Any = None) -> ProcessGroupPycoll:
         group = world
         owns: List[PycollGroup] = []
     else:
-        group = pycoll.new_group(
-            members, timeout=timeout, use_local_synchronization=True, group_desc=f"torch:{name}"
-        )
+        group = _members_group(members, timeout, f"torch:{name}")
         owns = [group]
-    side = pycoll.new_group(
-        members or everyone,
-        timeout=timeout or group.timeout,
-        use_local_synchronization=True,
-        group_desc=f"torch:{name}:callbacks",
-    )
+    side = _members_group(members or everyone, timeout or group.timeout, f"torch:{name}:callbacks")
     owns.insert(0, side)
     return ProcessGroupPycoll(group, side, owns)

@@ -9,7 +9,7 @@ call, what the others were doing.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Type
+from typing import Dict, Optional, Type, cast
 
 import torch.distributed as dist
 
@@ -38,7 +38,7 @@ class DistError(dist.DistBackendError, errors.DistError):
 
 
 # Most specific first: the first pycoll class an error is an instance of wins.
-_CLASSES: Dict[Type[errors.DistError], type] = {
+_CLASSES: Dict[Type[errors.DistError], Type[BaseException]] = {
     errors.DistTimeoutError: DistTimeoutError,
     errors.CollectiveMismatchError: CollectiveMismatchError,
     errors.DistBackendError: DistBackendError,
@@ -54,7 +54,7 @@ def as_torch(exc: BaseException) -> Optional[BaseException]:
         return None
     for mine, theirs in _CLASSES.items():
         if isinstance(exc, mine):
-            new = theirs.__new__(theirs)
+            new = cast(BaseException, theirs.__new__(theirs))
             new.args = exc.args
             new.__dict__.update(exc.__dict__)
             new.__cause__ = exc.__cause__

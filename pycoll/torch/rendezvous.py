@@ -22,7 +22,7 @@ import os
 import socket
 import sys
 from datetime import timedelta
-from typing import Any, Dict, Iterator, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 from urllib.parse import urlparse
 
 import torch.distributed as dist
@@ -73,6 +73,7 @@ def mpi_rendezvous(
 
         _world(torch_timeout(timeout))
     world = pycoll.group.WORLD
+    assert world is not None
     rank, size = world.rank(), world.size()
     asked = _query(url)
     for key, mine in (("rank", rank), ("world_size", size)):
@@ -83,18 +84,37 @@ def mpi_rendezvous(
                 f"process as rank {rank} of {size}; leave rank and world_size out "
                 f"(MPI knows them), or launch the number of processes you meant"
             )
-    address = _address(world)
-    store = None
-    port = [0]
-    if rank == 0:
-        store = dist.TCPStore(address, 0, size, is_master=True, timeout=timeout,
-                              wait_for_workers=False, multi_tenant=True)
-        port[0] = store.port
-    pycoll.broadcast_object_list(port, src=0, group=world)
-    if rank != 0:
-        store = dist.TCPStore(address, port[0], size, is_master=False, timeout=timeout)
-    yield (store, rank, size)
+    yield (_store(world, timeout), rank, size)
     raise RuntimeError("mpi:// rendezvous cannot run again: the MPI job is fixed")
+
+
+# The job's store: rank 0's TCPStore server, made by the first rendezvous and
+# kept for the life of the process (a second server per init cost seconds
+# now and then while clients found it); each rendezvous gets keys of its own.
+_SERVER: List[Any] = []
+
+
+def _store(world: Any, timeout: timedelta) -> Any:
+    if not _SERVER:
+        address = _address(world)
+        port = [0]
+        if world.rank() == 0:
+            store = dist.TCPStore(
+                address,
+                0,
+                world.size(),
+                is_master=True,
+                timeout=timeout,
+                wait_for_workers=False,
+                multi_tenant=True,
+            )
+            port[0] = store.port
+        pycoll.broadcast_object_list(port, src=0, group=world)
+        if world.rank() != 0:
+            store = dist.TCPStore(address, port[0], world.size(), is_master=False, timeout=timeout)
+        _SERVER[:] = [store, 0]
+    _SERVER[1] += 1  # every rank rendezvouses as often as the others
+    return dist.PrefixStore(f"pycoll-mpi-{_SERVER[1]}/", _SERVER[0])
 
 
 def _env_or_mpi(original: Any) -> Any:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Any, Deque, List, Optional, Sequence
+from typing import Any, Callable, Deque, List, Optional, Sequence
 
 import torch.distributed as dist
 from torch.futures import Future
@@ -40,6 +40,44 @@ __all__ = ["TorchWork", "COMPLETER"]
 
 SPINS = 32  # polls that only yield the GIL before the completer starts to sleep
 MAX_NAP = 5e-4  # seconds: the longest the completer sleeps between polls
+
+
+class TorchFuture(Future):
+    """A torch Future whose callbacks always run on the completer's thread.
+
+    torch runs a callback added to a future that is already complete at once,
+    in the thread that adds it. Whether a future is complete when DDP's comm
+    hook chains onto it depends on timing, so a callback that issues a
+    collective (PowerSGD's do) would issue it from the main thread on one rank
+    and from the completer's on another, and the ranks' orders would differ.
+    Here every callback (of ``then`` and ``add_done_callback``, on this future
+    and on the futures ``then`` makes) runs on the completer's thread, in the
+    order the futures complete and the callbacks are added, which is the same
+    on every rank."""
+
+    def then(self, callback: Callable[[Future], Any]) -> Future:
+        child = TorchFuture()
+
+        def run() -> None:
+            try:
+                child.set_result(callback(self))
+            except Exception as exc:  # the child's to raise
+                child.set_exception(exc)
+
+        self._when_done(run)
+        return child
+
+    def add_done_callback(self, callback: Callable[[Future], None]) -> None:
+        self._when_done(lambda: callback(self))
+
+    def _when_done(self, task: Callable[[], None]) -> None:
+        def hop(_: Any) -> None:
+            if COMPLETER.is_own_thread():
+                task()
+            else:  # complete already, and added from another thread
+                COMPLETER.call_soon(task)
+
+        super().add_done_callback(hop)
 
 
 def _torch_error(exc: BaseException) -> BaseException:
@@ -140,7 +178,7 @@ class TorchWork(dist._Work):
         is the one that completes futures, so it must not wait on one.
         """
         if self._future is None:
-            self._future = Future()
+            self._future = TorchFuture()
             if not self._works or COMPLETER.is_own_thread():
                 self._complete_now()
             else:
@@ -172,6 +210,7 @@ class Completer:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._pending: Deque[TorchWork] = deque()
+        self._tasks: Deque[Callable[[], None]] = deque()
         self._thread: Optional[threading.Thread] = None
         self._ident: Optional[int] = None
 
@@ -179,14 +218,24 @@ class Completer:
         return threading.get_ident() == self._ident
 
     def add(self, work: TorchWork) -> None:
+        """Complete ``work``'s future once its operation completes."""
         with self._cond:
             self._pending.append(work)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="pycoll-torch-completer", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify()
+            self._wake()
+
+    def call_soon(self, task: Callable[[], None]) -> None:
+        """Run ``task`` on the completer's thread (a future's callback)."""
+        with self._cond:
+            self._tasks.append(task)
+            self._wake()
+
+    def _wake(self) -> None:  # under self._cond
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._run, name="pycoll-torch-completer", daemon=True
+            )
+            self._thread.start()
+        self._cond.notify()
 
     def pending(self) -> int:
         """How many futures wait to be completed."""
@@ -197,11 +246,17 @@ class Completer:
         idle = 0
         while True:
             with self._cond:
-                while not self._pending:
+                while not self._pending and not self._tasks:
                     idle = 0
                     self._cond.wait()
+                tasks, self._tasks = self._tasks, deque()
                 pending = list(self._pending)
-            ready = self._ready(pending)
+            for task in tasks:
+                try:
+                    task()
+                except Exception:  # a callback's error belongs to its own future
+                    pass
+            ready = self._ready(pending) if pending else []
             if ready:
                 with self._cond:
                     for work in ready:
@@ -211,6 +266,7 @@ class Completer:
                         work._settle()
                     except Exception:  # a callback's error belongs to its own future
                         pass
+            if ready or tasks:
                 idle = 0
                 continue
             idle += 1

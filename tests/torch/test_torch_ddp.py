@@ -44,8 +44,10 @@ class Net(nn.Module):
 def batches(world_size: int):
     g = torch.Generator().manual_seed(7)
     return [
-        (torch.randn(PER_RANK * world_size, 10, generator=g),
-         torch.randn(PER_RANK * world_size, 4, generator=g))
+        (
+            torch.randn(PER_RANK * world_size, 10, generator=g),
+            torch.randn(PER_RANK * world_size, 4, generator=g),
+        )
         for _ in range(STEPS)
     ]
 
@@ -161,7 +163,9 @@ def test_powersgd(tdist, buckets, rank, world_size):
     data = batches(world_size)
     vanilla = reference(model, data[:2])
     state = powerSGD.PowerSGDState(
-        process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=2,
+        process_group=None,
+        matrix_approximation_rank=2,
+        start_powerSGD_iter=2,
         min_compression_rate=0.5,
     )
     ddp = DDP(model, bucket_cap_mb=buckets)

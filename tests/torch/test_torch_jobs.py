@@ -33,7 +33,8 @@ def one_rank(world_size):
 
 def clean_env(**extra: str) -> Dict[str, str]:
     env = {
-        k: v for k, v in os.environ.items()
+        k: v
+        for k, v in os.environ.items()
         if not k.startswith(_DROP) and k not in _RENDEZVOUS and k != "PYCOLL_DEBUG"
     }
     env.update(extra)
@@ -45,12 +46,17 @@ def run_job(scenario: str, **env: str) -> List[Dict]:
     if not mpiexec.exists():
         pytest.skip(f"no mpiexec next to {sys.executable}")
     args = [str(mpiexec), "-n", "2"]
-    if "Open MPI" in subprocess.run([str(mpiexec), "--version"], capture_output=True,
-                                    text=True).stdout:
+    if (
+        "Open MPI"
+        in subprocess.run([str(mpiexec), "--version"], capture_output=True, text=True).stdout
+    ):
         args.append("--oversubscribe")
     proc = subprocess.run(
         args + [sys.executable, str(SCRIPT), scenario],
-        capture_output=True, text=True, env=clean_env(**env), timeout=JOB_LIMIT_S,
+        capture_output=True,
+        text=True,
+        env=clean_env(**env),
+        timeout=JOB_LIMIT_S,
     )
     reports, decoder, text = [], json.JSONDecoder(), proc.stdout
     at = text.find("{")
@@ -101,8 +107,13 @@ def test_the_import_torch_hook_registers_and_starts_nothing():
         "print(d.is_backend_available('pycoll'), 'mpi4py.MPI' in sys.modules,"
         " 'pycoll.torch' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=clean_env(), timeout=JOB_LIMIT_S)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=JOB_LIMIT_S,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "False", "True"]
 
@@ -116,7 +127,12 @@ def test_a_failing_hook_warns_and_import_torch_goes_on():
         "    from pycoll._torch_hook import autoload; autoload()\n"
         "print([str(w.message) for w in seen if 'pycoll' in str(w.message)])"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=clean_env(), timeout=JOB_LIMIT_S)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=JOB_LIMIT_S,
+    )
     assert out.returncode == 0, out.stderr
     assert "could not register its torch backend" in out.stdout

@@ -15,8 +15,15 @@ import torch.distributed as dist
 
 
 def report(**fields) -> None:
-    print(json.dumps(dict(fields, rank=int(os.environ.get("PMI_RANK", os.environ.get(
-        "OMPI_COMM_WORLD_RANK", "-1"))))), flush=True)
+    print(
+        json.dumps(
+            dict(
+                fields,
+                rank=int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "-1"))),
+            )
+        ),
+        flush=True,
+    )
 
 
 def all_reduce_once(**init) -> None:
@@ -26,8 +33,13 @@ def all_reduce_once(**init) -> None:
     g = dist.new_group(backend="gloo")  # torch's store works beside pycoll
     u = torch.ones(1)
     dist.all_reduce(u, group=g)
-    report(rank_seen=dist.get_rank(), size=dist.get_world_size(), sum=t.tolist(),
-           gloo=u.item(), backend=dist.get_backend())
+    report(
+        rank_seen=dist.get_rank(),
+        size=dist.get_world_size(),
+        sum=t.tolist(),
+        gloo=u.item(),
+        backend=dist.get_backend(),
+    )
     dist.destroy_process_group()
 
 
@@ -50,8 +62,11 @@ def main(scenario: str) -> None:
             try:
                 dist.all_reduce(t)  # rank 1 never calls it
             except Exception as exc:
-                report(kind=[c.__name__ for c in type(exc).__mro__], error=str(exc),
-                       is_torch=isinstance(exc, dist.DistBackendError))
+                report(
+                    kind=[c.__name__ for c in type(exc).__mro__],
+                    error=str(exc),
+                    is_torch=isinstance(exc, dist.DistBackendError),
+                )
             MPI.COMM_WORLD.send("done", dest=1)
         else:
             MPI.COMM_WORLD.recv(source=0)  # alive, outside pycoll, until rank 0 is done
@@ -63,8 +78,11 @@ def main(scenario: str) -> None:
         try:
             dist.all_reduce(t)
         except Exception as exc:
-            report(kind=[c.__name__ for c in type(exc).__mro__], error=str(exc),
-                   is_torch=isinstance(exc, dist.DistBackendError))
+            report(
+                kind=[c.__name__ for c in type(exc).__mro__],
+                error=str(exc),
+                is_torch=isinstance(exc, dist.DistBackendError),
+            )
         os._exit(0)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
