@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -55,6 +55,26 @@ def _array(t: Any, func: str, label: str) -> Any:
     """What pycoll's API takes for a tensor: a numpy view of a CPU tensor's
     memory (no copy), a CUDA tensor as it is (the device door takes it)."""
     return host_view(t, func, label) if t.is_cpu else t
+
+
+# torch's op kinds (RedOpType members) as pycoll's ops, filled on first use:
+# reading an op's name through torch's binding costs microseconds per call.
+_OPS: Dict[Any, Any] = {}
+
+
+def _op(op: Any, func: str) -> Any:
+    """torch's ReduceOp (as the options carry it) as pycoll's."""
+    kind = getattr(op, "op", op)
+    mine = _OPS.get(kind)
+    if mine is None:
+        mine = reduce_op(op, func)
+        if mine.name != "PREMUL_SUM":  # a premul sum carries its own factor
+            _OPS[kind] = mine
+    return mine
+
+
+# What a synchronous call returns: torch waits on it at once and drops it.
+_DONE = done([])
 
 
 def _seconds(opts: Any) -> Optional[float]:
@@ -152,7 +172,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         try:
             if timeout is None and getattr(opts, "asyncOp", True) is False:
                 call(group, False)
-                return done(value)
+                return _DONE
             work = call(group, True)
         except Exception as exc:
             _reraise(exc)
@@ -166,7 +186,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> TorchWork:
         opts = opts if opts is not None else dist.AllreduceOptions()
-        op = reduce_op(opts.reduceOp, "all_reduce")
+        op = _op(opts.reduceOp, "all_reduce")
         if len(tensors) == 1:
             x = _array(tensors[0], "all_reduce", "tensor")
             return self._run(
@@ -179,7 +199,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> TorchWork:
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
-        op = reduce_op(opts.reduceOp, "all_reduce_coalesced")
+        op = _op(opts.reduceOp, "all_reduce_coalesced")
         xs = [_array(t, "all_reduce_coalesced", f"tensors[{i}]") for i, t in enumerate(tensors)]
         return self._run(
             opts, tensors, lambda g, a: pycoll.all_reduce_coalesced(xs, op=op, group=g, async_op=a)
@@ -187,7 +207,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> TorchWork:
         opts = opts if opts is not None else dist.ReduceOptions()
-        op = reduce_op(opts.reduceOp, "reduce")
+        op = _op(opts.reduceOp, "reduce")
         x = _array(tensors[0], "reduce", "tensor")
         dst = self._root(opts)
         return self._run(
@@ -198,7 +218,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None
     ) -> TorchWork:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        op = reduce_op(opts.reduceOp, "reduce_scatter")
+        op = _op(opts.reduceOp, "reduce_scatter")
         out = _array(outputs[0], "reduce_scatter", "output")
         ins = [
             _array(t, "reduce_scatter", f"input_list[{i}]") for i, t in enumerate(input_lists[0])
@@ -219,7 +239,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     ) -> TorchWork:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         func = "reduce_scatter_tensor"
-        op = reduce_op(opts.reduceOp, func)
+        op = _op(opts.reduceOp, func)
         pairs = [
             (_array(o, func, "output"), _array(i, func, "input")) for o, i in zip(outputs, inputs)
         ]
