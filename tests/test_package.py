@@ -80,6 +80,8 @@ LATE = {
     ("pycoll/kernels/__init__.py", "."),
     # the pytest plugin is loaded by every pytest run: pycoll only when used
     ("pycoll/testing/plugin.py", "pycoll"),
+    # torch's import-torch hook: inside its try, so a failure never breaks `import torch`
+    ("pycoll/_torch_hook.py", "pycoll.torch"),
 }
 
 

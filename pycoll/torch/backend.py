@@ -459,7 +459,7 @@ def torch_timeout(timeout: Any) -> Optional[timedelta]:
     return timeout
 
 
-def _world(timeout: Optional[timedelta]) -> PycollGroup:
+def world_group(timeout: Optional[timedelta]) -> PycollGroup:
     """pycoll's default group, started over COMM_WORLD if the program has not."""
     world = pycoll.group.WORLD
     if world is None:
@@ -492,7 +492,7 @@ def create(dist_opts: Any, options: Any = None) -> ProcessGroupPycoll:
         ValueError: torch's rank or size for the group disagrees with MPI's.
     """
     timeout = torch_timeout(dist_opts.timeout)
-    world = _world(timeout)
+    world = world_group(timeout)
     members = list(dist_opts.global_ranks_in_group)
     name = str(dist_opts.group_id)
     everyone = list(range(world.size()))

@@ -30,6 +30,8 @@ import torch.distributed.rendezvous  # noqa: F401  (the module, for its handler 
 
 import pycoll
 
+from .backend import torch_timeout, world_group
+
 __all__ = ["mpi_rendezvous", "register", "launched_by_mpi"]
 
 SCHEME = "mpi"
@@ -69,9 +71,7 @@ def mpi_rendezvous(
             disagrees with MPI's.
     """
     if not pycoll.is_initialized():
-        from .backend import _world, torch_timeout
-
-        _world(torch_timeout(timeout))
+        world_group(torch_timeout(timeout))
     world = pycoll.group.WORLD
     assert world is not None
     rank, size = world.rank(), world.size()
