@@ -17,21 +17,8 @@ from support import BF16, assert_equal, data, invalid_pairs, reduce_all, valid_p
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
+from torch_tensors import TORCH, tensor, values  # noqa: E402
 
-TORCH = {
-    np.dtype(np.bool_): torch.bool,
-    np.dtype(np.int8): torch.int8,
-    np.dtype(np.uint8): torch.uint8,
-    np.dtype(np.int16): torch.int16,
-    np.dtype(np.int32): torch.int32,
-    np.dtype(np.int64): torch.int64,
-    np.dtype(np.float16): torch.float16,
-    BF16: torch.bfloat16,
-    np.dtype(np.float32): torch.float32,
-    np.dtype(np.float64): torch.float64,
-    np.dtype(np.complex64): torch.complex64,
-    np.dtype(np.complex128): torch.complex128,
-}
 COMPLEX_DENIED = ("PRODUCT", "MIN", "MAX")  # torch refuses these on complex tensors itself
 PAIRS = [
     (op, dt)
@@ -39,19 +26,6 @@ PAIRS = [
     if dt in TORCH and not (dt.kind == "c" and op in COMPLEX_DENIED)
 ]
 F32 = np.dtype(np.float32)
-
-
-def tensor(x: np.ndarray):
-    """A torch tensor holding ``x`` (built from its values, not its memory)."""
-    if x.dtype == BF16:
-        return torch.tensor(x.astype(np.float32).tolist(), dtype=torch.bfloat16)
-    return torch.tensor(x.tolist(), dtype=TORCH[x.dtype])
-
-
-def values(t) -> np.ndarray:
-    if t.dtype == torch.bfloat16:
-        return t.float().numpy().astype(BF16)
-    return t.numpy()
 
 
 def torch_op(op: str):
