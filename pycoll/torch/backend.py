@@ -77,6 +77,11 @@ def _op(op: Any, func: str) -> Any:
 _DONE = done([])
 
 
+def _arrays(tensors: List[Any], func: str, name: str) -> List[Any]:
+    """:func:`_array` of each tensor of a list, named ``name[i]`` in errors."""
+    return [_array(t, func, f"{name}[{i}]") for i, t in enumerate(tensors)]
+
+
 def _seconds(opts: Any) -> Optional[float]:
     """The call's own timeout in seconds; None when it has none (torch's
     options carry a negative one then)."""
@@ -192,7 +197,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             return self._run(
                 opts, tensors, lambda g, a: pycoll.all_reduce(x, op=op, group=g, async_op=a)
             )
-        xs = [_array(t, "all_reduce", f"tensors[{i}]") for i, t in enumerate(tensors)]
+        xs = _arrays(tensors, "all_reduce", "tensors")
         return self._run(
             opts, tensors, lambda g, a: pycoll.all_reduce_coalesced(xs, op=op, group=g, async_op=a)
         )
@@ -200,7 +205,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> TorchWork:
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
         op = _op(opts.reduceOp, "all_reduce_coalesced")
-        xs = [_array(t, "all_reduce_coalesced", f"tensors[{i}]") for i, t in enumerate(tensors)]
+        xs = _arrays(tensors, "all_reduce_coalesced", "tensors")
         return self._run(
             opts, tensors, lambda g, a: pycoll.all_reduce_coalesced(xs, op=op, group=g, async_op=a)
         )
@@ -269,7 +274,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         opts: Any = None,
     ) -> TorchWork:
         opts = opts if opts is not None else dist.AllgatherOptions()
-        outs = [_array(t, "all_gather", f"tensor_list[{i}]") for i, t in enumerate(output_lists[0])]
+        outs = _arrays(output_lists[0], "all_gather", "tensor_list")
         x = _array(inputs[0], "all_gather", "tensor")
         return self._run(
             opts, output_lists, lambda g, a: pycoll.all_gather(outs, x, group=g, async_op=a)
@@ -324,11 +329,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     ) -> TorchWork:
         opts = opts if opts is not None else dist.GatherOptions()
         dst = self._root(opts)
-        outs = (
-            [_array(t, "gather", f"gather_list[{i}]") for i, t in enumerate(output_lists[0])]
-            if output_lists
-            else None
-        )
+        outs = _arrays(output_lists[0], "gather", "gather_list") if output_lists else None
         x = _array(inputs[0], "gather", "tensor")
         return self._run(
             opts, output_lists, lambda g, a: pycoll.gather(x, outs, dst, group=g, async_op=a)
@@ -342,11 +343,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     ) -> TorchWork:
         opts = opts if opts is not None else dist.ScatterOptions()
         src = self._root(opts)
-        ins = (
-            [_array(t, "scatter", f"scatter_list[{i}]") for i, t in enumerate(input_lists[0])]
-            if input_lists
-            else None
-        )
+        ins = _arrays(input_lists[0], "scatter", "scatter_list") if input_lists else None
         out = _array(outputs[0], "scatter", "tensor")
         return self._run(
             opts, outputs, lambda g, a: pycoll.scatter(out, ins, src, group=g, async_op=a)
@@ -356,8 +353,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
     ) -> TorchWork:
         opts = opts if opts is not None else dist.AllToAllOptions()
-        outs = [_array(t, "all_to_all", f"output_tensor_list[{i}]") for i, t in enumerate(outputs)]
-        ins = [_array(t, "all_to_all", f"input_tensor_list[{i}]") for i, t in enumerate(inputs)]
+        outs = _arrays(outputs, "all_to_all", "output_tensor_list")
+        ins = _arrays(inputs, "all_to_all", "input_tensor_list")
         return self._run(
             opts, outputs, lambda g, a: pycoll.all_to_all(outs, ins, group=g, async_op=a)
         )
