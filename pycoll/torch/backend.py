@@ -184,6 +184,27 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         works = work if isinstance(work, list) else [work]
         return TorchWork(works, value, group if collective else None, timeout)
 
+    def _each(
+        self,
+        opts: Any,
+        outputs: List[torch.Tensor],
+        inputs: List[torch.Tensor],
+        func: str,
+        labels: Any,
+        one: Callable[[Any, Any, PycollGroup, bool], Any],
+    ) -> TorchWork:
+        """A coalesced call as one pycoll call per (output, input) pair, one Work."""
+        pairs = [
+            (_array(o, func, labels[0]), _array(i, func, labels[1]))
+            for o, i in zip(outputs, inputs)
+        ]
+
+        def call(g: PycollGroup, a: bool) -> Any:
+            works = [one(o, i, g, a) for o, i in pairs]
+            return works if a else None
+
+        return self._run(opts, outputs, call)
+
     def _root(self, opts: Any) -> int:
         return self._globals[opts.rootRank]
 
@@ -243,19 +264,15 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
     ) -> TorchWork:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        func = "reduce_scatter_tensor"
-        op = _op(opts.reduceOp, func)
-        pairs = [
-            (_array(o, func, "output"), _array(i, func, "input")) for o, i in zip(outputs, inputs)
-        ]
-
-        def call(g: PycollGroup, a: bool) -> Any:
-            works = [
-                pycoll.reduce_scatter_tensor(o, i, op=op, group=g, async_op=a) for o, i in pairs
-            ]
-            return works if a else None
-
-        return self._run(opts, outputs, call)
+        op = _op(opts.reduceOp, "reduce_scatter_tensor")
+        return self._each(
+            opts,
+            outputs,
+            inputs,
+            "reduce_scatter_tensor",
+            ("output", "input"),
+            lambda o, i, g, a: pycoll.reduce_scatter_tensor(o, i, op=op, group=g, async_op=a),
+        )
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -307,17 +324,14 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
     ) -> TorchWork:
         opts = opts if opts is not None else dist.AllgatherOptions()
-        func = "all_gather_into_tensor"
-        pairs = [
-            (_array(o, func, "output_tensor"), _array(i, func, "input_tensor"))
-            for o, i in zip(outputs, inputs)
-        ]
-
-        def call(g: PycollGroup, a: bool) -> Any:
-            works = [pycoll.all_gather_into_tensor(o, i, group=g, async_op=a) for o, i in pairs]
-            return works if a else None
-
-        return self._run(opts, outputs, call)
+        return self._each(
+            opts,
+            outputs,
+            inputs,
+            "all_gather_into_tensor",
+            ("output_tensor", "input_tensor"),
+            lambda o, i, g, a: pycoll.all_gather_into_tensor(o, i, group=g, async_op=a),
+        )
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
