@@ -287,3 +287,24 @@ def test_pycoll_api_on_the_same_ranks(tdist, world_size):
     x = np.ones(3, np.float32)
     pycoll.all_reduce(x, group=g.pycoll_group)
     assert x.tolist() == [float(world_size)] * 3
+
+
+def test_a_backend_config_naming_pycoll_for_cpu(pg, world_size):
+    """torch hands the whole group to a Python backend: "cpu:pycoll,cuda:nccl"
+    makes one pycoll group, for new groups too (CUDA tensors would take pycoll's
+    device door)."""
+    import pycoll.torch  # noqa: F401
+
+    dist.init_process_group("cpu:pycoll,cuda:nccl", init_method="mpi://")
+    try:
+        assert dist.get_backend() == "cpu:pycoll,cuda:nccl"
+        assert type(dist.group.WORLD).__name__ == "ProcessGroupPycoll"
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        assert t.tolist() == [float(world_size)] * 2
+        g = dist.new_group(backend="cpu:pycoll,cuda:nccl")
+        x = torch.full((1,), 2.0)
+        dist.all_reduce(x, group=g)
+        assert x.item() == 2.0 * world_size
+    finally:
+        dist.destroy_process_group()
