@@ -22,7 +22,13 @@ if os.environ.get("PYCOLL_TEST_GPU", "") != "1":
 
 
 # Tests that start their own jobs or processes: they run in the plain pass only.
-_OWN_JOBS = ("launch/", "testing/", "test_hangs.py", "test_docs.py", "torch/test_torch_jobs.py")
+_OWN_JOBS = (
+    "launch/",
+    "testing/",
+    "test_hangs.py",
+    "test_docs.py",
+    "torch_backend/test_torch_jobs.py",
+)
 # Tests of one process's code (no MPI): the plain pass runs them once.
 _ONE_PROCESS = ("gpu/test_kernels.py", "gpu/test_device.py")
 

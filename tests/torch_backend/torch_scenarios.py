@@ -1,4 +1,4 @@
-"""Jobs the torch backend's own-job tests start (tests/torch/test_torch_jobs.py).
+"""Jobs the torch backend's own-job tests start (tests/torch_backend/test_torch_jobs.py).
 
 Run as ``mpiexec -n 2 python torch_scenarios.py SCENARIO``; each rank prints
 one JSON line that the test reads.
