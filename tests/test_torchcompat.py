@@ -90,13 +90,18 @@ def test_async_work_hands_back_the_tensors(rank, world_size):
             assert w.result()[0] is src and src.tolist() == [0.0, 0.0]
 
 
+def test_torchs_premul_sum_keeps_its_factor(rank, world_size):
+    for factor in (0.5, torch.tensor([0.5])):
+        t = torch.full((3,), float(rank + 1))
+        pycoll.all_reduce(t, op=dist._make_nccl_premul_sum(factor))
+        assert t.tolist() == [0.5 * world_size * (world_size + 1) / 2] * 3
+
+
 def test_what_pycoll_cannot_take_is_refused_by_name(rank):
     with pytest.raises(ValueError, match=r"output is not contiguous; pass output.contiguous\(\)"):
         pycoll.reduce_scatter_tensor(
             torch.zeros(4, 2).t(), torch.zeros(8 * pycoll.get_world_size())
         )
-    with pytest.raises(ValueError, match="PREMUL_SUM factor must be a number or a one-element"):
-        pycoll.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(torch.ones(2)))
     with pytest.raises(TypeError, match="tensor is a torch tensor numpy cannot view: .*Sparse"):
         pycoll.all_reduce(torch.ones(2).to_sparse())
     with pytest.raises(
