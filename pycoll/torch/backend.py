@@ -182,7 +182,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         except Exception as exc:
             _reraise(exc)
         works = work if isinstance(work, list) else [work]
-        return TorchWork(works, value, group if collective else None, timeout)
+        limit = timeout if timeout is not None else group.timeout.total_seconds()
+        return TorchWork(works, value, group if collective else None, limit)
 
     def _each(
         self,
@@ -438,7 +439,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         except Exception as exc:
             _reraise(exc)
         assert work is not None  # a member's receive
-        return TorchWork([work], tensors, None, None, source=self._local.__getitem__)
+        limit = group.timeout.total_seconds()
+        return TorchWork([work], tensors, None, limit, source=self._local.__getitem__)
 
     # -- the end -------------------------------------------------------------------------
 

@@ -114,6 +114,9 @@ class TorchWork(dist._Work):
         self._source = source
         self._future: Optional[Future] = None
         self._exc: Optional[BaseException] = None
+        # When the completer gives up waiting for the operation (the group's
+        # timeout, or the call's): set by Completer.add.
+        self._deadline: Optional[float] = None
 
     def __repr__(self) -> str:
         ops = ",".join(getattr(w, "op", "?") for w in self._works) or "done"
@@ -218,7 +221,10 @@ class Completer:
         return threading.get_ident() == self._ident
 
     def add(self, work: TorchWork) -> None:
-        """Complete ``work``'s future once its operation completes."""
+        """Complete ``work``'s future once its operation completes, or with
+        pycoll's timeout error once it has waited the operation's timeout."""
+        if work._timeout is not None:
+            work._deadline = time.monotonic() + work._timeout
         with self._cond:
             self._pending.append(work)
             self._wake()
@@ -236,10 +242,6 @@ class Completer:
             )
             self._thread.start()
         self._cond.notify()
-
-    def pending(self) -> int:
-        """How many futures wait to be completed."""
-        return len(self._pending)
 
     def _run(self) -> None:
         self._ident = threading.get_ident()
@@ -283,6 +285,12 @@ class Completer:
             if key is not None and key in blocked:
                 continue
             if work.is_completed():
+                ready.append(work)
+            elif work._deadline is not None and time.monotonic() > work._deadline:
+                try:  # overdue: pycoll's timeout error, with its diagnosis
+                    work.wait(1e-3)
+                except Exception:
+                    pass  # the future's exception
                 ready.append(work)
             elif key is not None:
                 blocked.add(key)

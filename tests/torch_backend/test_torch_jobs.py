@@ -85,8 +85,11 @@ def test_a_rank_that_disagrees_with_mpi_is_refused_by_name():
         assert "leave rank and world_size out" in r["error"]
 
 
-def test_a_hang_ends_in_torchs_error_family_with_pycolls_diagnosis():
-    reports = run_job("timeout", PYCOLL_TIMEOUT="3")
+@pytest.mark.parametrize("via", ["wait", "future"])
+def test_a_hang_ends_in_torchs_error_family_with_pycolls_diagnosis(via):
+    reports = run_job(
+        "timeout", PYCOLL_TIMEOUT="3", **({"VIA_FUTURE": "1"} if via == "future" else {})
+    )
     r0 = next(r for r in reports if "kind" in r)
     assert r0["is_torch"], r0["kind"]
     assert "DistTimeoutError" in r0["kind"]

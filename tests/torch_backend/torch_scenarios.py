@@ -60,7 +60,10 @@ def main(scenario: str) -> None:
         t = torch.ones(2)
         if dist.get_rank() == 0:
             try:
-                dist.all_reduce(t)  # rank 1 never calls it
+                if os.environ.get("VIA_FUTURE"):  # the future must end too, not hang
+                    dist.all_reduce(t, async_op=True).get_future().wait()
+                else:
+                    dist.all_reduce(t)  # rank 1 never calls it
             except Exception as exc:
                 report(
                     kind=[c.__name__ for c in type(exc).__mro__],
