@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import inspect
 import linecache
+import sys
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple, TypeVar
 
 import numpy as np
@@ -145,7 +146,15 @@ def collective(*arrays: Array, aware: bool = False, chunked: bool = False) -> Ca
 def route(spec: Spec, args: Dict[str, Any]) -> Any:
     """Run a call whose arrays are not all numpy: torch's tensors and ops are
     taken as pycoll's (pycoll.torchcompat), CUDA arrays go to the device
-    layer, and anything else goes to the host body, which checks it."""
+    layer, and anything else goes to the host body, which checks it.
+    A pending result of pycoll.functional is waited for first."""
+    functional = sys.modules.get("pycoll.functional")
+    if functional is not None:
+        for path, _, x in list(spec.found(args)):
+            if isinstance(x, functional.AsyncArray):
+                spec.put(args, path, x.wait())
+        if _numpy_only(*(args[a.name] for a in spec.arrays)):
+            return spec.host(**args)
     if torchcompat.imported():
         return torchcompat.call(spec, args, _route)
     return _route(spec, args)

@@ -76,6 +76,34 @@ def _retype(capsule, code: int) -> None:
     ctypes.c_uint8.from_address(address + 20).value = code
 
 
+class FakeArrayAPI(FakeCAI):
+    """A CUDA array that also has an array-API namespace, as a device
+    library's arrays do: pycoll.functional allocates, copies and joins
+    through it. Its namespace and methods work on the host memory."""
+
+    def __array_namespace__(self, api_version=None):
+        return _FakeNamespace
+
+    def copy(self) -> FakeArrayAPI:
+        return FakeArrayAPI(self.host.copy())
+
+    def reshape(self, shape) -> FakeArrayAPI:
+        return FakeArrayAPI(self.host.reshape(shape))
+
+    def __getitem__(self, key) -> FakeArrayAPI:
+        return FakeArrayAPI(self.host[key])
+
+
+class _FakeNamespace:
+    @staticmethod
+    def empty(shape, dtype):
+        return FakeArrayAPI(np.full(shape, 99, dtype))  # garbage a result must overwrite
+
+    @staticmethod
+    def concat(parts, axis=0):
+        return FakeArrayAPI(np.concatenate([p.host for p in parts], axis=axis))
+
+
 def cuda_like(host: np.ndarray, kind: str = "cai", **kw):
     """``host`` as a fake CUDA array of ``kind`` 'cai' or 'dlpack'."""
     return FakeCAI(host, **kw) if kind == "cai" else FakeDLPack(host)
