@@ -59,6 +59,7 @@ from .collectives.reduce import all_reduce as _all_reduce
 from .collectives.reduce import reduce_scatter_tensor as _reduce_scatter_tensor
 from .collectives.scatter import broadcast as _broadcast
 from .ops import ReduceOp
+from .subgroups import new_group
 
 __all__ = [
     "AsyncArray",
@@ -408,8 +409,6 @@ def _by_ranks(func: str, ranks: List[Any]) -> Any:
         _CACHE_WORLD[0] = world
     pg = _CACHE.get(key)
     if pg is None:
-        from .subgroups import new_group
-
         pg = _CACHE[key] = new_group(list(key), use_local_synchronization=True)
     return pg
 
