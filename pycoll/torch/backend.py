@@ -28,6 +28,7 @@ numbers, the call check, bounded waits with a diagnosis.
 from __future__ import annotations
 
 import os
+import types
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional
 
@@ -459,6 +460,41 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     def abort(self) -> None:
         self.shutdown()
+
+
+def _run_eagerly_under_compile(cls: type) -> None:
+    """Make torch.compile call the group's methods instead of tracing them.
+
+    torch's own groups are C++, so dynamo graph-breaks at their methods; a
+    Python group's methods it would inline, and fail on the first attribute
+    its opaque ProcessGroup type does not declare ("Member '_run' is not
+    registered for this opaque object type"): ``dist.all_reduce(x,
+    async_op=True)`` or ``dist.broadcast`` inside a compiled function would
+    raise instead of running. This is ``torch.compiler.disable`` without its
+    wrapper and without importing dynamo (1.8 s) at ``import torch``: each
+    method is marked as one dynamo must not inline, and its frame, with all
+    it calls, as one dynamo skips. Both are no-ops until dynamo runs; where
+    this torch lacks the frame API, only the mark is set.
+    """
+    try:
+        from torch._C._dynamo.eval_frame import (
+            _FrameAction,
+            _FrameExecStrategy,
+            set_code_exec_strategy,
+        )
+
+        skip = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
+    except (ImportError, AttributeError):  # pragma: no cover - another torch
+        set_code_exec_strategy = skip = None
+    for name, value in vars(cls).items():
+        if isinstance(value, types.FunctionType) and not name.startswith("__"):
+            setattr(value, "_torchdynamo_disable", True)  # noqa: B010 - dynamo's mark
+            setattr(value, "_torchdynamo_disable_msg", "pycoll's ProcessGroup runs eagerly")  # noqa: B010
+            if skip is not None:
+                set_code_exec_strategy(value.__code__, skip)
+
+
+_run_eagerly_under_compile(ProcessGroupPycoll)
 
 
 def torch_timeout(timeout: Any) -> Optional[timedelta]:
