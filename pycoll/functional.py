@@ -254,7 +254,7 @@ class _Host:
 
     @staticmethod
     def copy(x: Any) -> Any:
-        return np.array(x, order="C", copy=True)
+        return x.copy(order="C")
 
     @staticmethod
     def contiguous(x: Any) -> Any:
@@ -348,9 +348,6 @@ def _chunks(x: Any, n: int, axis: int) -> List[Any]:
 
 # -- groups and ops -----------------------------------------------------------------
 
-_CACHE: Dict[Tuple[int, ...], Any] = {}
-_CACHE_WORLD: List[Any] = [None]  # the default group the cache was made under
-
 
 def _group(func: str, group: Any) -> Any:
     """The pycoll ProcessGroup to run on (see the module docstring)."""
@@ -404,19 +401,26 @@ def _by_ranks(func: str, ranks: List[Any]) -> Any:
         )
     if len(key) == world.size():
         return world
-    if _CACHE_WORLD[0] is not world:
-        _CACHE.clear()
-        _CACHE_WORLD[0] = world
-    pg = _CACHE.get(key)
+    # The groups made from rank lists, kept with the default group: they go
+    # when it is destroyed (destroy_process_group frees every group).
+    made = world.attached("functional.groups")
+    if made is None:
+        made = world.attach("functional.groups", {})
+    pg = made.get(key)
     if pg is None:
-        pg = _CACHE[key] = new_group(list(key), use_local_synchronization=True)
+        pg = made[key] = new_group(list(key), use_local_synchronization=True)
     return pg
 
 
 _OP_NAMES = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
+_BY_NAME = {name: ReduceOp(name) for name in _OP_NAMES}
 
 
 def _op(func: str, op: Any) -> ReduceOp:
+    if type(op) is str:
+        mine = _BY_NAME.get(op)
+        if mine is not None:
+            return mine
     if isinstance(op, ReduceOp):
         return op
     if isinstance(op, str):

@@ -275,14 +275,18 @@ def test_wait_tensor_on_a_plain_array():
 # -- groups ---------------------------------------------------------------------------
 
 
-def test_group_as_rank_lists(rank, world_size):
+def test_group_as_rank_lists(pg, rank, world_size):
     """Evens and odds run on their own groups at once (each made by its members
-    only, once); a mesh of singletons gives every rank its own value."""
+    only, once, and kept with the default group); a mesh of singletons gives
+    every rank its own value."""
     mine = [r for r in range(world_size) if r % 2 == rank % 2]
     x = np.full(2, rank + 1, np.int64)
     for _ in range(3):
-        y = F.all_reduce(x, "sum", mine)
+        y = F.all_reduce(x, "sum", mine[::-1])  # any order names the same group
         assert_equal(F.wait_tensor(y), np.full(2, sum(r + 1 for r in mine), np.int64))
+    if len(mine) < world_size:
+        made = pg.attached("functional.groups")
+        assert made is not None and made[tuple(mine)].ranks == mine
     mesh = [[r] for r in range(world_size)]
     assert_equal(F.wait_tensor(F.all_reduce(x, "sum", mesh)), x)
     everyone = F.all_gather_tensor(x, 0, list(range(world_size)))
