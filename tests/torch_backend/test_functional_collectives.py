@@ -457,3 +457,13 @@ def test_dtypes_through_the_backend(tdist, rank, world_size):
         got = fc.wait_tensor(fc.all_reduce(x, "max", tdist.group.WORLD))
         assert got.dtype == dtype, name
         assert torch.equal(got, torch.full((4,), world_size).to(dtype)), name
+
+
+def test_pycoll_functional_points_tensors_to_torchs_own(tdist):
+    """pycoll.functional is for arrays; a tensor gets an error naming the way."""
+    from pycoll import functional as F
+
+    with pytest.raises(TypeError, match="torch.distributed._functional_collectives"):
+        F.all_reduce(torch.ones(2), "sum")
+    with pytest.raises(TypeError, match="torch.distributed._functional_collectives"):
+        F.all_gather_tensor(torch.ones(2), 0, tdist.group.WORLD)
