@@ -164,12 +164,12 @@ class AsyncArray(NDArrayOperatorsMixin):
         shape: Tuple[int, ...],
         finish: Optional[Callable[[Any], Any]] = None,
     ) -> None:
-        self._works: Optional[Sequence[Any]] = works if works else None
+        self._works: Optional[Sequence[Any]] = works or None
         self._value = value
         self._finish = finish
-        self.shape = tuple(shape)
+        self.shape = shape if type(shape) is tuple else tuple(shape)
         self.dtype = value.dtype
-        if self._works is None and finish is not None:
+        if not works and finish is not None:
             self._value, self._finish = finish(value), None
 
     # -- waiting ---------------------------------------------------------------
@@ -196,7 +196,10 @@ class AsyncArray(NDArrayOperatorsMixin):
     def __del__(self) -> None:
         # A result nobody read: finish its operation so the buffers MPI
         # writes into outlive it and staged operations reach the peers.
-        works = getattr(self, "_works", None)
+        try:
+            works = self._works
+        except AttributeError:  # __init__ did not get that far
+            return
         if works is not None and not sys.is_finalizing():
             for work in works:
                 work.wait()
