@@ -138,10 +138,13 @@ class _Progress:
 _PROGRESS = _Progress()
 
 
-def _started(works: Sequence[Any], nbytes: int) -> Sequence[Any]:
-    """``works``, handed to the progress thread when they are large."""
-    if _PROGRESS.enabled and nbytes >= _PROGRESS.min_bytes:
-        _PROGRESS.watch(works)
+def _started(works: Sequence[Any], x: Any) -> Sequence[Any]:
+    """``works``, handed to the progress thread when it is on and they move
+    ``x`` of its size or more."""
+    if _PROGRESS.enabled:
+        nbytes = int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+        if nbytes >= _PROGRESS.min_bytes:
+            _PROGRESS.watch(works)
     return works
 
 
@@ -518,7 +521,7 @@ def all_reduce(self: Any, reduceOp: Any, group: Any = None, tag: str = "") -> As
     pg = _group(func, group)
     out = xs.copy(self)
     work = _all_reduce(out, op=op, group=pg, async_op=True)
-    return AsyncArray(_started([work], out.nbytes), out, out.shape)
+    return AsyncArray(_started([work], out), out, out.shape)
 
 
 def broadcast(self: Any, src: int, group: Any = None, tag: str = "") -> AsyncArray:
@@ -534,7 +537,7 @@ def broadcast(self: Any, src: int, group: Any = None, tag: str = "") -> AsyncArr
         raise ValueError(f"{func}: src={src!r} must be a group rank between 0 and {n - 1}")
     out = xs.copy(self)
     work = _broadcast(out, src=groups.get_global_rank(pg, int(src)), group=pg, async_op=True)
-    return AsyncArray(_started([work], out.nbytes), out, out.shape)
+    return AsyncArray(_started([work], out), out, out.shape)
 
 
 def all_gather_tensor(self: Any, gather_dim: int, group: Any = None, tag: str = "") -> AsyncArray:
@@ -549,7 +552,7 @@ def all_gather_tensor(self: Any, gather_dim: int, group: Any = None, tag: str = 
     shape = tuple(x.shape)
     out = xs.empty(x, (n * shape[0],) + shape[1:])
     work = _all_gather_into_tensor(out, x, group=pg, async_op=True)
-    works = _started([work], out.nbytes)
+    works = _started([work], out)
     if dim == 0:
         return AsyncArray(works, out, out.shape)
     final = shape[:dim] + (n * shape[dim],) + shape[dim + 1 :]
@@ -580,7 +583,7 @@ def reduce_scatter_tensor(
     x = xs.contiguous(self) if dim == 0 else xs.concat(_chunks(self, n, dim), axis=0)
     out = xs.empty(x, block)
     work = _reduce_scatter_tensor(out, x, op=op, group=pg, async_op=True)
-    return AsyncArray(_started([work], x.nbytes), out, block)
+    return AsyncArray(_started([work], x), out, block)
 
 
 def _split_sizes(func: str, name: str, sizes: Any, n: int) -> List[int]:
@@ -633,7 +636,7 @@ def all_to_all_single(
     x = xs.contiguous(self)
     out = xs.empty(x, (sum(outs),) + tuple(self.shape[1:]))
     work = _all_to_all_single(out, x, outs, ins, group=pg, async_op=True)
-    return AsyncArray(_started([work], max(x.nbytes, out.nbytes)), out, out.shape)
+    return AsyncArray(_started([work], x if x.shape[0] >= out.shape[0] else out), out, out.shape)
 
 
 def permute_tensor(
@@ -677,7 +680,7 @@ def all_reduce_coalesced(
     op = _op(func, reduceOp)
     pg = _group(func, group)
     flat = xs.concat([x.reshape(-1) for x in arrays], axis=0)
-    works = _started([_all_reduce(flat, op=op, group=pg, async_op=True)], flat.nbytes)
+    works = _started([_all_reduce(flat, op=op, group=pg, async_op=True)], flat)
     return [
         AsyncArray(works, flat, tuple(x.shape), _view(start, tuple(x.shape)))
         for x, start in zip(arrays, _offsets(arrays))
