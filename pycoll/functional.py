@@ -45,10 +45,8 @@ torch's ReduceOp, or torch's names: ``"sum"``, ``"avg"``, ``"product"``,
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
-import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -78,74 +76,6 @@ __all__ = [
 ]
 
 _FINISH = threading.Lock()  # one finisher per result; held only to run `finish`
-
-
-class _Progress:
-    """A thread that tests large pending operations while the caller computes.
-
-    MPICH and Open MPI move a nonblocking collective only inside MPI calls, so
-    numpy work between a call and the first read of its result would hide
-    none of the communication; numpy releases the GIL while it computes, so
-    this thread's ``MPI_Test`` calls (``Work.is_completed``) advance the
-    operation meanwhile. It runs only while such operations are pending,
-    napping between tests (growing to ``NAP`` seconds).
-
-    Off unless ``PYCOLL_FUNCTIONAL_PROGRESS=1``: moving the data is CPU work,
-    so it helps only where each rank has a core to spare; with every core
-    busy (2 ranks on 2 cores) it made the overlap case slower
-    (docs/benchmarks.md). ``PYCOLL_FUNCTIONAL_PROGRESS_BYTES`` sets the size
-    from which it is used (default 1 MiB).
-    """
-
-    NAP = 2e-4
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._pending: List[Any] = []
-        self._thread: Optional[threading.Thread] = None
-        self.enabled = os.environ.get("PYCOLL_FUNCTIONAL_PROGRESS", "0") == "1"
-        self.min_bytes = int(os.environ.get("PYCOLL_FUNCTIONAL_PROGRESS_BYTES", 1 << 20))
-
-    def watch(self, works: Sequence[Any]) -> None:
-        with self._cond:
-            self._pending.extend(works)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="pycoll-functional-progress", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify()
-
-    def _run(self) -> None:
-        idle = 0
-        while True:
-            with self._cond:
-                while not self._pending:
-                    idle = 0
-                    self._cond.wait()
-                pending = list(self._pending)
-            done = [w for w in pending if w.is_completed()]
-            if done:
-                with self._cond:
-                    for w in done:
-                        self._pending.remove(w)
-                idle = 0
-                continue
-            idle += 1
-            time.sleep(min(self.NAP, 1e-6 * idle * idle))
-
-
-_PROGRESS = _Progress()
-
-
-def _started(works: Sequence[Any], x: Any) -> Sequence[Any]:
-    """``works``, handed to the progress thread when it is on and they move
-    ``x`` of its size or more."""
-    if _PROGRESS.enabled:
-        nbytes = int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
-        if nbytes >= _PROGRESS.min_bytes:
-            _PROGRESS.watch(works)
-    return works
 
 
 class AsyncArray(NDArrayOperatorsMixin):
@@ -521,7 +451,7 @@ def all_reduce(self: Any, reduceOp: Any, group: Any = None, tag: str = "") -> As
     pg = _group(func, group)
     out = xs.copy(self)
     work = _all_reduce(out, op=op, group=pg, async_op=True)
-    return AsyncArray(_started([work], out), out, out.shape)
+    return AsyncArray([work], out, out.shape)
 
 
 def broadcast(self: Any, src: int, group: Any = None, tag: str = "") -> AsyncArray:
@@ -537,7 +467,7 @@ def broadcast(self: Any, src: int, group: Any = None, tag: str = "") -> AsyncArr
         raise ValueError(f"{func}: src={src!r} must be a group rank between 0 and {n - 1}")
     out = xs.copy(self)
     work = _broadcast(out, src=groups.get_global_rank(pg, int(src)), group=pg, async_op=True)
-    return AsyncArray(_started([work], out), out, out.shape)
+    return AsyncArray([work], out, out.shape)
 
 
 def all_gather_tensor(self: Any, gather_dim: int, group: Any = None, tag: str = "") -> AsyncArray:
@@ -552,7 +482,7 @@ def all_gather_tensor(self: Any, gather_dim: int, group: Any = None, tag: str = 
     shape = tuple(x.shape)
     out = xs.empty(x, (n * shape[0],) + shape[1:])
     work = _all_gather_into_tensor(out, x, group=pg, async_op=True)
-    works = _started([work], out)
+    works = [work]
     if dim == 0:
         return AsyncArray(works, out, out.shape)
     final = shape[:dim] + (n * shape[dim],) + shape[dim + 1 :]
@@ -583,7 +513,7 @@ def reduce_scatter_tensor(
     x = xs.contiguous(self) if dim == 0 else xs.concat(_chunks(self, n, dim), axis=0)
     out = xs.empty(x, block)
     work = _reduce_scatter_tensor(out, x, op=op, group=pg, async_op=True)
-    return AsyncArray(_started([work], x), out, block)
+    return AsyncArray([work], out, block)
 
 
 def _split_sizes(func: str, name: str, sizes: Any, n: int) -> List[int]:
@@ -636,7 +566,7 @@ def all_to_all_single(
     x = xs.contiguous(self)
     out = xs.empty(x, (sum(outs),) + tuple(self.shape[1:]))
     work = _all_to_all_single(out, x, outs, ins, group=pg, async_op=True)
-    return AsyncArray(_started([work], x if x.shape[0] >= out.shape[0] else out), out, out.shape)
+    return AsyncArray([work], out, out.shape)
 
 
 def permute_tensor(
@@ -680,7 +610,7 @@ def all_reduce_coalesced(
     op = _op(func, reduceOp)
     pg = _group(func, group)
     flat = xs.concat([x.reshape(-1) for x in arrays], axis=0)
-    works = _started([_all_reduce(flat, op=op, group=pg, async_op=True)], flat)
+    works = [_all_reduce(flat, op=op, group=pg, async_op=True)]
     return [
         AsyncArray(works, flat, tuple(x.shape), _view(start, tuple(x.shape)))
         for x, start in zip(arrays, _offsets(arrays))

@@ -374,24 +374,3 @@ def test_bad_arguments(unsent, rank, world_size):
 def test_errors_of_the_imperative_checks_reach_the_caller(unsent):
     with pytest.raises(ValueError, match="AVG"):
         F.all_reduce(np.zeros(2, np.int32), "avg")
-
-
-def test_progress_thread_completes_large_operations(monkeypatch, rank, world_size):
-    """With PYCOLL_FUNCTIONAL_PROGRESS=1 a thread tests large pending
-    operations: they complete while this thread makes no MPI call at all,
-    and the values are right."""
-    import threading
-    import time
-
-    monkeypatch.setattr(F._PROGRESS, "enabled", True)
-    monkeypatch.setattr(F._PROGRESS, "min_bytes", 1 << 16)
-    x = np.full(1 << 18, rank + 1.0, np.float32)  # 1 MiB
-    ys = [F.all_reduce(x, "sum"), F.all_gather_tensor(x[: 1 << 14], 0)]
-    deadline = time.monotonic() + 60
-    while F._PROGRESS._pending and time.monotonic() < deadline:
-        threading.Event().wait(0.01)  # no MPI here: only the progress thread moves them
-    assert not F._PROGRESS._pending, "the progress thread did not complete the operations"
-    total = float(sum(range(1, world_size + 1)))
-    assert np.all(F.wait_tensor(ys[0]) == total)
-    gathered = np.concatenate([np.full(1 << 14, r + 1.0, np.float32) for r in range(world_size)])
-    np.testing.assert_array_equal(F.wait_tensor(ys[1]), gathered)
