@@ -7,9 +7,9 @@ pycoll.bench.functional [--torch]``). In one run, round by round (the
 variants alternate, so a busy machine slows them alike), every result
 checked after each round:
 
-- the fixed cost at 8 B: ``pycoll.all_reduce(x)`` (in place) against
-  ``F.all_reduce(x, "sum")`` read at once (a copy, the call, the wait) and
-  mpi4py's ``comm.Allreduce``;
+- the fixed cost at 8 B: ``pycoll.all_reduce(x)`` (in place), the same with
+  ``async_op=True`` and ``wait()``, ``F.all_reduce(x, "sum")`` read at once
+  (a copy, the nonblocking call, the wait) and mpi4py's ``comm.Allreduce``;
 - overlap at 16 MiB: independent numpy work (a loop of ``np.multiply`` over
   its own arrays, calibrated to take about as long as the all_reduce) after a
   synchronous ``pycoll.all_reduce``, against the same work between
@@ -71,6 +71,7 @@ def fixed_cost(rounds: int, iters: int) -> Dict[str, List[float]]:
     ways: Dict[str, Callable[[], Any]] = {
         "mpi4py": lambda: comm.Allreduce(x, out),
         "imperative": lambda: pycoll.all_reduce(x),
+        "async": lambda: pycoll.all_reduce(x, async_op=True).wait(),
         "functional": lambda: F.wait_tensor(F.all_reduce(x, "sum")),
     }
     times: Dict[str, List[float]] = {k: [] for k in ways}
@@ -209,8 +210,9 @@ def main(argv: Any = None) -> int:
         print("# 8 B all_reduce, us per call (median, min-max over rounds)")
         for name, v in cost.items():
             print(f"{name:>12} {_spread(v)}")
-        ratio = [f / i for f, i in zip(cost["functional"], cost["imperative"])]
-        print(f"{'functional/imperative':>22} {_spread(ratio)}")
+        for a, b in (("functional", "imperative"), ("functional", "async")):
+            ratio = [f / i for f, i in zip(cost[a], cost[b])]
+            print(f"{a + '/' + b:>22} {_spread(ratio)}")
         print(f"# overlap at {args.size >> 20} MiB float32, ms (median), work = {over['k']} calls")
         for name in ("all_reduce", "work", "sync+work", "functional+work"):
             print(f"{name:>16} {over[name] * 1e3:8.2f}")
