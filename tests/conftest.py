@@ -97,6 +97,24 @@ def world_size(pg) -> int:
 
 
 @pytest.fixture
+def unsent(pg, world_size):
+    """Asserts, after the test body, that nothing was issued on the group
+    (bad input refused before anything is sent); then a real collective, which
+    would hang or mismatch if any rank had sent something, proves every rank
+    is still in step."""
+    import numpy as np
+
+    import pycoll
+
+    before = pg.sequence_number()
+    yield
+    assert pg.sequence_number() == before
+    x = np.ones(1)
+    pycoll.all_reduce(x)
+    assert x[0] == world_size
+
+
+@pytest.fixture
 def uninitialized(_session_group):
     """pycoll with no default group (the next test's ``pg`` re-creates it)."""
     import pycoll

@@ -34,18 +34,6 @@ def frozen(x):
     return x
 
 
-@pytest.fixture
-def unsent(pg, world_size):
-    """Asserts, after the test body, that nothing was issued on the group;
-    then a real collective proves every rank is still in step."""
-    before = pg.sequence_number()
-    yield
-    assert pg.sequence_number() == before
-    x = np.ones(1)
-    pycoll.all_reduce(x)
-    assert x[0] == world_size
-
-
 # -- values -------------------------------------------------------------------------
 
 

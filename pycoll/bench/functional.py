@@ -29,28 +29,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from typing import Any, Callable, Dict, List
 
 import numpy as np
 
-
-def _slowest(seconds: float) -> float:
-    import pycoll
-
-    x = np.array([seconds])
-    pycoll.all_reduce(x, op=pycoll.ReduceOp.MAX)
-    return float(x[0])
-
-
-def _timed(call: Callable[[], Any], iters: int) -> float:
-    import pycoll
-
-    pycoll.barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        call()
-    return _slowest((time.perf_counter() - t0) / iters)
+from .timing import timed
 
 
 def _spread(values: List[float]) -> str:
@@ -71,13 +54,13 @@ def fixed_cost(rounds: int, iters: int) -> Dict[str, List[float]]:
     ways: Dict[str, Callable[[], Any]] = {
         "mpi4py": lambda: comm.Allreduce(x, out),
         "imperative": lambda: pycoll.all_reduce(x),
-        "async": lambda: pycoll.all_reduce(x, async_op=True).wait(),
+        "async": lambda: pycoll.all_reduce(x, async_op=True).wait(),  # type: ignore[union-attr]
         "functional": lambda: F.wait_tensor(F.all_reduce(x, "sum")),
     }
     times: Dict[str, List[float]] = {k: [] for k in ways}
     for _ in range(rounds):
         for name, call in ways.items():
-            times[name].append(_timed(call, iters) * 1e6)
+            times[name].append(timed(call, iters) * 1e6)
             x[0] = 1.0
         comm.Allreduce(x, out)
         got = F.wait_tensor(F.all_reduce(x, "sum"))
@@ -101,8 +84,8 @@ def overlap(rounds: int, nbytes: int) -> Dict[str, Any]:
         for _ in range(k):
             np.multiply(a, 1.0001, out=b)
 
-    t_ar = _timed(lambda: pycoll.all_reduce(x.copy()), 5)
-    t_one = _timed(lambda: work(20), 5) / 20
+    t_ar = timed(lambda: pycoll.all_reduce(x.copy()), 5)
+    t_one = timed(lambda: work(20), 5) / 20
     k = max(1, round(t_ar / t_one))
 
     def sync_then_work() -> None:
@@ -124,7 +107,7 @@ def overlap(rounds: int, nbytes: int) -> Dict[str, Any]:
     times: Dict[str, List[float]] = {w: [] for w in ways}
     hidden: List[float] = []
     for _ in range(rounds):
-        now = {name: _timed(call, 3) for name, call in ways.items()}
+        now = {name: timed(call, 3) for name, call in ways.items()}
         for name, t in now.items():
             times[name].append(t)
         saved = now["sync+work"] - now["functional+work"]
@@ -176,7 +159,7 @@ def compiled_step(rounds: int, steps: int) -> Dict[str, List[float]]:
                         p -= 1e-3 * g
 
             step()  # warm (the first round compiles)
-            times[name].append(_timed(step, steps) * 1e3)
+            times[name].append(timed(step, steps) * 1e3)
     a, b = (torch.cat([p.detach().reshape(-1) for p in m.parameters()]) for m in models.values())
     if not torch.allclose(a, b, rtol=1e-4, atol=1e-5):
         raise AssertionError("the compiled step over pycoll and over gloo gave different weights")

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from typing import Any, Callable, Dict, List
 
-import numpy as np
+from .timing import timed
 
 SIZES = [8, 1 << 10, 1 << 20, 16 << 20, 64 << 20]
 
@@ -38,24 +37,6 @@ def _fmt(nbytes: int) -> str:
 
 def _iters(nbytes: int) -> int:
     return max(3, min(2000, (64 << 20) // max(nbytes, 1) // 8))
-
-
-def _slowest(seconds: float) -> float:
-    import pycoll
-
-    x = np.array([seconds])
-    pycoll.all_reduce(x, op=pycoll.ReduceOp.MAX)
-    return float(x[0])
-
-
-def _timed(call: Callable[[], Any], iters: int) -> float:
-    import pycoll
-
-    pycoll.barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        call()
-    return _slowest((time.perf_counter() - t0) / iters)
 
 
 def all_reduce_table(rounds: int) -> List[Dict[str, Any]]:
@@ -85,7 +66,7 @@ def all_reduce_table(rounds: int) -> List[Dict[str, Any]]:
         for _ in range(rounds):
             for name, call in ways.items():
                 t.fill_(1)
-                times[name].append(_timed(call, iters))
+                times[name].append(timed(call, iters))
                 t.fill_(1)
                 call()  # the check: one more call on known data
                 if not bool((t == n).all()):
@@ -133,7 +114,7 @@ def ddp_steps(rounds: int, steps: int) -> Dict[str, float]:
                 opt.step()
 
             step()  # warm
-            times[name].append(_timed(step, steps))
+            times[name].append(timed(step, steps))
     a, b = (torch.cat([p.detach().reshape(-1) for p in m.parameters()]) for m in models.values())
     if not torch.allclose(a, b, rtol=1e-4, atol=1e-5):
         raise AssertionError("DDP over pycoll and over gloo trained to different weights")

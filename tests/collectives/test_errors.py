@@ -10,17 +10,6 @@ import pytest
 import pycoll
 
 
-@pytest.fixture
-def unsent(pg, world_size):
-    """Asserts, after the test body, that nothing was issued on the group."""
-    before = pg.sequence_number()
-    yield
-    assert pg.sequence_number() == before
-    x = np.ones(1)
-    pycoll.all_reduce(x)
-    assert x[0] == world_size
-
-
 def raises(error, match, call):
     with pytest.raises(error, match=match):
         call()
