@@ -381,6 +381,72 @@ def test_dynamo_world_group_and_sync_flag(dynamo, tdist, rank, world_size):
     same(torch.compile(asynchronous, backend="aot_eager")(y), torch.full((3,), 2.0 * world_size))
 
 
+@pytest.mark.parametrize("source", ["GroupMember.WORLD", "group.WORLD", "_get_default_group"])
+def test_dynamo_get_world_group(source, dynamo, tdist, world_size):
+    """However the default group is named inside the compiled function, the
+    graph holds one functional all_reduce, and it runs over pycoll."""
+    seen = []
+
+    def func(tensor):
+        if source == "GroupMember.WORLD":
+            group = tdist.GroupMember.WORLD
+        elif source == "group.WORLD":
+            group = tdist.group.WORLD
+        else:
+            group = tdist.distributed_c10d._get_default_group()
+        tdist.all_reduce(tensor, group=group)
+        return tensor * 1
+
+    ops = (torch.ops._c10d_functional.all_reduce, torch.ops.c10d_functional.all_reduce)
+    targets = {*ops, *(op.default for op in ops)}
+
+    def verify(gm, _):
+        seen.extend(n for n in gm.graph.nodes if n.target in targets)
+        return gm.forward
+
+    out = torch.compile(func, backend=verify, fullgraph=True)(torch.ones(2))
+    assert len(seen) == 1
+    same(out, torch.full((2,), float(world_size)))
+
+
+def test_dynamo_rewrite_all_gather_keyword_arguments(dynamo, tdist, rank, world_size):
+    """dist.all_gather_into_tensor called with keywords, the group passed in:
+    one frame, and the eager answer."""
+    from torch._dynamo.testing import CompileCounter
+
+    def func(inp, out, *, pg):
+        tdist.all_gather_into_tensor(output_tensor=out, input_tensor=inp, group=pg, async_op=False)
+
+    counter = CompileCounter()
+    inp = torch.full((2, 2), float(rank))
+    out, correct = torch.empty(2 * world_size, 2), torch.empty(2 * world_size, 2)
+    torch.compile(func, backend=counter, fullgraph=True)(inp, out, pg=tdist.group.WORLD)
+    func(inp, correct, pg=tdist.group.WORLD)
+    assert counter.frame_count == 1
+    same(out, correct)
+    same(out, torch.cat([torch.full((2, 2), float(r)) for r in range(world_size)]))
+
+
+def test_dynamo_pg_var(dynamo, tdist, rank, world_size):
+    """The group's rank() and size() read inside a fullgraph compile."""
+    from torch._dynamo.testing import CompileCounter
+
+    def func(inp, *, pg):
+        return inp + (pg.rank() + 1) % pg.size()
+
+    counter = CompileCounter()
+    out = torch.compile(func, backend=counter, fullgraph=True)(torch.ones(3), pg=tdist.group.WORLD)
+    assert counter.frame_count == 1
+    same(out, torch.ones(3) + (rank + 1) % world_size)
+
+
+def test_meta(tdist):
+    """On meta tensors the functional op only computes the shape."""
+    x = torch.rand((2, 3, 4), device="meta")
+    out = torch.ops._c10d_functional.all_reduce(x, "sum", tdist.group.WORLD.group_name)
+    assert out.size() == x.size() and out.device.type == "meta"
+
+
 # -- autograd -----------------------------------------------------------------------------
 
 
