@@ -76,6 +76,7 @@ __all__ = [
 ]
 
 _FINISH = threading.Lock()  # one finisher per result; held only to run `finish`
+_ABANDONED: List[Any] = []  # buffers of operations on groups that timed out
 
 
 class AsyncArray(NDArrayOperatorsMixin):
@@ -88,16 +89,28 @@ class AsyncArray(NDArrayOperatorsMixin):
     array itself.
     """
 
-    __slots__ = ("_works", "_value", "_finish", "shape", "dtype", "__weakref__")
+    __slots__ = (
+        "_works",
+        "_value",
+        "_finish",
+        "_group",
+        "_failed",
+        "shape",
+        "dtype",
+        "__weakref__",
+    )
 
     def __init__(
         self,
         works: Sequence[Any],
         value: Any,
         shape: Tuple[int, ...],
+        group: Any,
         finish: Optional[Callable[[Any], Any]] = None,
     ) -> None:
         self._works: Optional[Sequence[Any]] = works or None
+        self._group = group
+        self._failed: Optional[BaseException] = None
         self._value = value
         self._finish = finish
         self.shape = shape if type(shape) is tuple else tuple(shape)
@@ -111,8 +124,14 @@ class AsyncArray(NDArrayOperatorsMixin):
         plain array. Raises the operation's error, on every call."""
         works = self._works
         if works is not None:
-            for work in works:
-                work.wait()  # thread-safe; raises the operation's error
+            if self._failed is not None:
+                raise self._failed
+            try:
+                for work in works:
+                    work.wait()  # thread-safe; raises the operation's error
+            except BaseException as exc:
+                self._failed = exc  # raised again on every read, without waiting again
+                raise
             with _FINISH:
                 if self._works is not None:
                     if self._finish is not None:
@@ -133,9 +152,15 @@ class AsyncArray(NDArrayOperatorsMixin):
             works = self._works
         except AttributeError:  # __init__ did not get that far
             return
-        if works is not None and not sys.is_finalizing():
-            for work in works:
-                work.wait()
+        if works is None or sys.is_finalizing():
+            return
+        if self._failed is not None or self._group.is_broken():
+            # A timed-out operation never completes and MPI may still write
+            # into its buffers: keep them for good rather than wait again.
+            _ABANDONED.append((works, self._value))
+            return
+        for work in works:
+            work.wait()
 
     # -- metadata, known at once ---------------------------------------------
     @property
@@ -451,7 +476,7 @@ def all_reduce(self: Any, reduceOp: Any, group: Any = None, tag: str = "") -> As
     pg = _group(func, group)
     out = xs.copy(self)
     work = _all_reduce(out, op=op, group=pg, async_op=True)
-    return AsyncArray([work], out, out.shape)
+    return AsyncArray([work], out, out.shape, pg)
 
 
 def broadcast(self: Any, src: int, group: Any = None, tag: str = "") -> AsyncArray:
@@ -467,7 +492,7 @@ def broadcast(self: Any, src: int, group: Any = None, tag: str = "") -> AsyncArr
         raise ValueError(f"{func}: src={src!r} must be a group rank between 0 and {n - 1}")
     out = xs.copy(self)
     work = _broadcast(out, src=groups.get_global_rank(pg, int(src)), group=pg, async_op=True)
-    return AsyncArray([work], out, out.shape)
+    return AsyncArray([work], out, out.shape, pg)
 
 
 def all_gather_tensor(self: Any, gather_dim: int, group: Any = None, tag: str = "") -> AsyncArray:
@@ -484,10 +509,10 @@ def all_gather_tensor(self: Any, gather_dim: int, group: Any = None, tag: str = 
     work = _all_gather_into_tensor(out, x, group=pg, async_op=True)
     works = [work]
     if dim == 0:
-        return AsyncArray(works, out, out.shape)
+        return AsyncArray(works, out, out.shape, pg)
     final = shape[:dim] + (n * shape[dim],) + shape[dim + 1 :]
     return AsyncArray(
-        works, out, final, lambda stacked: xs.concat(_chunks(stacked, n, 0), axis=dim)
+        works, out, final, pg, lambda stacked: xs.concat(_chunks(stacked, n, 0), axis=dim)
     )
 
 
@@ -513,7 +538,7 @@ def reduce_scatter_tensor(
     x = xs.contiguous(self) if dim == 0 else xs.concat(_chunks(self, n, dim), axis=0)
     out = xs.empty(x, block)
     work = _reduce_scatter_tensor(out, x, op=op, group=pg, async_op=True)
-    return AsyncArray([work], out, block)
+    return AsyncArray([work], out, block, pg)
 
 
 def _split_sizes(func: str, name: str, sizes: Any, n: int) -> List[int]:
@@ -566,7 +591,7 @@ def all_to_all_single(
     x = xs.contiguous(self)
     out = xs.empty(x, (sum(outs),) + tuple(self.shape[1:]))
     work = _all_to_all_single(out, x, outs, ins, group=pg, async_op=True)
-    return AsyncArray([work], out, out.shape)
+    return AsyncArray([work], out, out.shape, pg)
 
 
 def permute_tensor(
@@ -612,7 +637,7 @@ def all_reduce_coalesced(
     flat = xs.concat([x.reshape(-1) for x in arrays], axis=0)
     works = [_all_reduce(flat, op=op, group=pg, async_op=True)]
     return [
-        AsyncArray(works, flat, tuple(x.shape), _view(start, tuple(x.shape)))
+        AsyncArray(works, flat, tuple(x.shape), pg, _view(start, tuple(x.shape)))
         for x, start in zip(arrays, _offsets(arrays))
     ]
 

@@ -177,6 +177,11 @@ class ProcessGroup:
 
     _get_sequence_number_for_group = sequence_number
 
+    def is_broken(self) -> bool:
+        """True once an operation on the group timed out: the group is unusable,
+        and what is still pending on it will not complete."""
+        return self._broken is not None
+
     def attach(self, key: str, value: Any, free: Optional[Callable[[Any], None]] = None) -> Any:
         """Keep ``value`` with the group under ``key`` for a layer built on it
         (pycoll.gpu.nccl keeps the group's NCCL communicator under "nccl"), so the

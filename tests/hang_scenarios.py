@@ -58,6 +58,17 @@ def main(scenario: str, then: str = "") -> None:
             report(rank, skipped=True)
         else:
             attempt(rank, lambda: pycoll.all_reduce(x))  # seq 2, without rank 2
+    elif scenario == "functional":  # rank 2 skips two functional all_reduces (seq 2, 3)
+        from pycoll import functional as F
+
+        if rank == 2:
+            report(rank, skipped=True)
+        else:
+            y, z = F.all_reduce(x, "sum"), F.all_reduce(x, "sum")
+            attempt(rank, lambda: F.wait_tensor(y))  # times out, naming rank 2
+            start = time.monotonic()
+            del y, z  # neither waits again: the group is broken
+            report(rank, dropped=time.monotonic() - start)
     elif scenario == "order":
         first = pycoll.new_group([0, 1, 2], group_desc="first")
         second = pycoll.new_group([1, 2, 3], group_desc="second")

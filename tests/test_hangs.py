@@ -100,6 +100,24 @@ def test_a_rank_skips_a_collective():
         )
 
 
+def test_functional_results_of_a_timed_out_group_are_dropped_at_once():
+    """A read of a pycoll.functional result times out with the diagnosis;
+    dropping it and another pending result of the broken group then costs
+    no second timeout, and destroy ends on every rank."""
+    rc, reports, err, _ = run_job("functional", "destroy")
+    assert rc == 0, err
+    ranks: Dict[int, List[Dict]] = {}
+    for report in reports:
+        ranks.setdefault(report["rank"], []).append(report)
+    assert sorted(ranks) == list(range(RANKS)), reports
+    assert ranks[2][0] == {"rank": 2, "skipped": True}
+    for r in (0, 1, 3):
+        timed_out, dropped, destroyed = ranks[r]
+        assert_timed_out(timed_out, "all_reduce", 2, [2])
+        assert dropped["dropped"] < 0.5, dropped
+        assert destroyed["destroyed"] is True
+
+
 def test_ranks_call_overlapping_groups_in_different_orders():
     """Groups [0,1,2] ('first') and [1,2,3] ('second'): rank 1 enters first,
     rank 2 second, so each waits for the other."""
