@@ -490,7 +490,7 @@ def broadcast(self: Any, src: int, group: Any = None, tag: str = "") -> AsyncArr
     n = pg.size()
     if isinstance(src, bool) or not isinstance(src, (int, np.integer)) or not 0 <= src < n:
         raise ValueError(f"{func}: src={src!r} must be a group rank between 0 and {n - 1}")
-    out = xs.copy(self)
+    out = xs.copy(self) if pg.rank() == src else xs.empty(self, tuple(self.shape))
     work = _broadcast(out, src=groups.get_global_rank(pg, int(src)), group=pg, async_op=True)
     return AsyncArray([work], out, out.shape, pg)
 
