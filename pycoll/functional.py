@@ -13,7 +13,7 @@ arrays (cupy, or anything with ``__array_namespace__`` and a CUDA interface)::
 The call starts the collective and returns an :class:`AsyncArray`: a stand-in
 that knows its shape and dtype at once and waits for its data the first time
 anything reads it: any numpy function or ufunc, an operator, indexing, a
-method, ``np.asarray``, ``len``-free iteration, pickling, pycoll's own
+method, ``np.asarray``, iteration, pickling, pycoll's own
 collectives, mpi4py (through ``__dlpack__``) and, on Python 3.12 and later,
 the buffer protocol (``memoryview``, C extensions). On Python 3.11 and
 earlier a class written in Python cannot offer the buffer protocol, so code
@@ -37,8 +37,8 @@ Rules, as for any nonblocking operation:
 ProcessGroup of the "pycoll" backend, a list of global ranks, or a list of
 such lists (a 2-D mesh: each rank uses the list holding it). A list is made
 into a group once, by the listed ranks only (``new_group(...,
-use_local_synchronization=True)``), and cached until the default group is
-destroyed. ``reduceOp`` is a :class:`pycoll.ReduceOp` (PREMUL_SUM included),
+use_local_synchronization=True)``), kept with the default group and freed
+with it. ``reduceOp`` is a :class:`pycoll.ReduceOp` (PREMUL_SUM included),
 torch's ReduceOp, or torch's names: ``"sum"``, ``"avg"``, ``"product"``,
 ``"min"``, ``"max"``, ``"band"``, ``"bor"``, ``"bxor"``.
 """

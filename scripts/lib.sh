@@ -7,7 +7,9 @@ PYTHON=${PYTHON:-python3}
 # ensure_venv DIR EXTRAS [PACKAGE...]: create DIR with pycoll installed
 # (editable) with EXTRAS, and the PACKAGEs given (pinned by the caller: torch is
 # torch==2.13.0, the CPU build, never a range that lets pip pick a CUDA build),
-# unless it is already there for the current setup.cfg.
+# unless it is already there for the current setup.cfg. Several may run at
+# once: the editable install, which writes pycoll's metadata into the source
+# tree, takes turns under a lock.
 ensure_venv() {
     local dir="$ROOT/$1" extras=$2 stamp
     shift 2
@@ -19,7 +21,8 @@ ensure_venv() {
     [ -x "$dir/bin/python" ] || "$PYTHON" -m venv "$dir" || return 1
     if ! { "$dir/bin/python" -m pip install --upgrade pip &&
            { [ $# -eq 0 ] || "$dir/bin/python" -m pip install "$@"; } &&
-           "$dir/bin/python" -m pip install -e "$ROOT[$extras]"; } > "$dir/install.log" 2>&1; then
+           flock "$ROOT/.venv-setup.lock" "$dir/bin/python" -m pip install -e "$ROOT[$extras]"; } \
+        > "$dir/install.log" 2>&1; then
         tail -n 40 "$dir/install.log"
         return 1
     fi
