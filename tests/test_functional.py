@@ -220,6 +220,15 @@ def test_every_way_of_reading_waits(rank, world_size):
     np.testing.assert_array_equal(copy.deepcopy(fresh()), total)
     assert float(F.all_reduce(np.array(1.5), "sum")) == 1.5 * world_size
     assert repr(fresh()).startswith("AsyncArray(array([")
+    np.testing.assert_array_equal(x + fresh(), x + total)  # numpy array on the left
+    assert x @ fresh() == x @ total and fresh() @ x == total @ x
+    z = x.copy()
+    z += fresh()  # in place into a numpy array
+    np.testing.assert_array_equal(z, x + total)
+    w = fresh()
+    w += 1  # in place into the result: w is then the plain array
+    assert type(w) is np.ndarray
+    np.testing.assert_array_equal(w, total + 1)
     y = fresh()
     assert (y.ndim, y.size, y.nbytes, len(y)) == (1, 4, 32, 4)  # metadata
     y[0] = -1.0  # the result is the caller's to write
