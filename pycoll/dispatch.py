@@ -150,10 +150,12 @@ def route(spec: Spec, args: Dict[str, Any]) -> Any:
     A pending result of pycoll.functional is waited for first."""
     functional = sys.modules.get("pycoll.functional")
     if functional is not None:
-        for path, _, x in list(spec.found(args)):
-            if isinstance(x, functional.AsyncArray):
-                spec.put(args, path, x.wait())
-        if _numpy_only(*(args[a.name] for a in spec.arrays)):
+        pending = [
+            (path, x) for path, _, x in spec.found(args) if isinstance(x, functional.AsyncArray)
+        ]
+        for path, x in pending:
+            spec.put(args, path, x.wait())
+        if pending and _numpy_only(*(args[a.name] for a in spec.arrays)):
             return spec.host(**args)
     if torchcompat.imported():
         return torchcompat.call(spec, args, _route)

@@ -452,8 +452,9 @@ def _op(func: str, op: Any) -> ReduceOp:
     if isinstance(op, ReduceOp):
         return op
     if isinstance(op, str):
-        if op.lower() in _OP_NAMES:
-            return ReduceOp(op)
+        mine = _BY_NAME.get(op.lower())
+        if mine is not None:
+            return mine
         raise ValueError(
             f"{func}: unknown reduceOp {op!r}; use one of {', '.join(map(repr, _OP_NAMES))}, "
             f"a pycoll.ReduceOp, or make_premul_sum(factor)"
@@ -507,12 +508,11 @@ def all_gather_tensor(self: Any, gather_dim: int, group: Any = None, tag: str = 
     shape = tuple(x.shape)
     out = xs.empty(x, (n * shape[0],) + shape[1:])
     work = _all_gather_into_tensor(out, x, group=pg, async_op=True)
-    works = [work]
     if dim == 0:
-        return AsyncArray(works, out, out.shape, pg)
+        return AsyncArray([work], out, out.shape, pg)
     final = shape[:dim] + (n * shape[dim],) + shape[dim + 1 :]
     return AsyncArray(
-        works, out, final, pg, lambda stacked: xs.concat(_chunks(stacked, n, 0), axis=dim)
+        [work], out, final, pg, lambda stacked: xs.concat(_chunks(stacked, n, 0), axis=dim)
     )
 
 
@@ -528,17 +528,22 @@ def reduce_scatter_tensor(
     op = _op(func, reduceOp)
     pg = _group(func, group)
     n = pg.size()
+    _divisible(func, self, dim, "self", n)
     shape = tuple(self.shape)
-    if shape[dim] % n:
-        raise ValueError(
-            f"{func}: dimension {dim} of self has size {shape[dim]}, not divisible by "
-            f"the group's {n} ranks"
-        )
     block = shape[:dim] + (shape[dim] // n,) + shape[dim + 1 :]
     x = xs.contiguous(self) if dim == 0 else xs.concat(_chunks(self, n, dim), axis=0)
     out = xs.empty(x, block)
     work = _reduce_scatter_tensor(out, x, op=op, group=pg, async_op=True)
     return AsyncArray([work], out, block, pg)
+
+
+def _divisible(func: str, x: Any, dim: int, label: str, n: int) -> None:
+    """Dimension ``dim`` of ``x`` must split into ``n`` equal blocks."""
+    if x.shape[dim] % n:
+        raise ValueError(
+            f"{func}: dimension {dim} of {label} has size {x.shape[dim]}, not divisible by "
+            f"the group's {n} ranks"
+        )
 
 
 def _split_sizes(func: str, name: str, sizes: Any, n: int) -> List[int]:
@@ -611,9 +616,10 @@ def permute_tensor(
             f"{func}: src_dst must be a permutation of the group ranks 0..{n - 1}, got {perm}"
         )
     me = pg.rank()
+    dst, src = perm[me], perm.index(me)
     rows = self.shape[0]
-    ins = [rows if k == perm[me] else 0 for k in range(n)]
-    outs = [rows if m == perm.index(me) else 0 for m in range(n)]
+    ins = [rows if k == dst else 0 for k in range(n)]
+    outs = [rows if m == src else 0 for m in range(n)]
     return all_to_all_single(self, outs, ins, pg)
 
 
@@ -677,12 +683,7 @@ def reduce_scatter_tensor_coalesced(
     arrays = [_arrays(func, x, f"inputs[{i}]")[1] for i, x in enumerate(arrays)]
     for i, (x, d) in enumerate(zip(arrays, dims)):  # every check before anything starts
         _at_least_1d(func, x, f"inputs[{i}]")
-        d = _dim(func, f"scatter_dim[{i}]", d, len(x.shape))
-        if x.shape[d] % n:
-            raise ValueError(
-                f"{func}: dimension {d} of inputs[{i}] has size {x.shape[d]}, not divisible "
-                f"by the group's {n} ranks"
-            )
+        _divisible(func, x, _dim(func, f"scatter_dim[{i}]", d, len(x.shape)), f"inputs[{i}]", n)
     return [reduce_scatter_tensor(x, op, d, pg) for x, d in zip(arrays, dims)]
 
 

@@ -248,9 +248,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         op = _op(opts.reduceOp, "reduce_scatter")
         out = _array(outputs[0], "reduce_scatter", "output")
-        ins = [
-            _array(t, "reduce_scatter", f"input_list[{i}]") for i, t in enumerate(input_lists[0])
-        ]
+        ins = _arrays(input_lists[0], "reduce_scatter", "input_list")
         return self._run(
             opts, outputs, lambda g, a: pycoll.reduce_scatter(out, ins, op=op, group=g, async_op=a)
         )
