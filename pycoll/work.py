@@ -29,10 +29,19 @@ class Future:
     A Future made by :meth:`Work.get_future` completes when its Work does;
     waiting on it drives the Work. A Future made by the user completes when
     the user calls :meth:`set_result` or :meth:`set_exception`.
+
+    Callbacks run in the thread that completes the future, unless the maker
+    gave a ``_runner`` (pycoll.rpc's progress thread hands them to its worker
+    pool: ``_runner(callback, future)``); ``then``'s futures inherit it.
     """
 
-    def __init__(self, _driver: Optional[BaseWork] = None) -> None:
+    def __init__(
+        self,
+        _driver: Any = None,  # a BaseWork, or anything with wait() and is_completed()
+        _runner: Optional[Callable[[Callable[[Future], Any], Future], None]] = None,
+    ) -> None:
         self._driver = _driver
+        self._runner = _runner
         self._event = threading.Event()
         self._lock = threading.Lock()
         self._value: Any = None
@@ -70,7 +79,7 @@ class Future:
 
         An exception raised by the callback becomes the new Future's exception.
         """
-        child = Future(self._driver)
+        child = Future(self._driver, self._runner)
 
         def run(parent: Future) -> None:
             try:
@@ -112,7 +121,10 @@ class Future:
             self._event.set()
             callbacks, self._callbacks = self._callbacks, []
         for cb in callbacks:
-            cb(self)
+            if self._runner is None:
+                cb(self)
+            else:
+                self._runner(cb, self)
 
 
 class BaseWork:

@@ -1,0 +1,634 @@
+"""The RPC agent: one per worker, over a duplicate of MPI_COMM_WORLD.
+
+Threads:
+- the caller's threads pickle and post their requests (mpi4py.util.pkl5,
+  which keeps a multi-part message together and needs no size limit);
+- one progress thread receives every message (a matched probe, MPI_Improbe,
+  so no other receive can take it), routes it, sends the queued DELETEs,
+  completes finished sends, fails calls past their deadline, and sends and
+  checks heartbeats. It never runs user code: requests go to the worker pool,
+  replies are completed there too (a Future's callbacks are user code);
+- a pool of worker threads runs requests. A request that makes its own RPCs
+  blocks only its pool thread.
+
+All messages use one tag, so MPI keeps each pair's messages in order (the
+RRef protocol depends on it). Polling: the progress thread spins (yielding
+the core) while messages come, then backs off to sleeps of ``idle_pause``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import pickle
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Deque, Dict, List, Optional, Set, Tuple
+
+from .. import _mpi
+from ..errors import DistTimeoutError
+from ..progress import keep_alive
+from ..work import Future
+from . import wire
+from .functions import is_async, when_done
+
+TAG = 0x7C0
+CALL, REMOTE, REPLY, FORK, CONFIRM, DELETE, BEAT, LEAVING = range(8)
+
+NOT_INITIALIZED = "RPC has not been initialized. Call pycoll.rpc.init_rpc() first."
+
+AGENT: Optional[Agent] = None
+
+
+def current(what: str) -> Agent:
+    """The running agent; the error torch gives when there is none."""
+    agent = AGENT
+    if agent is None or not agent.running:
+        raise RuntimeError(f"{what}: {NOT_INITIALIZED}")
+    return agent
+
+
+class WorkerInfo:
+    """A worker's id (its rank) and name, as torch.distributed.rpc.WorkerInfo."""
+
+    __slots__ = ("id", "name")
+
+    def __init__(self, name: str, id: int) -> None:  # noqa: A002 (torch's name)
+        self.name = name
+        self.id = id
+
+    def __repr__(self) -> str:
+        return f"WorkerInfo(id={self.id}, name={self.name})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, WorkerInfo) and (self.id, self.name) == (other.id, other.name)
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.name))
+
+    def __reduce__(self) -> Any:
+        return WorkerInfo, (self.name, self.id)
+
+
+class _Call:
+    __slots__ = ("future", "dest", "timeout", "what")
+
+    def __init__(self, future: Future, dest: int, timeout: float, what: str) -> None:
+        self.future = future
+        self.dest = dest
+        self.timeout = timeout
+        self.what = what
+
+
+class _Driver:
+    """What an RPC Future's wait() and done() call first: the waiting thread
+    polls for the reply itself (Agent.drive)."""
+
+    __slots__ = ("agent", "call_id")
+
+    def __init__(self, agent: Agent, call_id: int) -> None:
+        self.agent = agent
+        self.call_id = call_id
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        self.agent.drive(self.call_id)
+        return True
+
+    def is_completed(self) -> bool:
+        self.agent.poll()
+        return self.call_id not in self.agent._calls
+
+
+class Agent:
+    """pycoll.rpc's agent (see the module docstring); made by init_rpc."""
+
+    def __init__(self, comm: Any, names: List[str], options: Any) -> None:
+        MPI = _mpi.MPI
+        from mpi4py.util import pkl5
+
+        self.comm = comm
+        self.pcomm = pkl5.Intracomm(comm)
+        self.rank = comm.Get_rank()
+        self.workers = [WorkerInfo(name, i) for i, name in enumerate(names)]
+        self.by_name = {w.name: w for w in self.workers}
+        self.me = self.workers[self.rank]
+        self.options = options
+        self.timeout = float(options.rpc_timeout)
+        self.running = True
+        self.broken: Optional[str] = None  # why the agent could not finish cleanly
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._calls: Dict[int, _Call] = {}
+        self._deadlines: List[Tuple[float, int]] = []
+        self._sends: List[Any] = []  # pkl5 requests still in flight
+        self._deletes: Deque[Tuple[int, Any, Any]] = deque()
+        self._stop = False
+        # the shutdown's count: requests sent, served (reply posted), answered (reply taken in)
+        self.sent = self.served = self.answered = 0
+        # and local work that may make calls: Future callbacks, remote() on itself
+        self.begun = self.ended = 0
+        self.leaving: Set[int] = set()
+        from .rref import Owners
+
+        self.owners = Owners()
+        self.users: weakref.WeakValueDictionary[Any, Any] = weakref.WeakValueDictionary()
+        self._early_confirms: Set[Any] = set()
+        now = time.monotonic()
+        self._heard = [now] * len(names)
+        self._next_beat = now
+        self.pool = ThreadPoolExecutor(
+            max_workers=int(options.num_worker_threads), thread_name_prefix="pycoll-rpc-worker"
+        )
+        self._any_source = MPI.ANY_SOURCE
+        self._status = MPI.Status()
+        self._improbe = self.pcomm.improbe
+        self._recv_lock = threading.Lock()
+        self._driving = 0  # callers polling for their replies (drive)
+        self._idle_pause = float(options.idle_pause)
+        self.thread = threading.Thread(
+            target=self._progress, name="pycoll-rpc-progress", daemon=True
+        )
+        self.thread.start()
+
+    # -- ids and names -----------------------------------------------------------------
+
+    def new_id(self) -> Tuple[int, int]:
+        return (self.rank, next(self._ids))
+
+    def resolve(self, to: Any, what: str) -> int:
+        """The rank of ``to``: a worker name, a WorkerInfo or a rank."""
+        if isinstance(to, WorkerInfo):
+            known = self.workers[to.id] if 0 <= to.id < len(self.workers) else None
+            if known != to:
+                raise ValueError(f"{what}: {to} is not a worker of this job ({self._names()})")
+            return to.id
+        if isinstance(to, str):
+            info = self.by_name.get(to)
+            if info is None:
+                raise ValueError(
+                    f"{what}: unknown destination worker {to!r}; the workers are {self._names()}"
+                )
+            return info.id
+        if isinstance(to, int) and not isinstance(to, bool):
+            if not 0 <= to < len(self.workers):
+                raise ValueError(
+                    f"{what}: unknown destination rank {to}; the workers are ranks "
+                    f"0..{len(self.workers) - 1}"
+                )
+            return to
+        raise TypeError(
+            f"{what}: `to` must be a worker name, a WorkerInfo or a rank, not {type(to).__name__}"
+        )
+
+    def _names(self) -> str:
+        return ", ".join(w.name for w in self.workers)
+
+    def seconds(self, timeout: float, what: str) -> float:
+        """A call's timeout in seconds (-1: the agent's default; 0: none, returned as inf)."""
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(
+                f"{what}: timeout must be a number of seconds, not {type(timeout).__name__}"
+            )
+        if timeout < 0:
+            timeout = self.timeout
+        return float(timeout) if timeout > 0 else float("inf")
+
+    # -- sending -------------------------------------------------------------------------
+
+    def _post(self, dest: int, message: Tuple[Any, ...]) -> None:
+        request = self.pcomm.isend(message, dest, TAG)
+        if not _mpi.MPI.Request.Testall(list(request)):
+            with self._lock:
+                self._sends.append(request)
+
+    def _send(self, dest: int, head: Tuple[Any, ...], obj: Any) -> None:
+        """Pickle ``obj`` for ``dest`` and post ``head + (pins, payload)``; then
+        act on the RRefs it carried (pycoll.rpc.rref)."""
+        payload, pickler = wire.dumps(obj, dest, self.rank)
+        pins = []
+        for rref_id, entry in pickler.pins:
+            if entry is not None:  # the owner sending to itself pins now
+                self.owners.pin(entry)
+            pins.append((rref_id, entry is not None))
+        for rref, fork in pickler.forks:
+            if rref._entry is not None:
+                self.owners.add_fork(rref._entry, fork)
+        self._post(dest, head + (pins, payload))
+        for rref, fork in pickler.forks:
+            if rref._entry is None:
+                self._post(rref._owner, (FORK, rref._id, fork, dest))
+
+    def call(
+        self, dest: int, func: Any, args: Any, kwargs: Any, timeout: float, head: Any = None
+    ) -> Future:
+        """Send a request to run ``func(*args, **kwargs)`` on ``dest``; a Future of its result."""
+        what = getattr(func, "__qualname__", None) or repr(func)
+        seconds = self.seconds(timeout, "rpc")
+        call_id = next(self._ids)
+        future = Future(_Driver(self, call_id), self._run_callback)
+        with self._lock:
+            if not self.running:
+                raise RuntimeError(f"rpc: {NOT_INITIALIZED}")
+            self._calls[call_id] = _Call(future, dest, seconds, what)
+            if seconds != float("inf"):
+                heapq.heappush(self._deadlines, (time.monotonic() + seconds, call_id))
+            self.sent += 1
+        try:
+            self._send(dest, (head or (CALL,)) + (call_id,), (func, args or (), kwargs or {}))
+        except BaseException as exc:
+            with self._lock:
+                self._calls.pop(call_id, None)
+                self.sent -= 1
+            if isinstance(exc, (pickle.PicklingError, TypeError, AttributeError)):
+                raise TypeError(
+                    f"rpc to {self.workers[dest].name}: the call to {what} could not be pickled "
+                    f"({exc}); functions must be importable by name on the callee and arguments "
+                    "picklable"
+                ) from exc
+            raise
+        return future
+
+    def remote(self, dest: int, func: Any, args: Any, kwargs: Any, timeout: float) -> Any:
+        from .rref import RRef
+
+        if dest == self.rank:
+            entry = self.owners.create(self.new_id(), None)
+            with self._lock:
+                self.begun += 1  # ended when it has run: shutdown waits for it
+            self.pool.submit(self._run_into, entry, func, args or (), kwargs or {})
+            return RRef._of(self, entry)
+        rref_id, fork = self.new_id(), self.new_id()
+        rref = RRef._user(self, dest, rref_id, fork, False)
+        future = self.call(dest, func, args, kwargs, timeout, head=(REMOTE, rref_id, fork))
+        future.add_done_callback(rref._created)
+        return rref
+
+    def forget(self, owner: int, rref_id: Any, fork: Any) -> None:
+        """A user RRef was dropped: its DELETE goes out from the progress thread."""
+        if self.running:
+            self._deletes.append((owner, rref_id, fork))
+
+    def take_confirmation(self, fork: Any) -> bool:
+        with self._lock:
+            if fork in self._early_confirms:
+                self._early_confirms.discard(fork)
+                return True
+        return False
+
+    # -- the progress thread -------------------------------------------------------------
+
+    def poll(self) -> bool:
+        """Take in and route one message, if one has come and no other thread
+        is polling; True if one was taken. Messages are routed in the order
+        MPI matched them (the RRef protocol needs a pair's order kept)."""
+        if not self._recv_lock.acquire(blocking=False):
+            return False
+        try:
+            message = self._improbe(self._any_source, TAG, self._status)
+            if message is None:
+                return False
+            self._route(self._status.Get_source(), message.recv())
+            return True
+        finally:
+            self._recv_lock.release()
+
+    def drive(self, call_id: int) -> None:
+        """Wait for call ``call_id``'s reply, taking messages in meanwhile.
+
+        A caller that waits polls for itself (the progress thread steps back
+        meanwhile): its reply then wakes no other thread, and no two threads
+        of the process contend for the GIL on every poll.
+        """
+        with self._lock:
+            self._driving += 1
+        try:
+            idle = 0
+            spin = int(self.options.spin)
+            while call_id in self._calls and not self._stop:
+                if self.poll():
+                    idle = 0
+                    continue
+                idle += 1
+                if idle < spin:
+                    os.sched_yield()
+                else:
+                    time.sleep(min(self._idle_pause, 1e-5 * (idle - spin + 1)))
+        finally:
+            with self._lock:
+                self._driving -= 1
+
+    def _progress(self) -> None:
+        idle = 0
+        spin = int(self.options.spin)
+        busy_pause = float(self.options.busy_pause)
+        _precise_sleeps()
+        try:
+            while not self._stop:
+                if self.poll():
+                    idle = 0
+                    continue
+                if self._housekeeping():
+                    idle = 0
+                    continue
+                idle += 1
+                if self._driving:  # a waiting caller polls; keep out of its way
+                    time.sleep(self._idle_pause)
+                elif idle < spin:
+                    if busy_pause > 0:
+                        time.sleep(busy_pause)
+                    else:
+                        os.sched_yield()
+                else:
+                    time.sleep(min(self._idle_pause, busy_pause * (idle - spin + 1)))
+        except BaseException as exc:  # pragma: no cover - a bug or MPI failure: say so loudly
+            self.broken = f"pycoll.rpc's progress thread on {self.me} failed: {exc!r}"
+            sys.stderr.write(self.broken + "\n")
+            self._fail_all(RuntimeError(self.broken))
+
+    def _route(self, source: int, message: Tuple[Any, ...]) -> None:
+        self._heard[source] = time.monotonic()
+        kind = message[0]
+        if kind == REPLY:
+            with self._lock:
+                call = self._calls.pop(message[1], None)
+            self._pin(message[3])
+            if call is not None:  # else: it timed out already
+                self._complete(call, source, message[2], message[3], message[4])
+            else:
+                self._unpin(message[3])
+        elif kind == CALL:
+            self._pin(message[2])
+            self.pool.submit(self._serve, source, message[1], message[2], message[3])
+        elif kind == REMOTE:
+            _, rref_id, fork, call_id, pins, payload = message
+            entry = self.owners.create(rref_id, fork)
+            self._pin(pins)
+            self.pool.submit(self._serve, source, call_id, pins, payload, entry)
+        elif kind == FORK:
+            _, rref_id, fork, holder = message
+            held = self.owners.get(rref_id)
+            if held is not None:
+                self.owners.add_fork(held, fork)
+            self._post(holder, (CONFIRM, fork))
+        elif kind == CONFIRM:
+            rref = self.users.pop(message[1], None)
+            if rref is not None:
+                rref._confirmed = True
+            else:
+                with self._lock:
+                    self._early_confirms.add(message[1])
+        elif kind == DELETE:
+            self.owners.delete(message[1], message[2])
+        elif kind == LEAVING:
+            self.leaving.add(source)
+        # BEAT: hearing from the peer was the point
+
+    def _pin(self, pins: List[Any]) -> None:
+        for rref_id, pinned in pins:
+            if not pinned:
+                self.owners.pin_id(rref_id)
+
+    def _unpin(self, pins: List[Any]) -> None:
+        for rref_id, _ in pins:
+            self.owners.unpin(rref_id)
+
+    def _housekeeping(self) -> bool:
+        """Work other than receiving; True if there was some."""
+        did = False
+        while self._deletes:
+            owner, rref_id, fork = self._deletes.popleft()
+            self._post(owner, (DELETE, rref_id, fork))
+            did = True
+        if self._sends:
+            with self._lock:
+                sends, self._sends = self._sends, []
+            testall = _mpi.MPI.Request.Testall
+            pending = [s for s in sends if not testall(list(s))]
+            if pending:
+                with self._lock:
+                    self._sends.extend(pending)
+        now = time.monotonic()
+        if self._deadlines and self._deadlines[0][0] <= now:
+            self._expire(now)
+            did = True
+        if self.options.heartbeat > 0 and now >= self._next_beat:
+            self._beat(now)
+        return did
+
+    def _expire(self, now: float) -> None:
+        expired = []
+        with self._lock:
+            while self._deadlines and self._deadlines[0][0] <= now:
+                _, call_id = heapq.heappop(self._deadlines)
+                call = self._calls.pop(call_id, None)
+                if call is not None:
+                    expired.append(call)
+        for call in expired:
+            worker = self.workers[call.dest]
+            error = DistTimeoutError(
+                f"RPC ran for more than the set timeout ({call.timeout:g} s) and was marked "
+                f"with an error: the call to {call.what} on {worker} got no reply in time",
+                op="rpc",
+                elapsed=call.timeout,
+                ranks=[call.dest],
+            )
+            call.future.set_exception(error)
+        with self._lock:  # after set_exception, which counted its callbacks
+            self.answered += len(expired)
+
+    def _beat(self, now: float) -> None:
+        every = float(self.options.heartbeat)
+        self._next_beat = now + every
+        for rank in range(len(self.workers)):
+            if rank != self.rank:
+                self._post(rank, (BEAT,))
+        limit = every * float(self.options.heartbeat_misses)
+        silent = {
+            call.dest
+            for call in list(self._calls.values())
+            if call.dest != self.rank and now - self._heard[call.dest] > limit
+        }
+        for rank in silent:
+            worker = self.workers[rank]
+            quiet = now - self._heard[rank]
+            self._fail_peer(
+                rank,
+                DistTimeoutError(
+                    f"pycoll.rpc: {worker} has stopped answering: nothing heard from it for "
+                    f"{quiet:.1f} s (heartbeat every {every:g} s, {self.options.heartbeat_misses} "
+                    "missed); its pending calls fail",
+                    op="rpc",
+                    ranks=[rank],
+                ),
+            )
+
+    def _fail_peer(self, rank: int, error: BaseException) -> None:
+        with self._lock:
+            failed = [cid for cid, call in self._calls.items() if call.dest == rank]
+            calls = [self._calls.pop(cid) for cid in failed]
+        for call in calls:
+            call.future.set_exception(error)
+        with self._lock:
+            self.answered += len(calls)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._lock:
+            calls, self._calls = list(self._calls.values()), {}
+            self.answered += len(calls)
+        for call in calls:
+            if not call.future.done():
+                call.future.set_exception(error)
+
+    # -- the worker pool -----------------------------------------------------------------
+
+    def _serve(
+        self, source: int, call_id: int, pins: List[Any], payload: Any, entry: Any = None
+    ) -> None:
+        """Run one request and reply (for REMOTE, store the value in ``entry``)."""
+        try:
+            try:
+                func, args, kwargs = wire.loads(payload)
+            finally:
+                self._unpin(pins)
+            result = func(*args, **kwargs)
+            if is_async(func):
+                when_done(result, lambda v, e: self._finish(source, call_id, v, e, entry))
+                return
+        except BaseException as exc:
+            self._finish(source, call_id, None, exc, entry)
+        else:
+            self._finish(source, call_id, result, None, entry)
+
+    def _finish(self, source: int, call_id: int, value: Any, error: Any, entry: Any) -> None:
+        if entry is not None:  # remote(): the owner keeps the value; the reply confirms
+            if error is None:
+                entry.future.set_result(value)
+            else:
+                entry.future.set_exception(_as_remote(error, self.me))
+            value, error = None, None
+        try:
+            self._reply(source, call_id, value, error)
+        finally:
+            with self._lock:
+                self.served += 1
+
+    def _reply(self, source: int, call_id: int, value: Any, error: Any) -> None:
+        if error is None:
+            try:
+                self._send(source, (REPLY, call_id, True), value)
+                return
+            except Exception as exc:
+                error = TypeError(f"the result could not be pickled: {exc}")
+        report = wire.remote_error(error, repr(self.me))
+        try:
+            self._send(source, (REPLY, call_id, False), report)
+        except Exception:  # the exception type does not pickle: send its text
+            self._send(source, (REPLY, call_id, False), (None, report[1]))
+
+    def _run_callback(self, callback: Any, future: Future) -> None:
+        """A Future's callback (user code) goes to the pool; the shutdown counts
+        it as a call in flight until it has run."""
+        with self._lock:
+            self.begun += 1
+        self.pool.submit(self._callback, callback, future)
+
+    def _callback(self, callback: Any, future: Future) -> None:
+        try:
+            callback(future)
+        finally:
+            with self._lock:
+                self.ended += 1
+
+    def _complete(self, call: _Call, source: int, ok: bool, pins: List[Any], payload: Any) -> None:
+        """A reply, taken in by the progress thread: the value is unpickled and
+        the Future completed there (its callbacks go to the pool)."""
+        try:
+            try:
+                value = wire.loads(payload)
+            finally:
+                self._unpin(pins)
+        except BaseException as exc:
+            ok, value = (
+                False,
+                (None, f"the reply from {self.workers[source]} could not be unpickled: {exc!r}"),
+            )
+        if ok:
+            call.future.set_result(value)
+        else:
+            call.future.set_exception(wire.rebuild_error(*value))
+        with self._lock:  # after set_*, which counted its callbacks in `begun`
+            self.answered += 1
+
+    def _run_into(self, entry: Any, func: Any, args: Any, kwargs: Any) -> None:
+        """remote() on this worker itself."""
+        try:
+            self._run_local(entry, func, args, kwargs)
+        finally:
+            with self._lock:
+                self.ended += 1
+
+    def _run_local(self, entry: Any, func: Any, args: Any, kwargs: Any) -> None:
+        try:
+            result = func(*args, **kwargs)
+            if is_async(func):
+                when_done(result, lambda v, e: _settle(entry, v, e, self.me))
+                return
+        except BaseException as exc:
+            _settle(entry, None, exc, self.me)
+        else:
+            _settle(entry, result, None, self.me)
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._calls)
+
+    def stop(self, deadline: float) -> bool:
+        """Stop the progress thread and the pool; False if they did not stop by ``deadline``."""
+        with self._lock:
+            self.running = False
+        self._stop = True
+        self.thread.join(max(0.0, deadline - time.monotonic()))
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        return not self.thread.is_alive()
+
+    def drain_sends(self, deadline: float) -> bool:
+        testall = _mpi.MPI.Request.Testall
+        while True:
+            with self._lock:
+                self._sends = [s for s in self._sends if not testall(list(s))]
+                if not self._sends:
+                    return True
+            if time.monotonic() > deadline:
+                keep_alive(list(self._sends))
+                return False
+            time.sleep(1e-4)
+
+
+def _precise_sleeps() -> None:
+    """Make this thread's short sleeps last what they ask (Linux rounds a
+    sleep up by the thread's timer slack, 50 us by default, more than the
+    pause between polls while messages come)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK: 1 us
+    except (OSError, AttributeError):
+        pass
+
+
+def _as_remote(error: BaseException, me: WorkerInfo) -> BaseException:
+    return wire.rebuild_error(*wire.remote_error(error, repr(me)))
+
+
+def _settle(entry: Any, value: Any, error: Any, me: WorkerInfo) -> None:
+    if error is None:
+        entry.future.set_result(value)
+    else:
+        entry.future.set_exception(_as_remote(error, me))
