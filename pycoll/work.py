@@ -62,7 +62,10 @@ class Future:
             except Exception:
                 pass  # the Work completed this future with its exception
         self._event.wait()
-        return self.value()
+        try:
+            return self.value()
+        finally:
+            del self  # the raised exception's frames must not hold the future (a cycle)
 
     def value(self) -> Any:
         """The value of a completed future (raises its exception if it has one)."""
@@ -70,9 +73,15 @@ class Future:
             raise RuntimeError(
                 "Future.value() called before the future completed; call wait() first"
             )
-        if self._exc is not None:
-            raise self._exc
-        return self._value
+        try:
+            if self._exc is not None:
+                raise self._exc
+            return self._value
+        finally:
+            # Break the cycle future -> exception -> traceback -> this frame ->
+            # future, which would keep everything the traceback's frames hold
+            # (an RRef, big arrays) alive until the cyclic collector runs.
+            del self
 
     def then(self, callback: Callable[[Future], Any]) -> Future:
         """A new Future holding ``callback(self)``, run once this one completes.

@@ -132,3 +132,17 @@ def count_rings(monkeypatch) -> List[int]:
 
     monkeypatch.setattr(Ring, "start", start)
     return started
+
+
+def json_reports(out: str) -> List[dict]:
+    """The JSON reports ranks of a job printed, one object per line (a
+    launcher may glue lines of different ranks together)."""
+    import json
+
+    decoder = json.JSONDecoder()
+    found, i = [], 0
+    while (i := out.find('{"rank"', i)) >= 0:
+        obj, end = decoder.raw_decode(out, i)
+        found.append(obj)
+        i = end
+    return found

@@ -8,7 +8,6 @@ the job ended in bounded time and that the error names the right ranks.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -19,6 +18,8 @@ from typing import Dict, List, Tuple
 
 import pytest
 from mpi4py import MPI
+
+from support import json_reports
 
 SCRIPT = Path(__file__).with_name("hang_scenarios.py")
 RANKS = 4
@@ -53,18 +54,7 @@ def run_job(scenario: str, *then: str, **env: str) -> Tuple[int, List[Dict], str
         timeout=JOB_LIMIT_S,
     )
     elapsed = time.monotonic() - start
-    return proc.returncode, _reports(proc.stdout), proc.stderr, elapsed
-
-
-def _reports(out: str) -> List[Dict]:
-    """The ranks' JSON reports (launchers may glue lines of different ranks)."""
-    decoder = json.JSONDecoder()
-    found, i = [], 0
-    while (i := out.find('{"rank"', i)) >= 0:
-        obj, end = decoder.raw_decode(out, i)
-        found.append(obj)
-        i = end
-    return found
+    return proc.returncode, json_reports(proc.stdout), proc.stderr, elapsed
 
 
 def by_rank(reports: List[Dict]) -> Dict[int, Dict]:

@@ -22,12 +22,12 @@ import heapq
 import itertools
 import os
 import pickle
+import queue
 import sys
 import threading
 import time
 import weakref
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Deque, Dict, List, Optional, Set, Tuple
 
 from .. import _mpi
@@ -83,6 +83,48 @@ class _Call:
         self.dest = dest
         self.timeout = timeout
         self.what = what
+
+
+class _Pool:
+    """The worker threads that run requests and callbacks.
+
+    Daemon threads fed by a queue, rather than concurrent.futures' pool: at
+    interpreter exit that pool refuses new work and waits for its threads
+    before atexit handlers run, and pycoll.rpc's graceful shutdown at exit
+    (an atexit handler) must still serve the other workers' requests, while a
+    request stuck in user code must not keep the process from ending.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"pycoll-rpc-worker-{i}", daemon=True)
+            for i in range(size)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, fn: Any, *args: Any) -> None:
+        self._queue.put((fn, args))
+
+    def shutdown(self) -> None:
+        """Let each thread end once the work queued before is done."""
+        for _ in self._threads:
+            self._queue.put(None)
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, args = item
+            try:
+                fn(*args)
+            except BaseException as exc:  # pragma: no cover - the tasks report their own errors
+                sys.stderr.write(f"pycoll.rpc: a worker thread failed: {exc!r}\n")
+            # while the thread waits for the next task, it must not hold this
+            # one's arguments (an RRef kept so would never be freed)
+            del item, fn, args
 
 
 class _Driver:
@@ -141,9 +183,7 @@ class Agent:
         now = time.monotonic()
         self._heard = [now] * len(names)
         self._next_beat = now
-        self.pool = ThreadPoolExecutor(
-            max_workers=int(options.num_worker_threads), thread_name_prefix="pycoll-rpc-worker"
-        )
+        self.pool = _Pool(int(options.num_worker_threads))
         self._any_source = MPI.ANY_SOURCE
         self._status = MPI.Status()
         self._improbe = self.pcomm.improbe
@@ -153,6 +193,10 @@ class Agent:
         self.thread = threading.Thread(
             target=self._progress, name="pycoll-rpc-progress", daemon=True
         )
+
+    def start(self) -> None:
+        """Start taking in messages (once the agent is the current one: a
+        request may be waiting already, and it may make calls of its own)."""
         self.thread.start()
 
     # -- ids and names -----------------------------------------------------------------
@@ -480,9 +524,8 @@ class Agent:
         with self._lock:
             calls, self._calls = list(self._calls.values()), {}
             self.answered += len(calls)
-        for call in calls:
-            if not call.future.done():
-                call.future.set_exception(error)
+        for call in calls:  # a call leaves _calls before it completes: none is complete
+            call.future.set_exception(error)
 
     # -- the worker pool -----------------------------------------------------------------
 
@@ -595,7 +638,7 @@ class Agent:
             self.running = False
         self._stop = True
         self.thread.join(max(0.0, deadline - time.monotonic()))
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown()
         return not self.thread.is_alive()
 
     def drain_sends(self, deadline: float) -> bool:

@@ -156,6 +156,7 @@ def init_rpc(
             )
             raise ValueError(f"init_rpc: worker names must be unique, but {text}")
         _agent.AGENT = Agent(comm, names, options)
+        _agent.AGENT.start()
         if _BROKEN is None:
             atexit.unregister(_at_exit)
             atexit.register(_at_exit)

@@ -1,0 +1,91 @@
+"""RPC jobs that go wrong on purpose, run by tests/rpc/test_rpc_jobs.py under mpiexec.
+
+Usage: mpiexec -n 4 python tests/rpc/rpc_scenarios.py SCENARIO
+
+Every rank prints JSON lines saying what happened to it.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import os
+import signal
+import sys
+import time
+
+from mpi4py import MPI
+
+import pycoll.rpc as rpc
+from pycoll import DistTimeoutError
+
+STOPPED_RANK = 1
+
+
+def report(rank: int, **facts: object) -> None:
+    print(json.dumps({"rank": rank, **facts}), flush=True)
+
+
+def state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def stopped_peer(rank: int) -> None:
+    """Rank 1 stops (SIGSTOP); rank 0's call to it fails by the heartbeat,
+    naming it, long before the call's own 60 s timeout; rank 0 then resumes
+    it and everyone shuts down cleanly."""
+    options = rpc.RpcBackendOptions(heartbeat=0.2, heartbeat_misses=3)
+    rpc.init_rpc(f"worker{rank}", rpc_backend_options=options)
+    pids = MPI.COMM_WORLD.allgather(os.getpid())
+    if rank == STOPPED_RANK:
+        os.kill(os.getpid(), signal.SIGSTOP)  # resumed by rank 0
+        report(rank, resumed=True)
+    elif rank == 0:
+        deadline = time.monotonic() + 30
+        while state(pids[STOPPED_RANK]) != "T":
+            assert time.monotonic() < deadline, "rank 1 did not stop"
+            time.sleep(0.01)
+        start = time.monotonic()
+        try:
+            rpc.rpc_sync(STOPPED_RANK, operator.add, args=(1, 2), timeout=60)
+        except DistTimeoutError as exc:
+            report(rank, error=str(exc), ranks=exc.ranks, seconds=time.monotonic() - start)
+        else:
+            report(rank, error=None)
+        os.kill(pids[STOPPED_RANK], signal.SIGCONT)
+    else:
+        report(rank, value=rpc.rpc_sync(0, operator.add, args=(rank, 1)))
+    rpc.shutdown()
+    report(rank, shutdown=True)
+
+
+def absent(rank: int) -> None:
+    """Rank 3 comes to shutdown 8 s late; the others' 2 s shutdown names it,
+    and they end without finalizing MPI (which would wait for it)."""
+    rpc.init_rpc(f"worker{rank}")
+    report(rank, value=rpc.rpc_sync((rank + 1) % 4, operator.add, args=(rank, 1)))
+    if rank == 3:
+        time.sleep(8)  # the straggler this scenario is about
+    start = time.monotonic()
+    try:
+        rpc.shutdown(timeout=2)
+    except DistTimeoutError as exc:
+        report(rank, error=str(exc), ranks=exc.ranks, seconds=time.monotonic() - start)
+    else:
+        report(rank, error=None)
+
+
+def at_exit(rank: int) -> None:
+    """No shutdown call: the agent shuts down gracefully at exit, after the
+    calls still in flight, and the job ends cleanly."""
+    rpc.init_rpc(f"worker{rank}")
+    futures = [rpc.rpc_async((rank + i) % 4, operator.mul, args=(rank, i)) for i in range(100)]
+    report(rank, made=len(futures))
+
+
+if __name__ == "__main__":
+    scenario = sys.argv[1]
+    {"stopped": stopped_peer, "absent": absent, "exit": at_exit}[scenario](
+        MPI.COMM_WORLD.Get_rank()
+    )
