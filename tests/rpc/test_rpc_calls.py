@@ -242,3 +242,23 @@ def test_calls_from_many_threads(me, size):
     for t in threads:
         t.join(120)
     assert results == {t: [t * i for i in range(50)] for t in range(8)}
+
+
+def test_coexists_with_collectives(pg, me, size):
+    """Collectives on the main thread while another thread makes calls: the
+    agent's own communicator keeps them apart."""
+    import pycoll
+
+    results = []
+    caller = threading.Thread(
+        target=lambda: results.extend(
+            rpc.rpc_sync((me + i) % size, operator.add, args=(i, 1)) for i in range(200)
+        )
+    )
+    caller.start()
+    for step in range(50):
+        x = np.full(16, me + step, np.float64)
+        pycoll.all_reduce(x)
+        assert (x == sum(range(size)) + size * step).all()
+    caller.join(120)
+    assert results == [i + 1 for i in range(200)]

@@ -68,3 +68,23 @@ def test_shutdown_at_exit_waits_for_calls_in_flight():
     rc, reports, err, _ = run_job("exit")
     assert rc == 0, err
     assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3]
+
+
+def test_without_thread_multiple_init_rpc_says_what_to_do():
+    """A process whose MPI was initialized with MPI_THREAD_SERIALIZED (a
+    singleton MPI process, no launcher)."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
+    code = (
+        "import mpi4py; mpi4py.rc.thread_level = 'serialized'\n"
+        "import pycoll.rpc as rpc\n"
+        "try:\n"
+        "    rpc.init_rpc('w')\n"
+        "except RuntimeError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "refused: init_rpc: pycoll.rpc needs MPI_THREAD_MULTIPLE" in proc.stdout
+    assert "MPI_THREAD_SERIALIZED" in proc.stdout and "thread_level" in proc.stdout
