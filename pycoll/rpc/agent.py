@@ -38,6 +38,7 @@ from . import wire
 from .functions import is_async, when_done
 
 TAG = 0x7C0
+LARGE = 256 << 10  # bytes out of band from which the sender drives its message through
 CALL, REMOTE, REPLY, FORK, CONFIRM, DELETE, BEAT, LEAVING = range(8)
 
 NOT_INITIALIZED = "RPC has not been initialized. Call pycoll.rpc.init_rpc() first."
@@ -104,7 +105,12 @@ class _Pool:
         for thread in self._threads:
             thread.start()
 
+        self.busy = 0  # tasks queued or running
+        self._lock = threading.Lock()
+
     def submit(self, fn: Any, *args: Any) -> None:
+        with self._lock:
+            self.busy += 1
         self._queue.put((fn, args))
 
     def shutdown(self) -> None:
@@ -122,6 +128,9 @@ class _Pool:
                 fn(*args)
             except BaseException as exc:  # pragma: no cover - the tasks report their own errors
                 sys.stderr.write(f"pycoll.rpc: a worker thread failed: {exc!r}\n")
+            finally:
+                with self._lock:
+                    self.busy -= 1
             # while the thread waits for the next task, it must not hold this
             # one's arguments (an RRef kept so would never be freed)
             del item, fn, args
@@ -244,11 +253,33 @@ class Agent:
 
     # -- sending -------------------------------------------------------------------------
 
-    def _post(self, dest: int, message: Tuple[Any, ...]) -> None:
+    def _post(self, dest: int, message: Tuple[Any, ...], nbytes: int = 0) -> None:
+        """Send one message. A large one (``nbytes`` from LARGE) is driven to
+        completion here, bounded by the agent's timeout: MPI moves it only
+        while the sender calls into MPI, and the progress thread's polls are
+        far apart; a small one is left to the progress thread if not done."""
         request = self.pcomm.isend(message, dest, TAG)
-        if not _mpi.MPI.Request.Testall(list(request)):
+        parts = list(request)
+        testall = _mpi.MPI.Request.Testall
+        if testall(parts):
+            return
+        if nbytes >= LARGE:
+            deadline = time.monotonic() + (self.timeout or 60.0)
+            spins = 0
             with self._lock:
-                self._sends.append(request)
+                self._driving += 1  # the progress thread keeps out of the way
+            try:
+                while not testall(parts):
+                    spins += 1
+                    if not spins & 1023 and time.monotonic() > deadline:
+                        break  # left to the progress thread, which keeps it alive
+                else:
+                    return
+            finally:
+                with self._lock:
+                    self._driving -= 1
+        with self._lock:
+            self._sends.append(request)
 
     def _send(self, dest: int, head: Tuple[Any, ...], obj: Any) -> None:
         """Pickle ``obj`` for ``dest`` and post ``head + (pins, payload)``; then
@@ -262,7 +293,7 @@ class Agent:
         for rref, fork in pickler.forks:
             if rref._entry is not None:
                 self.owners.add_fork(rref._entry, fork)
-        self._post(dest, head + (pins, payload))
+        self._post(dest, head + (pins, payload), sum(b.raw().nbytes for b in payload[1]))
         for rref, fork in pickler.forks:
             if rref._entry is None:
                 self._post(rref._owner, (FORK, rref._id, fork, dest))
@@ -358,7 +389,9 @@ class Agent:
                     idle = 0
                     continue
                 idle += 1
-                if idle < spin:
+                if self.pool.busy > 0:
+                    time.sleep(5e-5)  # worker threads need the GIL more than this poll
+                elif idle < spin:
                     os.sched_yield()
                 else:
                     time.sleep(min(self._idle_pause, 1e-5 * (idle - spin + 1)))
@@ -388,7 +421,7 @@ class Agent:
                     else:
                         os.sched_yield()
                 else:
-                    time.sleep(min(self._idle_pause, busy_pause * (idle - spin + 1)))
+                    time.sleep(min(self._idle_pause, 1e-5 * (idle - spin + 1)))
         except BaseException as exc:  # pragma: no cover - a bug or MPI failure: say so loudly
             self.broken = f"pycoll.rpc's progress thread on {self.me} failed: {exc!r}"
             sys.stderr.write(self.broken + "\n")
