@@ -1,5 +1,6 @@
 """The README's and the user guide's example programs run as written: every
-``python`` block that is a whole program (it calls init_process_group) runs as
+``python`` block that is a whole program (it calls init_process_group or
+init_rpc) runs as
 a 2-rank MPI job and must end with status 0; blocks that are fragments, or
 pytest files (the harness's own tests cover those), are left out."""
 
@@ -23,7 +24,8 @@ def programs():
     found = []
     for page in PAGES:
         for i, block in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), re.S)):
-            if "init_process_group()" in block and "pytest" not in block:
+            whole = "init_process_group()" in block or "rpc.init_rpc(f" in block
+            if whole and "pytest" not in block:
                 found.append(pytest.param(block, id=f"{page.name}:{i}"))
     return found
 

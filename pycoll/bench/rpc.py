@@ -191,6 +191,7 @@ def every_rank(rounds: int, use_torch: bool) -> Dict[str, List[float]]:
 def bandwidth(rounds: int, sizes: List[int], use_torch: bool) -> Dict[int, Dict[str, List[float]]]:
     """GB/s of round trips rank 0 -> 1 -> 0 (2 x nbytes per trip)."""
     import pycoll
+    import pycoll.rpc as prpc
 
     systems = _Systems(use_torch)
     me = pycoll.get_rank()
@@ -213,11 +214,20 @@ def bandwidth(rounds: int, sizes: List[int], use_torch: bool) -> Dict[int, Dict[
                             pycoll.recv(back, 0)
                             pycoll.send(back, 0)
                     y: Optional[Any] = back
-                elif me == 0:
-                    payload = systems.convert(name, x)
-                    for _ in range(iters):
-                        y = systems.calls[name](1, echo, args=(payload,)).wait()
+                else:
+                    _IDLE.clear()
+                    pycoll.barrier()  # every rank has cleared its _IDLE
+                    t0 = time.perf_counter()
+                    if me == 0:
+                        payload = systems.convert(name, x)
+                        for _ in range(iters):
+                            y = systems.calls[name](1, echo, args=(payload,)).wait()
+                    else:  # wait without polling: the serving threads get the core
+                        _IDLE.wait(600)
                 seconds = time.perf_counter() - t0
+                if me == 0 and name != "send/recv":
+                    for other in range(1, pycoll.get_world_size()):
+                        prpc.rpc_sync(other, _release)
                 if me == 0:
                     out[nbytes][name].append(2 * nbytes * iters / seconds / 1e9)
                     _check(np.array_equal(np.asarray(y), x), f"{name} at {nbytes} B")

@@ -35,23 +35,13 @@ from ..errors import DistTimeoutError
 from ..progress import keep_alive
 from ..work import Future
 from . import wire
+from .current import NOT_INITIALIZED
 from .functions import is_async, when_done
+from .rref import Owners, RRef
 
 TAG = 0x7C0
 LARGE = 256 << 10  # bytes out of band from which the sender drives its message through
 CALL, REMOTE, REPLY, FORK, CONFIRM, DELETE, BEAT, LEAVING = range(8)
-
-NOT_INITIALIZED = "RPC has not been initialized. Call pycoll.rpc.init_rpc() first."
-
-AGENT: Optional[Agent] = None
-
-
-def current(what: str) -> Agent:
-    """The running agent; the error torch gives when there is none."""
-    agent = AGENT
-    if agent is None or not agent.running:
-        raise RuntimeError(f"{what}: {NOT_INITIALIZED}")
-    return agent
 
 
 class WorkerInfo:
@@ -184,8 +174,6 @@ class Agent:
         # and local work that may make calls: Future callbacks, remote() on itself
         self.begun = self.ended = 0
         self.leaving: Set[int] = set()
-        from .rref import Owners
-
         self.owners = Owners()
         self.users: weakref.WeakValueDictionary[Any, Any] = weakref.WeakValueDictionary()
         self._early_confirms: Set[Any] = set()
@@ -329,8 +317,6 @@ class Agent:
         return future
 
     def remote(self, dest: int, func: Any, args: Any, kwargs: Any, timeout: float) -> Any:
-        from .rref import RRef
-
         if dest == self.rank:
             entry = self.owners.create(self.new_id(), None)
             with self._lock:

@@ -15,8 +15,9 @@ from .. import _mpi
 from ..errors import DistTimeoutError
 from ..progress import keep_alive
 from ..work import Future
-from . import agent as _agent
-from .agent import Agent, WorkerInfo, current
+from . import current as _current
+from .agent import LEAVING, Agent, WorkerInfo
+from .current import current, is_initialized
 from .rref import RRef
 
 To = Union[str, WorkerInfo, int]
@@ -51,7 +52,7 @@ class RpcBackendOptions:
     rpc_timeout: float = 60.0
     heartbeat: float = 0.0
     heartbeat_misses: int = 3
-    spin: int = 500
+    spin: int = 50
     busy_pause: float = 0.0
     idle_pause: float = 1e-3
 
@@ -116,7 +117,7 @@ def init_rpc(
     options = _options(rpc_backend_options)
     MPI = _mpi.load()
     with _LIFECYCLE:
-        if _agent.AGENT is not None and _agent.AGENT.running:
+        if is_initialized():
             raise RuntimeError(
                 "init_rpc: RPC is already initialized on this worker; call shutdown() first"
             )
@@ -155,8 +156,9 @@ def init_rpc(
                 f"{n!r} by ranks {', '.join(map(str, rs))}" for n, rs in clashes.items()
             )
             raise ValueError(f"init_rpc: worker names must be unique, but {text}")
-        _agent.AGENT = Agent(comm, names, options)
-        _agent.AGENT.start()
+        agent = Agent(comm, names, options)
+        _current.AGENT = agent
+        agent.start()
         if _BROKEN is None:
             atexit.unregister(_at_exit)
             atexit.register(_at_exit)
@@ -216,7 +218,7 @@ def shutdown(graceful: bool = True, timeout: float = -1) -> None:
         if not graceful:
             agent.stop(deadline)
             agent._fail_all(RuntimeError(f"pycoll.rpc: the agent of {agent.me} was shut down"))
-            _agent.AGENT = None
+            _current.AGENT = None
             return
         try:
             _quiesce(agent, deadline, limit)
@@ -224,12 +226,12 @@ def shutdown(graceful: bool = True, timeout: float = -1) -> None:
             agent.stop(time.monotonic() + 1.0)
             agent._fail_all(exc)
             _BROKEN = str(exc)
-            _agent.AGENT = None
+            _current.AGENT = None
             raise
         agent.stop(deadline)
         agent.drain_sends(deadline)
         agent.comm.Free()
-        _agent.AGENT = None
+        _current.AGENT = None
 
 
 def _quiesce(agent: Agent, deadline: float, limit: float) -> None:
@@ -241,7 +243,7 @@ def _quiesce(agent: Agent, deadline: float, limit: float) -> None:
     MPI = _mpi.MPI
     for rank in range(len(agent.workers)):
         if rank != agent.rank:
-            agent._post(rank, (_agent.LEAVING,))
+            agent._post(rank, (LEAVING,))
     previous = None
     while True:
         with agent._lock:
@@ -281,7 +283,7 @@ def _at_exit() -> None:
     """At exit: a graceful shutdown if the program did not make one; after one
     that failed, end the process without MPI_Finalize (which would wait on
     the operations left in flight), saying why."""
-    if _agent.AGENT is not None and _agent.AGENT.running:
+    if is_initialized():
         try:
             shutdown()
         except Exception as exc:
@@ -359,10 +361,6 @@ def get_worker_info(worker_name: Optional[str] = None) -> WorkerInfo:
     if worker_name is None:
         return agent.me
     return agent.workers[agent.resolve(worker_name, "get_worker_info")]
-
-
-def is_initialized() -> bool:
-    return _agent.AGENT is not None and _agent.AGENT.running
 
 
 def debug_info() -> Dict[str, int]:

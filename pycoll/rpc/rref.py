@@ -31,7 +31,7 @@ import threading
 from typing import Any, Dict, Optional, Set, Tuple
 
 from ..work import Future
-from . import agent as _agent
+from .current import current
 from .functions import async_execution
 
 RRefId = Tuple[int, int]  # (creating rank, number)
@@ -140,7 +140,7 @@ class RRef:
     )
 
     def __init__(self, value: Any, type_hint: Any = None) -> None:  # noqa: ARG002 (torch's)
-        agent = _agent.current("RRef")
+        agent = current("RRef")
         entry = Owned(agent.new_id())
         entry.future.set_result(value)
         self._init(agent, agent.rank, entry.id, None, entry)
@@ -304,7 +304,7 @@ def _invoke(rref: RRef, name: str, args: Any, kwargs: Any) -> Any:
 
 
 def _at_owner(rref_id: RRefId) -> RRef:
-    agent = _agent.current("RRef")
+    agent = current("RRef")
     entry = agent.owners.get(rref_id)
     if entry is None:
         raise RuntimeError(f"RRef {rref_id} reached its owner after the owner released it")
@@ -312,7 +312,7 @@ def _at_owner(rref_id: RRefId) -> RRef:
 
 
 def _as_user(owner: int, rref_id: RRefId, fork: ForkId, confirmed: bool) -> RRef:
-    return RRef._user(_agent.current("RRef"), owner, rref_id, fork, confirmed)
+    return RRef._user(current("RRef"), owner, rref_id, fork, confirmed)
 
 
 __all__ = ["RRef"]
