@@ -3,8 +3,12 @@
 
 Run under MPI with at least 2 ranks (``scripts/bench rpc``, which uses the
 torch venv, or ``mpiexec -n 2 python -m pycoll.bench.rpc [--no-torch]``).
-All three run in the same processes, and in each round every variant runs
-once, so a busy machine slows them alike; every call's result is checked.
+All three run in the same job, and in each round every variant runs once,
+so a busy machine slows them alike; every call's result is checked. Only
+the system being measured is running: each round starts and stops
+pycoll.rpc's and TensorPipe's agents in turn (an idle TensorPipe agent was
+seen to slow pycoll.rpc ten times at 4 ranks on 2 cores), and enters an
+MPICommExecutor for mpi4py.futures.
 
 - latency: one caller (rank 0) makes ``rpc_sync(1, echo, (i,))`` calls one
   after another, with pycoll.rpc and TensorPipe; mpi4py.futures'
@@ -25,7 +29,6 @@ with their spread.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import threading
 import time
@@ -52,57 +55,53 @@ def _check(ok: bool, what: str) -> None:
         raise AssertionError(f"{what} gave a wrong result")
 
 
-class _Systems:
-    """The RPC systems under test, as (to, func, args) -> Future-like."""
-
-    def __init__(self, use_torch: bool) -> None:
-        import pycoll.rpc as prpc
-
-        self.calls: Dict[str, Callable[..., Any]] = {"pycoll.rpc": prpc.rpc_async}
-        self.torch: Any = None
-        if use_torch:
-            import torch
-            import torch.distributed.rpc as trpc
-
-            self.torch = torch
-            self.calls["tensorpipe"] = trpc.rpc_async
-
-    def convert(self, name: str, x: Any) -> Any:
-        """The payload as the system carries it best (TensorPipe: a tensor)."""
-        if name == "tensorpipe" and isinstance(x, np.ndarray):
-            return self.torch.from_numpy(x)
-        return x
-
-
-def _start(use_torch: bool) -> None:
+def _start(name: str) -> Callable[..., Any]:
+    """Start one system's agent on every rank; its ``rpc_async``."""
     from mpi4py import MPI
-
-    import pycoll.rpc as prpc
 
     comm = MPI.COMM_WORLD
     me, n = comm.Get_rank(), comm.Get_size()
-    prpc.init_rpc(f"worker{me}")
-    if use_torch:
-        import socket
+    if name == "pycoll.rpc":
+        import pycoll.rpc as prpc
 
+        prpc.init_rpc(f"worker{me}")
+        return prpc.rpc_async
+    import socket
+
+    import torch.distributed.rpc as trpc
+
+    port = None
+    if me == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = comm.bcast(port)
+    options = trpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port}")
+    trpc.init_rpc(f"tp{me}", rank=me, world_size=n, rpc_backend_options=options)
+    return trpc.rpc_async
+
+
+def _stop(name: str) -> None:
+    if name == "pycoll.rpc":
+        import pycoll.rpc as prpc
+
+        prpc.shutdown()
+    else:
         import torch.distributed.rpc as trpc
 
-        port = None
-        if me == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        port = comm.bcast(port)
-        options = trpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port}")
-        trpc.init_rpc(f"tp{me}", rank=me, world_size=n, rpc_backend_options=options)
+        trpc.shutdown()
+
+
+def _payload(name: str, x: np.ndarray) -> Any:
+    """The array as the system carries it best (TensorPipe: a tensor)."""
+    if name == "tensorpipe":
+        import torch
+
+        return torch.from_numpy(x)
+    return x
 
 
 _IDLE = threading.Event()
-
-
-def _echoing(call: Callable[..., Any]) -> Callable[[int, int], Any]:
-    """``(to, i) -> call(to, echo, args=(i,))``: one system's way to make a call."""
-    return lambda to, i: call(to, echo, args=(i,))
 
 
 def _release() -> None:
@@ -110,129 +109,160 @@ def _release() -> None:
     _IDLE.set()
 
 
-def _one_caller(ways: Dict[str, Callable[[int, int], Any]], iters: int, n: int) -> Dict[str, Any]:
-    """Rank 0's latency (us) and 1,000-outstanding rate (calls/s) for each way."""
-    out: Dict[str, Any] = {}
-    for name, call in ways.items():
-        t0 = time.perf_counter()
-        for i in range(iters):
-            _check(_value(name, call(1, i)) == i, name)
-        latency = (time.perf_counter() - t0) / iters * 1e6
-        t0 = time.perf_counter()
-        pending = [call(1 + i % (n - 1), i) for i in range(1000)]
-        got = [_value(name, f) for f in pending]
-        out[name] = (latency, 1000 / (time.perf_counter() - t0))
-        _check(got == list(range(1000)), name)
+def _echoing(call: Callable[..., Any]) -> Callable[[int, int], Any]:
+    """``(to, i) -> call(to, echo, args=(i,))``: one system's way to make a call."""
+    return lambda to, i: call(to, echo, args=(i,))
+
+
+def _one_caller(name: str, call: Callable[[int, int], Any], iters: int, n: int) -> Any:
+    """Rank 0's latency (us) and 1,000-outstanding rate (calls/s)."""
+    t0 = time.perf_counter()
+    for i in range(iters):
+        _check(_value(name, call(1, i)) == i, name)
+    latency = (time.perf_counter() - t0) / iters * 1e6
+    t0 = time.perf_counter()
+    pending = [call(1 + i % (n - 1), i) for i in range(1000)]
+    got = [_value(name, f) for f in pending]
+    rate = 1000 / (time.perf_counter() - t0)
+    _check(got == list(range(1000)), name)
+    return latency, rate
+
+
+def _rank0_alone(name: str, rpc_async: Callable[..., Any], work: Callable[[], Any]) -> Any:
+    """``work()`` on rank 0 while the other ranks' main threads wait on an
+    Event (no polling of theirs competes with the threads serving), released
+    by a call of the system under test."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    _IDLE.clear()
+    comm.Barrier()
+    if comm.Get_rank() != 0:
+        _IDLE.wait(600)
+        return None
+    out = work()
+    for other in range(1, comm.Get_size()):
+        rpc_async(other, _release).wait()
     return out
 
 
-def latency_and_rate(rounds: int, iters: int, use_torch: bool) -> Dict[str, Dict[str, List[float]]]:
-    """us per call (one caller) and calls/s (1,000 outstanding, one caller).
-
-    While rank 0 calls, the other ranks' main threads wait on an Event (no
-    polling of theirs competes with the agents serving): pycoll.rpc and
-    TensorPipe are served by their own threads. mpi4py.futures is served by
-    its workers' main threads, in an MPICommExecutor entered for its turn in
-    each round.
-    """
-    from mpi4py import MPI
-    from mpi4py.futures import MPICommExecutor
-
-    import pycoll.rpc as prpc
-
-    systems = _Systems(use_torch)
-    comm = MPI.COMM_WORLD
-    me, n = comm.Get_rank(), comm.Get_size()
-    lat: Dict[str, List[float]] = {k: [] for k in [*systems.calls, "mpi4py.futures"]}
-    rate: Dict[str, List[float]] = {k: [] for k in lat}
-    futures_comm = comm.Dup()
-    ways = {name: _echoing(call) for name, call in systems.calls.items()}
-    for _ in range(rounds):
-        _IDLE.clear()
-        comm.Barrier()
-        if me == 0:
-            got = _one_caller(ways, iters, n)
-            for other in range(1, n):
-                prpc.rpc_sync(other, _release)
-        else:
-            _IDLE.wait(600)
-        with MPICommExecutor(futures_comm, root=0) as pool:
-            executor: Any = pool  # a concurrent.futures.Executor on rank 0, None elsewhere
-            if executor is not None:
-                futures_way = {"mpi4py.futures": lambda to, i: executor.submit(echo, i)}
-                got.update(_one_caller(futures_way, iters, n))
-        if me == 0:
-            for name, (latency, calls) in got.items():
-                lat[name].append(latency)
-                rate[name].append(calls)
-    futures_comm.Free()
-    return {"latency": lat, "rate": rate}
-
-
-def every_rank(rounds: int, use_torch: bool) -> Dict[str, List[float]]:
+def _every_rank(name: str, rpc_async: Callable[..., Any]) -> float:
     """Calls/s of the whole job, every rank keeping 1,000 calls outstanding."""
     import pycoll
     from pycoll.bench.timing import slowest
 
-    systems = _Systems(use_torch)
     me, n = pycoll.get_rank(), pycoll.get_world_size()
-    rate: Dict[str, List[float]] = {k: [] for k in systems.calls}
-    for _ in range(rounds):
-        for name, call in systems.calls.items():
-            pycoll.barrier()
-            t0 = time.perf_counter()
-            pending = [call((me + 1 + i % (n - 1)) % n, echo, args=(i,)) for i in range(1000)]
-            got = [f.wait() for f in pending]
-            rate[name].append(n * 1000 / slowest(time.perf_counter() - t0))
-            _check(got == list(range(1000)), name)
+    pycoll.barrier()
+    t0 = time.perf_counter()
+    pending = [rpc_async((me + 1 + i % (n - 1)) % n, echo, args=(i,)) for i in range(1000)]
+    got = [f.wait() for f in pending]
+    rate = n * 1000 / slowest(time.perf_counter() - t0)
+    _check(got == list(range(1000)), name)
     return rate
 
 
-def bandwidth(rounds: int, sizes: List[int], use_torch: bool) -> Dict[int, Dict[str, List[float]]]:
-    """GB/s of round trips rank 0 -> 1 -> 0 (2 x nbytes per trip)."""
-    import pycoll
-    import pycoll.rpc as prpc
+def _iters(nbytes: int) -> int:
+    return max(2, min(50, (256 << 20) // nbytes))
 
-    systems = _Systems(use_torch)
+
+def _round_trips(name: str, rpc_async: Callable[..., Any], x: np.ndarray) -> float:
+    """GB/s of rank 0 -> 1 -> 0 round trips of ``x`` (2 x nbytes each)."""
+    payload = _payload(name, x)
+    iters = _iters(x.nbytes)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        y = rpc_async(1, echo, args=(payload,)).wait()
+    seconds = time.perf_counter() - t0
+    _check(np.array_equal(np.asarray(y), x), f"{name} at {x.nbytes} B")
+    return 2 * x.nbytes * iters / seconds / 1e9
+
+
+def _send_recv(x: np.ndarray) -> Optional[float]:
+    """The same round trips with pycoll.send/recv into a reused buffer."""
+    import pycoll
+
     me = pycoll.get_rank()
-    out: Dict[int, Dict[str, List[float]]] = {}
-    for nbytes in sizes:
-        iters = max(2, min(50, (256 << 20) // nbytes))
-        x = np.arange(nbytes // 8, dtype=np.float64)
-        back = np.empty_like(x)
-        out[nbytes] = {k: [] for k in [*systems.calls, "send/recv"]}
-        for _ in range(rounds):
-            for name in out[nbytes]:
-                pycoll.barrier()
-                t0 = time.perf_counter()
-                if name == "send/recv":
-                    for _ in range(iters):
-                        if me == 0:
-                            pycoll.send(x, 1)
-                            pycoll.recv(back, 1)
-                        elif me == 1:
-                            pycoll.recv(back, 0)
-                            pycoll.send(back, 0)
-                    y: Optional[Any] = back
-                else:
-                    _IDLE.clear()
-                    pycoll.barrier()  # every rank has cleared its _IDLE
-                    t0 = time.perf_counter()
-                    if me == 0:
-                        payload = systems.convert(name, x)
-                        for _ in range(iters):
-                            y = systems.calls[name](1, echo, args=(payload,)).wait()
-                    else:  # wait without polling: the serving threads get the core
-                        _IDLE.wait(600)
-                seconds = time.perf_counter() - t0
-                if me == 0 and name != "send/recv":
-                    for other in range(1, pycoll.get_world_size()):
-                        prpc.rpc_sync(other, _release)
-                if me == 0:
-                    out[nbytes][name].append(2 * nbytes * iters / seconds / 1e9)
-                    _check(np.array_equal(np.asarray(y), x), f"{name} at {nbytes} B")
-                    back[:] = 0
+    back = np.zeros_like(x)
+    iters = _iters(x.nbytes)
+    pycoll.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        if me == 0:
+            pycoll.send(x, 1)
+            pycoll.recv(back, 1)
+        elif me == 1:
+            pycoll.recv(back, 0)
+            pycoll.send(back, 0)
+    seconds = time.perf_counter() - t0
+    if me != 0:
+        return None
+    _check(np.array_equal(back, x), f"send/recv at {x.nbytes} B")
+    return 2 * x.nbytes * iters / seconds / 1e9
+
+
+def _futures(iters: int, n: int) -> Any:
+    """mpi4py.futures' latency and rate, rank 0 the master, the others its workers."""
+    from mpi4py import MPI
+    from mpi4py.futures import MPICommExecutor
+
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        with MPICommExecutor(comm, root=0) as pool:
+            executor: Any = pool  # a concurrent.futures.Executor on rank 0, None elsewhere
+            if executor is None:
+                return None
+            way = lambda to, i: executor.submit(echo, i)  # noqa: E731
+            return _one_caller("mpi4py.futures", way, iters, n)
+    finally:
+        comm.Free()
+
+
+def measure(rounds: int, iters: int, sizes: List[int], names: List[str]) -> Dict[str, Any]:
+    """Every metric, round by round; figures on rank 0."""
+    import pycoll
+
+    me, n = pycoll.get_rank(), pycoll.get_world_size()
+    every = [*names, "mpi4py.futures"]
+    out: Dict[str, Any] = {
+        "latency": {k: [] for k in every},
+        "rate": {k: [] for k in every},
+        "job": {k: [] for k in names},
+        "bandwidth": {size: {k: [] for k in [*names, "send/recv"]} for size in sizes},
+    }
+    arrays = {size: np.arange(size // 8, dtype=np.float64) for size in sizes}
+    for _ in range(rounds):
+        for name in names:
+            rpc_async = _start(name)
+            got = _rank0_alone(
+                name, rpc_async, lambda: _one_caller(name, _echoing(rpc_async), iters, n)
+            )
+            job = _every_rank(name, rpc_async)
+            trips = {
+                size: _rank0_alone(
+                    name, rpc_async, lambda: _round_trips(name, rpc_async, arrays[size])
+                )
+                for size in sizes
+            }
+            _stop(name)
+            if me == 0:
+                out["latency"][name].append(got[0])
+                out["rate"][name].append(got[1])
+                out["job"][name].append(job)
+                for size, gbs in trips.items():
+                    out["bandwidth"][size][name].append(gbs)
+        got = _futures(iters, n)
+        for size in sizes:
+            gbs = _send_recv(arrays[size])
+            if me == 0:
+                out["bandwidth"][size]["send/recv"].append(gbs)
+        if me == 0:
+            out["latency"]["mpi4py.futures"].append(got[0])
+            out["rate"]["mpi4py.futures"].append(got[1])
     return out
+
+
+def _ratio(a: List[float], b: List[float]) -> str:
+    return _spread([x / y for x, y in zip(a, b)])
 
 
 def main(argv: Any = None) -> int:
@@ -243,52 +273,42 @@ def main(argv: Any = None) -> int:
     parser.add_argument("--no-torch", action="store_true", help="leave out TensorPipe")
     args = parser.parse_args(argv)
     import pycoll
-    import pycoll.rpc as prpc
 
-    use_torch = not args.no_torch
-    if use_torch:
+    names = ["pycoll.rpc"]
+    if not args.no_torch:
         try:
             import torch.distributed.rpc  # noqa: F401
+
+            names.append("tensorpipe")
         except ImportError:
-            use_torch = False
+            pass
     pycoll.init_process_group()
     n, me = pycoll.get_world_size(), pycoll.get_rank()
     if n < 2:
         raise SystemExit("pycoll.bench.rpc needs at least 2 ranks")
-    os.environ.setdefault("TP_SOCKET_IFNAME", "lo")
-    _start(use_torch)
     sizes = [int(s) for s in args.sizes.split(",")]
-    one = latency_and_rate(args.rounds, args.iters, use_torch)
-    pycoll.barrier()
-    everyone = every_rank(args.rounds, use_torch)
-    bw = bandwidth(args.rounds, sizes, use_torch)
-    if use_torch:
-        import torch.distributed.rpc as trpc
-
-        trpc.shutdown()
-    prpc.shutdown()
+    res = measure(args.rounds, args.iters, sizes, names)
     if me == 0:
         print(f"# pycoll.rpc, {n} ranks, {args.rounds} interleaved rounds")
         print("# no-op rpc_sync from rank 0 to rank 1, us per call (median, min-max)")
-        for name, v in one["latency"].items():
+        lat = res["latency"]
+        for name, v in lat.items():
             print(f"{name:>16} {_spread(v)}")
-        for other in one["latency"]:
+        for other in lat:
             if other != "pycoll.rpc":
-                r = [p / o for p, o in zip(one["latency"]["pycoll.rpc"], one["latency"][other])]
-                print(f"{'pycoll.rpc/' + other:>28} {_spread(r)}")
+                print(f"{'pycoll.rpc/' + other:>28} {_ratio(lat['pycoll.rpc'], lat[other])}")
         print("# calls/s, 1,000 outstanding from rank 0")
-        for name, v in one["rate"].items():
+        for name, v in res["rate"].items():
             print(f"{name:>16} {statistics.median(v):10.0f} ({min(v):.0f}-{max(v):.0f})")
         print("# calls/s of the job, 1,000 outstanding from every rank")
-        for name, v in everyone.items():
+        for name, v in res["job"].items():
             print(f"{name:>16} {statistics.median(v):10.0f} ({min(v):.0f}-{max(v):.0f})")
-        for nbytes, table in bw.items():
+        for nbytes, table in res["bandwidth"].items():
             size = f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes} B"
             print(f"# {size} numpy round trip, GB/s")
             for name, v in table.items():
                 print(f"{name:>16} {_spread(v)}")
-            r = [p / s for p, s in zip(table["pycoll.rpc"], table["send/recv"])]
-            print(f"{'pycoll.rpc/send-recv':>28} {_spread(r)}")
+            print(f"{'pycoll.rpc/send-recv':>28} {_ratio(table['pycoll.rpc'], table['send/recv'])}")
     pycoll.destroy_process_group()
     return 0
 
