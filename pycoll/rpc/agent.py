@@ -568,10 +568,7 @@ class Agent:
 
     def _finish(self, source: int, call_id: int, value: Any, error: Any, entry: Any) -> None:
         if entry is not None:  # remote(): the owner keeps the value; the reply confirms
-            if error is None:
-                entry.future.set_result(value)
-            else:
-                entry.future.set_exception(_as_remote(error, self.me))
+            _settle(entry, value, error, self.me)
             value, error = None, None
         try:
             self._reply(source, call_id, value, error)
