@@ -53,8 +53,10 @@ def test_a_worker_absent_from_shutdown_is_named_and_the_job_ends():
     rc, reports, err, elapsed = run_job("absent")
     assert rc != 0  # the ranks that gave up end without MPI_Finalize
     errors = {r["rank"]: r for r in reports if "error" in r}
-    assert sorted(errors) == [0, 1, 2] or sorted(errors) == [0, 1, 2, 3], reports
-    for rank in (0, 1, 2):
+    # the first rank to give up ends the job (its exit without MPI_Finalize
+    # makes the launcher stop the others), so not every rank may get to report
+    assert errors and 3 not in errors, reports
+    for rank in errors:
         report = errors[rank]
         assert "shutdown: timed out after 2 s" in report["error"], report
         assert "worker3 never called shutdown" in report["error"], report
