@@ -33,11 +33,7 @@ from typing import Any, Callable, Dict, List
 
 import numpy as np
 
-from .timing import timed
-
-
-def _spread(values: List[float]) -> str:
-    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+from .timing import spread, timed
 
 
 def fixed_cost(rounds: int, iters: int) -> Dict[str, List[float]]:
@@ -192,20 +188,20 @@ def main(argv: Any = None) -> int:
         print(f"# pycoll.functional, {n} ranks, {args.rounds} interleaved rounds")
         print("# 8 B all_reduce, us per call (median, min-max over rounds)")
         for name, v in cost.items():
-            print(f"{name:>12} {_spread(v)}")
+            print(f"{name:>12} {spread(v)}")
         for a, b in (("functional", "imperative"), ("functional", "async")):
             ratio = [f / i for f, i in zip(cost[a], cost[b])]
-            print(f"{a + '/' + b:>22} {_spread(ratio)}")
+            print(f"{a + '/' + b:>22} {spread(ratio)}")
         print(f"# overlap at {args.size >> 20} MiB float32, ms (median), work = {over['k']} calls")
         for name in ("all_reduce", "work", "sync+work", "functional+work"):
             print(f"{name:>16} {over[name] * 1e3:8.2f}")
-        print(f"{'hidden':>16} {_spread(over['hidden'])}  (share of the shorter part saved)")
+        print(f"{'hidden':>16} {spread(over['hidden'])}  (share of the shorter part saved)")
         if step is not None:
             print("# compiled training step (inductor), ms per step")
             for name, v in step.items():
-                print(f"{name:>12} {_spread(v)}")
+                print(f"{name:>12} {spread(v)}")
             ratio = [g / p for g, p in zip(step["gloo"], step["pycoll"])]
-            print(f"{'gloo/pycoll':>12} {_spread(ratio)}")
+            print(f"{'gloo/pycoll':>12} {spread(ratio)}")
     if args.torch:
         import torch.distributed as dist
 

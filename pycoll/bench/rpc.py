@@ -36,13 +36,11 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
+from .timing import spread
+
 
 def echo(x: Any) -> Any:
     return x
-
-
-def _spread(values: List[float]) -> str:
-    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 def _value(name: str, future: Any) -> Any:
@@ -262,7 +260,7 @@ def measure(rounds: int, iters: int, sizes: List[int], names: List[str]) -> Dict
 
 
 def _ratio(a: List[float], b: List[float]) -> str:
-    return _spread([x / y for x, y in zip(a, b)])
+    return spread([x / y for x, y in zip(a, b)])
 
 
 def main(argv: Any = None) -> int:
@@ -293,7 +291,7 @@ def main(argv: Any = None) -> int:
         print("# no-op rpc_sync from rank 0 to rank 1, us per call (median, min-max)")
         lat = res["latency"]
         for name, v in lat.items():
-            print(f"{name:>16} {_spread(v)}")
+            print(f"{name:>16} {spread(v)}")
         for other in lat:
             if other != "pycoll.rpc":
                 print(f"{'pycoll.rpc/' + other:>28} {_ratio(lat['pycoll.rpc'], lat[other])}")
@@ -307,7 +305,7 @@ def main(argv: Any = None) -> int:
             size = f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes} B"
             print(f"# {size} numpy round trip, GB/s")
             for name, v in table.items():
-                print(f"{name:>16} {_spread(v)}")
+                print(f"{name:>16} {spread(v)}")
             print(f"{'pycoll.rpc/send-recv':>28} {_ratio(table['pycoll.rpc'], table['send/recv'])}")
     pycoll.destroy_process_group()
     return 0

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, List
 
 import numpy as np
 
@@ -27,3 +28,8 @@ def timed(call: Callable[[], Any], iters: int) -> float:
     for _ in range(iters):
         call()
     return slowest((time.perf_counter() - t0) / iters)
+
+
+def spread(values: List[float]) -> str:
+    """``median (min-max)`` of per-round figures, as the round-by-round tables print them."""
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"

@@ -6,10 +6,12 @@ Threads:
 - one progress thread receives every message (a matched probe, MPI_Improbe,
   so no other receive can take it), routes it, sends the queued DELETEs,
   completes finished sends, fails calls past their deadline, and sends and
-  checks heartbeats. It never runs user code: requests go to the worker pool,
-  replies are completed there too (a Future's callbacks are user code);
+  checks heartbeats. It never runs user code: requests go to the worker pool;
+  a reply completes its Future where it is taken in, and the Future's
+  callbacks (user code) go to the pool;
 - a pool of worker threads runs requests. A request that makes its own RPCs
-  blocks only its pool thread.
+  blocks only its pool thread;
+- a caller that waits on a Future takes messages in itself meanwhile (drive).
 
 All messages use one tag, so MPI keeps each pair's messages in order (the
 RRef protocol depends on it). Polling: the progress thread spins (yielding
@@ -88,15 +90,14 @@ class _Pool:
 
     def __init__(self, size: int) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.busy = 0  # tasks queued or running
+        self._lock = threading.Lock()
         self._threads = [
             threading.Thread(target=self._work, name=f"pycoll-rpc-worker-{i}", daemon=True)
             for i in range(size)
         ]
         for thread in self._threads:
             thread.start()
-
-        self.busy = 0  # tasks queued or running
-        self._lock = threading.Lock()
 
     def submit(self, fn: Any, *args: Any) -> None:
         with self._lock:
@@ -468,13 +469,7 @@ class Agent:
             self._post(owner, (DELETE, rref_id, fork))
             did = True
         if self._sends:
-            with self._lock:
-                sends, self._sends = self._sends, []
-            testall = _mpi.MPI.Request.Testall
-            pending = [s for s in sends if not testall(list(s))]
-            if pending:
-                with self._lock:
-                    self._sends.extend(pending)
+            self._test_sends()
         now = time.monotonic()
         if self._deadlines and self._deadlines[0][0] <= now:
             self._expire(now)
@@ -542,9 +537,10 @@ class Agent:
     def _fail_all(self, error: BaseException) -> None:
         with self._lock:
             calls, self._calls = list(self._calls.values()), {}
-            self.answered += len(calls)
         for call in calls:  # a call leaves _calls before it completes: none is complete
             call.future.set_exception(error)
+        with self._lock:
+            self.answered += len(calls)
 
     # -- the worker pool -----------------------------------------------------------------
 
@@ -552,19 +548,19 @@ class Agent:
         self, source: int, call_id: int, pins: List[Any], payload: Any, entry: Any = None
     ) -> None:
         """Run one request and reply (for REMOTE, store the value in ``entry``)."""
+
+        def done(value: Any, error: Any) -> None:
+            self._finish(source, call_id, value, error, entry)
+
         try:
             try:
                 func, args, kwargs = wire.loads(payload)
             finally:
                 self._unpin(pins)
-            result = func(*args, **kwargs)
-            if is_async(func):
-                when_done(result, lambda v, e: self._finish(source, call_id, v, e, entry))
-                return
         except BaseException as exc:
-            self._finish(source, call_id, None, exc, entry)
+            done(None, exc)
         else:
-            self._finish(source, call_id, result, None, entry)
+            _run(func, args, kwargs, done)
 
     def _finish(self, source: int, call_id: int, value: Any, error: Any, entry: Any) -> None:
         if entry is not None:  # remote(): the owner keeps the value; the reply confirms
@@ -604,8 +600,9 @@ class Agent:
                 self.ended += 1
 
     def _complete(self, call: _Call, source: int, ok: bool, pins: List[Any], payload: Any) -> None:
-        """A reply, taken in by the progress thread: the value is unpickled and
-        the Future completed there (its callbacks go to the pool)."""
+        """A reply, taken in by the progress thread or a waiting caller: the
+        value is unpickled and the Future completed there (its callbacks go to
+        the pool)."""
         try:
             try:
                 value = wire.loads(payload)
@@ -626,21 +623,10 @@ class Agent:
     def _run_into(self, entry: Any, func: Any, args: Any, kwargs: Any) -> None:
         """remote() on this worker itself."""
         try:
-            self._run_local(entry, func, args, kwargs)
+            _run(func, args, kwargs, lambda v, e: _settle(entry, v, e, self.me))
         finally:
             with self._lock:
                 self.ended += 1
-
-    def _run_local(self, entry: Any, func: Any, args: Any, kwargs: Any) -> None:
-        try:
-            result = func(*args, **kwargs)
-            if is_async(func):
-                when_done(result, lambda v, e: _settle(entry, v, e, self.me))
-                return
-        except BaseException as exc:
-            _settle(entry, None, exc, self.me)
-        else:
-            _settle(entry, result, None, self.me)
 
     # -- shutdown ------------------------------------------------------------------------
 
@@ -657,17 +643,24 @@ class Agent:
         self.pool.shutdown()
         return not self.thread.is_alive()
 
-    def drain_sends(self, deadline: float) -> bool:
+    def _test_sends(self) -> bool:
+        """Drop the sends that have completed; True if none is left."""
         testall = _mpi.MPI.Request.Testall
-        while True:
-            with self._lock:
-                self._sends = [s for s in self._sends if not testall(list(s))]
-                if not self._sends:
-                    return True
+        with self._lock:
+            sends, self._sends = self._sends, []
+        pending = [s for s in sends if not testall(list(s))]  # MPI outside the lock
+        with self._lock:
+            self._sends.extend(pending)
+            return not self._sends
+
+    def drain_sends(self, deadline: float) -> bool:
+        """Wait for the sends in flight, at most until ``deadline``."""
+        while not self._test_sends():
             if time.monotonic() > deadline:
                 keep_alive(list(self._sends))
                 return False
             time.sleep(1e-4)
+        return True
 
 
 def _precise_sleeps() -> None:
@@ -680,6 +673,20 @@ def _precise_sleeps() -> None:
         ctypes.CDLL(None).prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK: 1 us
     except (OSError, AttributeError):
         pass
+
+
+def _run(func: Any, args: Any, kwargs: Any, done: Any) -> None:
+    """``done(value, error)`` with the outcome of ``func(*args, **kwargs)``: at
+    once, or for an async_execution function when its Future completes."""
+    try:
+        result = func(*args, **kwargs)
+        if is_async(func):
+            when_done(result, done)
+            return
+    except BaseException as exc:
+        done(None, exc)
+    else:
+        done(result, None)
 
 
 def _as_remote(error: BaseException, me: WorkerInfo) -> BaseException:
