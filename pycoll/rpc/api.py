@@ -81,6 +81,20 @@ def _options(given: Any) -> RpcBackendOptions:
     return options
 
 
+def _arguments(name: Any, backend: Any, given: Any) -> RpcBackendOptions:
+    """This rank's arguments checked; its options."""
+    if not isinstance(name, str) or not NAME.fullmatch(name) or len(name.encode()) > MAX_NAME:
+        raise ValueError(
+            f"init_rpc: worker name {name!r} is not valid: use 1 to {MAX_NAME} letters, digits, "
+            "'_', '-' or ':'"
+        )
+    if backend is not None:
+        raise ValueError(
+            f"init_rpc: pycoll.rpc runs over MPI only; leave backend=None (got {backend!r})"
+        )
+    return _options(given)
+
+
 def init_rpc(
     name: str,
     backend: Any = None,
@@ -98,23 +112,19 @@ def init_rpc(
         rpc_backend_options: an RpcBackendOptions.
 
     Raises:
-        ValueError: a bad or duplicate name, or a rank/world_size MPI does
-            not agree with (on every rank: the names are exchanged first).
+        ValueError: a bad or duplicate name, a bad option, or a
+            rank/world_size MPI does not agree with; raised on every rank
+            (the ranks exchange names first, a refused rank an empty one).
         RuntimeError: RPC is already initialized, or MPI lacks
             MPI_THREAD_MULTIPLE.
         DistTimeoutError: not every rank called init_rpc within the timeout.
     """
-    global _BROKEN
-    if not isinstance(name, str) or not NAME.fullmatch(name) or len(name.encode()) > MAX_NAME:
-        raise ValueError(
-            f"init_rpc: worker name {name!r} is not valid: use 1 to {MAX_NAME} letters, digits, "
-            "'_', '-' or ':'"
-        )
-    if backend is not None:
-        raise ValueError(
-            f"init_rpc: pycoll.rpc runs over MPI only; leave backend=None (got {backend!r})"
-        )
-    options = _options(rpc_backend_options)
+    refused: Optional[Exception] = None  # this rank's arguments, refused after the exchange
+    options = RpcBackendOptions()
+    try:
+        options = _arguments(name, backend, rpc_backend_options)
+    except (TypeError, ValueError) as exc:
+        refused = exc
     MPI = _mpi.load()
     with _LIFECYCLE:
         if is_initialized():
@@ -137,15 +147,31 @@ def init_rpc(
             )
         world = MPI.COMM_WORLD
         size, me = world.Get_size(), world.Get_rank()
-        if (rank is not None and rank != me) or (world_size is not None and world_size != size):
-            raise ValueError(
+        mismatch = (rank is not None and rank != me) or (
+            world_size is not None and world_size != size
+        )
+        if refused is None and mismatch:
+            refused = ValueError(
                 f"init_rpc: rank={rank}, world_size={world_size} disagree with MPI's (rank {me} of "
                 f"{size}); leave them out, pycoll.rpc takes them from MPI"
             )
         deadline = time.monotonic() + (options.rpc_timeout or 60.0)
         comm, request = world.Idup()
-        _wait(request, deadline, "init_rpc", "duplicating MPI_COMM_WORLD")
-        names = _exchange_names(comm, name, deadline)
+        if not _wait(request, deadline):
+            raise _init_timed_out("duplicating MPI_COMM_WORLD")
+        # a rank whose arguments were refused sends an empty name, so that
+        # every rank raises rather than the others waiting for it
+        names = _exchange_names(comm, "" if refused is not None else name, deadline)
+        if refused is not None:
+            comm.Free()
+            raise refused
+        others = [r for r, n in enumerate(names) if not n]
+        if others:
+            comm.Free()
+            raise ValueError(
+                f"init_rpc: the arguments of rank(s) {', '.join(map(str, others))} were refused "
+                "(their errors say why); no worker was started"
+            )
         taken: Dict[str, list] = {}
         for r, n in enumerate(names):
             taken.setdefault(n, []).append(r)
@@ -159,24 +185,32 @@ def init_rpc(
         agent = Agent(comm, names, options)
         _current.AGENT = agent
         agent.start()
-        if _BROKEN is None:
-            atexit.unregister(_at_exit)
-            atexit.register(_at_exit)
+        atexit.unregister(_at_exit)  # registered once, however often RPC starts
+        atexit.register(_at_exit)
 
 
-def _wait(request: Any, deadline: float, what: str, doing: str) -> None:
-    """Wait for an MPI request, polling gently, at most until ``deadline``."""
-    global _BROKEN
+def _wait(request: Any, deadline: float) -> bool:
+    """Wait for an MPI request, polling gently, at most until ``deadline``;
+    False if it did not complete (the request is then kept alive for good:
+    MPI may still write into its buffers)."""
     while not request.Test():
         if time.monotonic() > deadline:
             keep_alive([request])
-            _BROKEN = f"pycoll.rpc: {what} did not finish ({doing})"
-            raise DistTimeoutError(
-                f"{what}: timed out {doing}: not every rank of the job took part in time "
-                "(every rank must call init_rpc and shutdown)",
-                op=what,
-            )
+            return False
         time.sleep(2e-4)
+    return True
+
+
+def _init_timed_out(doing: str) -> DistTimeoutError:
+    """init_rpc's error when not every rank took part; the process must then
+    end without finalizing MPI (see _at_exit)."""
+    global _BROKEN
+    _BROKEN = f"pycoll.rpc: init_rpc did not finish ({doing})"
+    return DistTimeoutError(
+        f"init_rpc: timed out {doing}: not every rank of the job took part in time "
+        "(every rank must call init_rpc)",
+        op="init_rpc",
+    )
 
 
 def _exchange_names(comm: Any, name: str, deadline: float) -> list:
@@ -187,12 +221,8 @@ def _exchange_names(comm: Any, name: str, deadline: float) -> list:
     raw = name.encode()
     mine[: len(raw)] = np.frombuffer(raw, np.uint8)
     everyone = np.zeros((comm.Get_size(), MAX_NAME), np.uint8)
-    _wait(
-        comm.Iallgather([mine, MPI.BYTE], [everyone, MPI.BYTE]),
-        deadline,
-        "init_rpc",
-        "exchanging worker names",
-    )
+    if not _wait(comm.Iallgather([mine, MPI.BYTE], [everyone, MPI.BYTE]), deadline):
+        raise _init_timed_out("exchanging worker names")
     return [bytes(row).rstrip(b"\0").decode() for row in everyone]
 
 
@@ -252,27 +282,23 @@ def _quiesce(agent: Agent, deadline: float, limit: float) -> None:
             )
         total = np.zeros(5, np.int64)
         request = agent.comm.Iallreduce(counts, total, MPI.SUM)
-        while not request.Test():
-            if time.monotonic() > deadline:
-                keep_alive([request, counts, total])
-                absent = [
-                    w.name
-                    for w in agent.workers
-                    if w.id != agent.rank and w.id not in agent.leaving
-                ]
-                who = (
-                    f"{', '.join(absent)} never called shutdown"
-                    if absent
-                    else "calls were still in flight"
-                )
-                raise DistTimeoutError(
-                    f"shutdown: timed out after {limit:g} s on {agent.me}: {who}, "
-                    f"{agent.pending()} of this worker's calls unanswered",
-                    op="shutdown",
-                    elapsed=limit,
-                    ranks=[w.id for w in agent.workers if w.name in absent],
-                )
-            time.sleep(2e-4)
+        if not _wait(request, deadline):
+            keep_alive([counts, total])
+            absent = [
+                w.name for w in agent.workers if w.id != agent.rank and w.id not in agent.leaving
+            ]
+            who = (
+                f"{', '.join(absent)} never called shutdown"
+                if absent
+                else "calls were still in flight"
+            )
+            raise DistTimeoutError(
+                f"shutdown: timed out after {limit:g} s on {agent.me}: {who}, "
+                f"{agent.pending()} of this worker's calls unanswered",
+                op="shutdown",
+                elapsed=limit,
+                ranks=[w.id for w in agent.workers if w.name in absent],
+            )
         balanced = total[0] == total[1] == total[2] and total[3] == total[4]
         if balanced and previous is not None and (previous == total).all():
             return

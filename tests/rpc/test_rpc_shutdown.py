@@ -137,3 +137,18 @@ def test_calls_before_init_are_refused():
         rpc.RRef(1)
     with pytest.raises(RuntimeError, match="RPC has not been initialized"):
         rpc.get_worker_info()
+
+
+def test_arguments_refused_on_one_rank_fail_every_rank():
+    """Rank 0's bad name is refused on rank 0, and the others raise too
+    (naming rank 0) instead of waiting for it."""
+    if RANK == 0:
+        with pytest.raises(ValueError, match="worker name 'bad name' is not valid"):
+            rpc.init_rpc("bad name")
+    else:
+        with pytest.raises(ValueError, match="the arguments of rank\\(s\\) 0 were refused"):
+            rpc.init_rpc(f"worker{RANK}")
+    assert not rpc.is_initialized()
+    rpc.init_rpc(f"worker{RANK}")  # and RPC starts afterwards
+    assert rpc.rpc_sync((RANK + 1) % SIZE, operator.add, args=(RANK, 1)) == RANK + 1
+    rpc.shutdown()
