@@ -36,7 +36,7 @@ from .. import _mpi
 from ..errors import DistTimeoutError
 from ..progress import keep_alive
 from ..work import Future
-from . import wire
+from . import current, wire
 from .current import NOT_INITIALIZED
 from .functions import is_async, when_done
 from .rref import Owners, RRef
@@ -293,6 +293,8 @@ class Agent:
         """Send a request to run ``func(*args, **kwargs)`` on ``dest``; a Future of its result."""
         what = getattr(func, "__qualname__", None) or repr(func)
         seconds = self.seconds(timeout, "rpc")
+        if current.AUTOGRAD is not None:  # inside a distributed autograd context: carry it
+            func, args, kwargs = current.AUTOGRAD(dest, func, args, kwargs, head is not None)
         call_id = next(self._ids)
         future = Future(_Driver(self, call_id), self._run_callback)
         with self._lock:
@@ -319,6 +321,8 @@ class Agent:
 
     def remote(self, dest: int, func: Any, args: Any, kwargs: Any, timeout: float) -> Any:
         if dest == self.rank:
+            if current.AUTOGRAD is not None:
+                func, args, kwargs = current.AUTOGRAD(dest, func, args, kwargs, True)
             entry = self.owners.create(self.new_id(), None)
             with self._lock:
                 self.begun += 1  # ended when it has run: shutdown waits for it

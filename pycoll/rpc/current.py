@@ -9,6 +9,12 @@ NOT_INITIALIZED = "RPC has not been initialized. Call pycoll.rpc.init_rpc() firs
 
 AGENT: Any = None  # the pycoll.rpc.agent.Agent, while RPC is initialized
 
+# pycoll.rpc.autograd's hook, set when that module is imported:
+# ``AUTOGRAD(dest, func, args, kwargs, remote) -> (func, args, kwargs)`` wraps
+# a call made inside a distributed autograd context so that the callee runs
+# it in the same context (and returns the call unchanged outside one).
+AUTOGRAD: Any = None
+
 
 def current(what: str) -> Any:
     """The running agent.

@@ -40,6 +40,9 @@ class Pickler(pickle.Pickler):
         self.me = me
         self.forks: List[Any] = []  # (rref, fork id) pairs
         self.pins: List[Any] = []  # (rref id, pinned by the sender already)
+        # Inside a distributed autograd context (pycoll.rpc.autograd): where the
+        # tensors that require grad are recorded, and how they are reduced.
+        self.autograd: Any = None
 
     def reducer_override(self, obj: Any) -> Any:
         reduce_for = getattr(type(obj), "_reduce_for", None)
@@ -47,7 +50,7 @@ class Pickler(pickle.Pickler):
             return reduce_for(obj, self)
         torch = sys.modules.get("torch")
         if torch is not None and type(obj) is torch.Tensor:
-            return _reduce_tensor(obj)
+            return _reduce_tensor(obj, self.autograd)
         return NotImplemented
 
     def payload(self, obj: Any) -> Payload:
@@ -69,9 +72,11 @@ def loads(payload: Payload) -> Any:
 # -- torch tensors --------------------------------------------------------------------
 
 
-def _reduce_tensor(t: Any) -> Any:
+def _reduce_tensor(t: Any, autograd: Any = None) -> Any:
     """A dense CPU tensor as its memory (a numpy view, sent out of band), its
-    dtype and requires_grad; any other tensor as torch pickles it."""
+    dtype and requires_grad; any other tensor as torch pickles it. Inside a
+    distributed autograd context, a tensor that requires grad is reduced by
+    the context's record (``autograd``), which notes it as sent."""
     if t.device.type != "cpu" or t.layout is not sys.modules["torch"].strided or t.is_quantized:
         return NotImplemented
     data = t.detach().resolve_conj().resolve_neg()
@@ -81,10 +86,13 @@ def _reduce_tensor(t: Any) -> Any:
         torch = sys.modules["torch"]
         bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[data.element_size()]
         array = data.view(bits).numpy()
-    return _rebuild_tensor, (array, str(t.dtype).split(".", 1)[1], t.requires_grad)
+    dtype = str(t.dtype).split(".", 1)[1]
+    if autograd is not None and t.requires_grad:
+        return autograd.reduce(t, array, dtype)
+    return rebuild_tensor, (array, dtype, t.requires_grad)
 
 
-def _rebuild_tensor(array: Any, dtype: str, requires_grad: bool) -> Any:
+def rebuild_tensor(array: Any, dtype: str, requires_grad: bool) -> Any:
     import torch
 
     t = torch.from_numpy(array)
