@@ -29,6 +29,7 @@ _OWN_JOBS = (
     "test_docs.py",
     "torch_backend/test_torch_jobs.py",
     "rpc/test_rpc_jobs.py",
+    "rpc/test_rpc_autograd_jobs.py",
 )
 # Tests of one process's code (no MPI): the plain pass runs them once.
 _ONE_PROCESS = ("gpu/test_kernels.py", "gpu/test_device.py")

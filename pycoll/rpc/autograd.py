@@ -70,10 +70,15 @@ _local = threading.local()  # .context: the thread's context id; .running: its b
 # The one input of every _Recv node: a leaf that requires grad, so that the
 # received tensor gets a grad_fn; it never receives a gradient itself.
 _ANCHOR = torch.empty(0, requires_grad=True)
-# The share of a backward's time budget that the next worker down a chain
-# gets for its own calls, so that the worker which stops answering times out
-# first and is the one named.
-_BUDGET_SHARE = 0.8
+
+
+def _inner(budget: float) -> float:
+    """The time budget of the calls one worker further down a backward chain:
+    a little less than this worker's (5%, at most 0.25 s less), so that the
+    call to a worker that stops answering times out before the calls above
+    it, and that worker is the one named. A chain of a hundred hops keeps
+    most of a 60 s budget."""
+    return budget - min(0.05 * budget, 0.25)
 
 
 class Context:
@@ -373,11 +378,10 @@ class _Pass:
 
     def send(self, key: _Key, grad: Any) -> None:
         agent = _agent("pycoll.rpc.autograd.backward")
-        inner = self.budget * _BUDGET_SHARE
         future = agent.call(
             key.sender,
             _propagate,
-            (key.context_id, key.message, key.slot, grad, inner),
+            (key.context_id, key.message, key.slot, grad, _inner(self.budget)),
             None,
             self.budget if self.budget != float("inf") else 0,
         )

@@ -1,4 +1,5 @@
-"""RPC jobs that go wrong on purpose, run by tests/rpc/test_rpc_jobs.py under mpiexec.
+"""RPC jobs that go wrong on purpose, run under mpiexec by tests/rpc/test_rpc_jobs.py
+(and, for distributed autograd, by tests/rpc/test_rpc_autograd_jobs.py).
 
 Usage: mpiexec -n 4 python tests/rpc/rpc_scenarios.py SCENARIO
 
@@ -84,8 +85,58 @@ def at_exit(rank: int) -> None:
     report(rank, made=len(futures))
 
 
+def stage(mode_route, x):
+    """Distributed autograd's scenario: tanh here, then on along the route."""
+    import torch
+
+    y = torch.tanh(x * 2)
+    return rpc.rpc_sync(mode_route[0], stage, args=(mode_route[1:], y)) if mode_route else y
+
+
+def backward_stopped(rank: int) -> None:
+    """Rank 0's forward pass goes 0 -> 1 -> 2; rank 2 then stops (SIGSTOP).
+    Rank 0's backward reaches rank 1, whose call to rank 2 fails by the
+    heartbeat: rank 0's backward raises naming rank 2, long before the 60 s
+    RPC timeout; rank 0 resumes rank 2 and everyone shuts down cleanly."""
+    import torch
+
+    import pycoll.rpc.autograd as dist_autograd
+
+    options = rpc.RpcBackendOptions(heartbeat=0.2, heartbeat_misses=3)
+    rpc.init_rpc(f"worker{rank}", rpc_backend_options=options)
+    pids = MPI.COMM_WORLD.allgather(os.getpid())
+    stopped = 2
+    if rank == 0:
+        with dist_autograd.context() as context_id:
+            x = torch.ones(4, requires_grad=True)
+            loss = rpc.rpc_sync(1, stage, args=([stopped], x)).sum()
+            MPI.COMM_WORLD.Barrier()  # the forward pass is done: rank 2 may stop
+            deadline = time.monotonic() + 30
+            while state(pids[stopped]) != "T":
+                assert time.monotonic() < deadline, "rank 2 did not stop"
+                time.sleep(0.01)
+            start = time.monotonic()
+            try:
+                dist_autograd.backward(context_id, [loss])
+            except RuntimeError as exc:
+                report(rank, error=str(exc), seconds=time.monotonic() - start)
+            else:
+                report(rank, error=None)
+            os.kill(pids[stopped], signal.SIGCONT)
+    else:
+        MPI.COMM_WORLD.Barrier()
+        if rank == stopped:
+            os.kill(os.getpid(), signal.SIGSTOP)  # resumed by rank 0
+            report(rank, resumed=True)
+    rpc.shutdown()
+    report(rank, shutdown=True)
+
+
 if __name__ == "__main__":
     scenario = sys.argv[1]
-    {"stopped": stopped_peer, "absent": absent, "exit": at_exit}[scenario](
-        MPI.COMM_WORLD.Get_rank()
-    )
+    {
+        "stopped": stopped_peer,
+        "absent": absent,
+        "exit": at_exit,
+        "backward_stopped": backward_stopped,
+    }[scenario](MPI.COMM_WORLD.Get_rank())

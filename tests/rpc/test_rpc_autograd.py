@@ -230,6 +230,19 @@ def test_calls_to_itself(mode, me):
     torch.testing.assert_close(grads[w], expected[1])
 
 
+def test_a_long_chain_of_round_trips(me, size):
+    """Thirty calls in a row, each through the next worker: the backward
+    pass goes sixty hops deep (no worker thread waits meanwhile)."""
+    t = torch.ones(3, requires_grad=True)
+    with dist_autograd.context() as context_id:
+        x = t
+        for i in range(30):
+            x = rpc.rpc_sync((me + 1 + i) % size, torch.add, args=(x, x))
+        dist_autograd.backward(context_id, [x.sum()])
+        grads = dist_autograd.get_gradients(context_id)
+    torch.testing.assert_close(grads[t], torch.full((3,), 2.0**30))
+
+
 def test_multiple_roots_unused_tensors_and_dtypes(me, peer):
     t1, t2 = make_leaf(me), make_leaf(me + 1)
     t3 = make_leaf(me + 2).double().detach().requires_grad_(True)
