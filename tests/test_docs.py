@@ -26,7 +26,8 @@ def programs():
         for i, block in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), re.S)):
             whole = "init_process_group()" in block or "rpc.init_rpc(f" in block
             if whole and "pytest" not in block:
-                found.append(pytest.param(block, id=f"{page.name}:{i}"))
+                torch = ":torch" if "import torch" in block else ""
+                found.append(pytest.param(block, id=f"{page.name}:{i}{torch}"))
     return found
 
 
@@ -45,6 +46,8 @@ def one_rank(world_size):
 def test_example_program_runs_as_written(one_rank, source, tmp_path):
     if "import cupy" in source and importlib.util.find_spec("cupy") is None:
         pytest.skip("a GPU example: cupy is not installed")
+    if "import torch" in source and importlib.util.find_spec("torch") is None:
+        pytest.skip("a torch example: runs in the torch venv (scripts/test)")
     mpiexec = Path(sys.executable).with_name("mpiexec")
     if not mpiexec.exists():
         pytest.skip(f"no mpiexec next to {sys.executable}")
