@@ -44,7 +44,7 @@ try:
     import torch
 except ImportError as exc:  # pragma: no cover - the torch venvs have it; tested without
     raise ImportError(
-        "pycoll.rpc.autograd needs torch: install it with pip install 'pycoll[torch]' "
+        "pycoll.rpc.autograd needs torch: install it with pip install 'pycoll-mpi[torch]' "
         "(or install torch itself)"
     ) from exc
 

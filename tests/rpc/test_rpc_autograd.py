@@ -528,7 +528,7 @@ def test_import_says_torch_is_needed():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert re.search(
-        r"pycoll.rpc.autograd needs torch: .*pip install 'pycoll\[torch\]'", out.stdout
+        r"pycoll.rpc.autograd needs torch: .*pip install 'pycoll-mpi\[torch\]'", out.stdout
     )
     code = "import sys, pycoll.rpc; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
