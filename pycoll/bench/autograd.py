@@ -21,6 +21,7 @@ with their spread.
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import time
 from typing import Any, Dict, List, Tuple
@@ -60,19 +61,14 @@ def stage1_grads(name: str, width: int, context_id: int) -> List[Any]:
 
 
 def _autograd(name: str) -> Any:
-    if name == "pycoll.rpc":
-        import pycoll.rpc.autograd as dist_autograd
-    else:
-        import torch.distributed.autograd as dist_autograd
-    return dist_autograd
+    """The system's distributed autograd module."""
+    module = "pycoll.rpc.autograd" if name == "pycoll.rpc" else "torch.distributed.autograd"
+    return importlib.import_module(module)
 
 
 def _system(name: str) -> Any:
-    if name == "pycoll.rpc":
-        import pycoll.rpc as rpc
-    else:
-        import torch.distributed.rpc as rpc
-    return rpc
+    """The system's RPC module."""
+    return importlib.import_module(name if name == "pycoll.rpc" else "torch.distributed.rpc")
 
 
 def _reference(width: int, x: Any) -> Tuple[List[Any], List[Any]]:

@@ -38,6 +38,7 @@ import functools
 import itertools
 import threading
 import traceback
+import warnings
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 try:
@@ -237,8 +238,6 @@ def _release_failed(future: Any) -> None:
     try:
         future.value()
     except Exception as exc:  # the peer is gone or stuck: say so, nothing to undo
-        import warnings
-
         warnings.warn(
             f"pycoll.rpc.autograd: a context's release did not reach a worker: {exc}",
             RuntimeWarning,

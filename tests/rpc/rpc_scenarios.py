@@ -32,6 +32,14 @@ def state(pid: int) -> str:
         return f.read().rsplit(")", 1)[1].split()[0]
 
 
+def wait_stopped(pid: int) -> None:
+    """Until process ``pid`` has stopped itself (SIGSTOP), at most 30 s."""
+    deadline = time.monotonic() + 30
+    while state(pid) != "T":
+        assert time.monotonic() < deadline, f"process {pid} did not stop"
+        time.sleep(0.01)
+
+
 def stopped_peer(rank: int) -> None:
     """Rank 1 stops (SIGSTOP); rank 0's call to it fails by the heartbeat,
     naming it, long before the call's own 60 s timeout; rank 0 then resumes
@@ -43,10 +51,7 @@ def stopped_peer(rank: int) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)  # resumed by rank 0
         report(rank, resumed=True)
     elif rank == 0:
-        deadline = time.monotonic() + 30
-        while state(pids[STOPPED_RANK]) != "T":
-            assert time.monotonic() < deadline, "rank 1 did not stop"
-            time.sleep(0.01)
+        wait_stopped(pids[STOPPED_RANK])
         start = time.monotonic()
         try:
             rpc.rpc_sync(STOPPED_RANK, operator.add, args=(1, 2), timeout=60)
@@ -111,10 +116,7 @@ def backward_stopped(rank: int) -> None:
             x = torch.ones(4, requires_grad=True)
             loss = rpc.rpc_sync(1, stage, args=([stopped], x)).sum()
             MPI.COMM_WORLD.Barrier()  # the forward pass is done: rank 2 may stop
-            deadline = time.monotonic() + 30
-            while state(pids[stopped]) != "T":
-                assert time.monotonic() < deadline, "rank 2 did not stop"
-                time.sleep(0.01)
+            wait_stopped(pids[stopped])
             start = time.monotonic()
             try:
                 dist_autograd.backward(context_id, [loss])
