@@ -35,8 +35,12 @@ SEED = 1234
 def _stage(width: int, seed: int) -> Any:
     import torch
 
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh())
+    stage = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh())
+    g = torch.Generator().manual_seed(seed)  # its own: the global seed is shared by threads
+    with torch.no_grad():
+        for p in stage.parameters():
+            p.copy_((torch.rand(p.shape, generator=g) - 0.5) / width**0.5)
+    return stage
 
 
 _STAGES: Dict[int, Any] = {}  # rank 1's stage 1, by width

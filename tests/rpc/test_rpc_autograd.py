@@ -118,8 +118,8 @@ def stalled_mul(a, b, key):
 
 
 def make_leaf(seed):
-    torch.manual_seed(seed)
-    return torch.rand(3, 3, requires_grad=True)
+    g = torch.Generator().manual_seed(seed)  # (the global seed is shared by threads)
+    return torch.rand(3, 3, generator=g).requires_grad_(True)
 
 
 def add_to_owned(rref, t):
@@ -454,8 +454,13 @@ def test_a_worker_that_stops_answering_is_named_within_the_timeout(me, peer):
 class Stage(torch.nn.Module):
     def __init__(self, seed, n_in, n_out):
         super().__init__()
-        torch.manual_seed(seed)
         self.linear = torch.nn.Linear(n_in, n_out)
+        # from a generator of its own: torch's global seed is shared by the
+        # threads of a worker, and its pool builds other ranks' stages at once
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in self.linear.parameters():
+                p.copy_(torch.rand(p.shape, generator=g) - 0.5)
 
     def forward(self, x):
         return torch.tanh(self.linear(x))
@@ -468,8 +473,8 @@ class Stage(torch.nn.Module):
 
 
 def _batches(me):
-    torch.manual_seed(1000 + me)
-    xs = torch.randn(4, 16, 4).repeat(6, 1, 1)  # 24 steps: four batches, six times
+    g = torch.Generator().manual_seed(1000 + me)
+    xs = torch.randn(4, 16, 4, generator=g).repeat(6, 1, 1)  # 24 steps: 4 batches, 6 times
     ys = xs.sum(dim=2, keepdim=True) * 0.3
     return xs, ys
 
