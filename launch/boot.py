@@ -102,6 +102,10 @@ def _run(argv: List[str]) -> None:
     stacks = os.fdopen(os.dup(2), "w")
     faulthandler.enable(file=stacks, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    # pycoll's flight recorder also answers SIGUSR1; it registers these stacks
+    # again, chained to its own handler (pycoll.trace.recorder.install_signal).
+    # (pid:fd: a child process inherits the variable, not the descriptor)
+    os.environ["PYCOLL_STACKS_FD"] = f"{os.getpid()}:{stacks.fileno()}"
     fd = os.environ.pop(TRACEBACK_FD, None)
     if fd is not None:
         sys.excepthook = _hook(int(fd))

@@ -74,7 +74,14 @@ def _launch_options(parser: argparse.ArgumentParser) -> None:
         "--timeout",
         type=float,
         metavar="SECONDS",
-        help="end the job after this long, printing every rank's Python stack",
+        help="end the job after this long, printing every rank's Python stack (and "
+        "writing pycoll's flight records: python -m pycoll.trace flight)",
+    )
+    g.add_argument(
+        "--trace",
+        metavar="DIR",
+        help="record every rank's timeline of pycoll's operations (PYCOLL_TRACE=DIR) and "
+        "merge them into DIR/trace.json when the job ends",
     )
     g.add_argument(
         "--start-timeout",
@@ -171,8 +178,10 @@ def _script_or_command(token: str, check: bool) -> str:
     return "script"
 
 
-def _env_pairs(items: List[str], forward: List[str]) -> dict:
+def _env_pairs(items: List[str], forward: List[str], trace: Optional[str] = None) -> dict:
     env = {}
+    if trace:
+        env["PYCOLL_TRACE"] = os.path.abspath(trace)
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -226,7 +235,7 @@ def plan(args: argparse.Namespace, kind: str, target: List[str]):
         hosts=hosts,
         ppn=args.ppn,
         bind=args.bind,
-        env=_env_pairs(args.env, args.env_forward),
+        env=_env_pairs(args.env, args.env_forward, args.trace),
         srun_mpi=srun_mpi,
     )
     advertise = "127.0.0.1" if _local(hosts) else socket.getfqdn()
@@ -252,6 +261,21 @@ def dry_run(family, launcher: str, job: Job) -> str:
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     lines.append(shlex.join(family.command(launcher, job)))
     return "\n".join(lines)
+
+
+def _merge_trace(directory: str) -> None:
+    """Merge the ranks' timelines (pycoll.trace.merge), saying where the result is."""
+    from pycoll.trace import merge  # numpy and pycoll only when asked for
+
+    try:
+        path = merge.merge(directory)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"{PROG}: --trace: no merged timeline: {exc}\n")
+    else:
+        sys.stderr.write(
+            f"{PROG}: timeline of every rank in {path} (open it in https://ui.perfetto.dev); "
+            f"python -m pycoll.trace summarize {directory}\n"
+        )
 
 
 def launch_parser() -> argparse.ArgumentParser:
@@ -280,7 +304,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             job.env.setdefault(RANK_VARS_ENV, family.rank_vars)
             print(dry_run(family, launcher, job))
             return 0
-        return Supervisor(family, launcher, job, sup_options).run()
+        code = Supervisor(family, launcher, job, sup_options).run()
+        if args.trace:
+            _merge_trace(args.trace)
+        return code
     except (UsageError, HostError, LauncherError) as exc:
         parser.exit(2, f"{PROG}: error: {exc}\n")
     return 2

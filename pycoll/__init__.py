@@ -57,6 +57,7 @@ if _TYPE_CHECKING:  # the names, for type checkers; at run time they load on fir
     )
     from .ops import ReduceOp, make_premul_sum
     from .subgroups import new_group, new_subgroups, new_subgroups_by_enumeration, split_group
+    from .trace import dump_flight_record
     from .work import Future, Work
     from .world import destroy_process_group, init_process_group
 
@@ -126,6 +127,8 @@ __all__ = [
     "DistBackendError",
     "DistTimeoutError",
     "CollectiveMismatchError",
+    # the flight recorder (the timeline: pycoll.trace)
+    "dump_flight_record",
 ]
 
 # Which module defines each public name. ``import pycoll`` loads none of them
@@ -133,6 +136,7 @@ __all__ = [
 # start without that cost, and a program pays for the modules it uses.
 _EXPORTS = {
     "FusedAllReduce": "fusion",
+    "dump_flight_record": "trace",
     "all_to_all": "collectives.alltoall",
     "all_to_all_single": "collectives.alltoall",
     "barrier": "collectives.barrier",
@@ -194,6 +198,8 @@ _EXPORTS = {
 
 
 def __getattr__(name: str) -> _Any:
+    if name == "trace":  # the subpackage, itself callable: with pycoll.trace(dir): ...
+        return _importlib.import_module(".trace", __name__)
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'pycoll' has no attribute {name!r}")

@@ -126,6 +126,12 @@ def key(
     return bits | _dtype_code(dtype) << _DTYPE_SHIFT
 
 
+def dtype_and_count(k: int) -> Tuple[Optional[str], int]:
+    """A key's dtype name (None if it has none or pycoll does not name it) and element count."""
+    dtype = k >> _DTYPE_SHIFT & 0xFF
+    return (DTYPES[dtype - 1] if 0 < dtype <= len(DTYPES) else None), k & COUNT
+
+
 def describe(k: int, ranks: List[int]) -> str:
     """A key as a call, e.g. ``all_reduce(SUM, float32, 6 elements)``;
     ``ranks`` turns the root into a global rank."""

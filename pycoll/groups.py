@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _mpi, crosscheck
 from .progress import uid_of
+from .trace import recorder
 
 __all__ = [
     "ProcessGroup",
@@ -96,6 +97,9 @@ class ProcessGroup:
         "_check",
         "_staged",
         "_board",
+        "_flight",
+        "_fwait",
+        "__weakref__",  # the flight recorder's registry of groups holds them weakly
     )
 
     def __init__(
@@ -153,6 +157,11 @@ class ProcessGroup:
         board = self._board = STATE.board
         self._rec: Any = board.rec if board is not None else None
         self._word = board.claim(self._uid) if board is not None else 0
+        # Its flight recorder (pycoll.trace.recorder): a ring of its last
+        # operations (None when off), and the fast path's long wait (seq, since).
+        self._flight: Any = None
+        self._fwait: Optional[Tuple[int, float]] = None
+        recorder.attach(self)
 
     def rank(self) -> int:
         """This process's rank within the group."""

@@ -30,6 +30,7 @@ from pycoll.launch.boot import user_frames
 from . import _mpi, crosscheck, debug, progress
 from .errors import CollectiveMismatchError, DistBackendError, DistError, DistTimeoutError
 from .groups import STATE, ProcessGroup
+from .trace import recorder
 
 ABORT_ENV = "PYCOLL_ABORT_ON_TIMEOUT"
 EXCEPTHOOK_ENV = "PYCOLL_ABORT_ON_EXCEPTION"
@@ -335,6 +336,8 @@ def wait(
                 rec = pg._rec
                 if rec is not None:
                     rec[progress.BEAT] += 1  # still here, waiting (progress.describe)
+                if seq is not None and (pg._fwait is None or pg._fwait[0] != seq):
+                    pg._fwait = (seq, start)  # when it began, for the flight recorder
                 if pg._check is not None:
                     try:  # the others may have stopped at a mismatch: hear of it
                         crosscheck.poll(pg)
@@ -419,6 +422,16 @@ def timed_out(
             f"or the ranks called different collectives (PYCOLL_DEBUG=DETAIL checks)"
         )
     message = f"{head}: {summary}." + "".join(f"\n  {line}" for line in lines)
+    entry = recorder.find(pg, op, seq)
+    if entry is not None:
+        recorder.complete(entry, recorder.TIMED_OUT)
+    if pg._flight is not None:  # this rank's record, beside the diagnosis
+        path = recorder.dump_quietly(message)
+        if path is not None:
+            message += (
+                f"\n  flight record: {path} (every rank's that dumped: python -m pycoll.trace "
+                f"flight {os.path.dirname(path)})"
+            )
     error = DistTimeoutError(message, op, seq, elapsed, missing)
     pg._broken = error
     progress.keep_alive(requests)  # MPI may still write into their buffers, even in MPI_Finalize

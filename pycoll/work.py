@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from . import _mpi, debug, watch
 from .errors import DistBackendError
+from .trace import recorder
 
 __all__ = ["AliasWork", "BaseWork", "Work", "Future"]
 
@@ -236,6 +237,7 @@ class Work(BaseWork):
         "_status",
         "_stages",
         "_keep",
+        "_entry",
     )
 
     def __init__(
@@ -251,6 +253,7 @@ class Work(BaseWork):
         peer: Optional[int] = None,
         stages: Optional[List[Callable[[], List[Any]]]] = None,
         keep: Any = None,
+        entry: Optional[List[Any]] = None,
     ) -> None:
         self.op = op
         self.seq = seq
@@ -272,6 +275,7 @@ class Work(BaseWork):
         # Open MPI was seen to read a freed temporary input of an
         # Ireduce_scatter_block after it returned.
         self._keep = keep
+        self._entry = entry  # its flight recorder entry (pycoll.trace.recorder)
 
     def __repr__(self) -> str:
         state = "completed" if self._done else "pending"
@@ -378,6 +382,9 @@ class Work(BaseWork):
                 pass
         if self.seq is not None:
             watch.end(self._pg, self.seq)
+        entry = self._entry
+        if entry is not None and entry[recorder.STATE] == recorder.STARTED:  # not timed out
+            recorder.complete(entry, recorder.COMPLETED if self._exc is None else recorder.FAILED)
         if debug.LEVEL:
             debug.log_collective(
                 self.op,

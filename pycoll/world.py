@@ -11,6 +11,7 @@ pycoll.groups'.
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import time
 from datetime import timedelta
@@ -31,6 +32,7 @@ from .groups import (
 from .kernels.threads import cores
 from .ops import free_user_ops
 from .progress import Board
+from .trace import recorder, timeline
 
 __all__ = ["init_process_group", "destroy_process_group", "parse_backend"]
 
@@ -152,7 +154,15 @@ def init_process_group(
     STATE.default = pg
     STATE.groups = {pg.group_name: pg}
     GroupMember.WORLD = pg
+    # The flight recorder's names for this rank and job (pycoll.trace.recorder)
+    recorder.RANK = MPI.COMM_WORLD.Get_rank()
+    job = time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid()) if me == 0 else None
+    recorder.JOB = own.bcast(job)
+    recorder.install_signal()
     atexit.register(_at_exit)
+    directory = os.environ.get(timeline.ENV, "").strip()
+    if directory:
+        timeline.start(directory)
 
 
 def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
@@ -170,6 +180,7 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
     if STATE.default is None:
         raise not_initialized("destroy_process_group")
     if group is None or group is STATE.default:
+        timeline.stop()  # this rank's timeline file, if one is being recorded
         groups = list(STATE.groups.values())
         deadline = _final_deadline(STATE.default)
         found = [crosscheck.final(pg, deadline) for pg in groups if not pg._destroyed]
@@ -223,6 +234,7 @@ def _at_exit() -> None:
     """At exit without destroy_process_group: the final exchange of every live
     group, within EXIT_WAIT seconds; a disagreement is printed and ends the
     job with status 1, as an uncaught exception would."""
+    timeline.stop()
     deadline = time.monotonic() + crosscheck.EXIT_WAIT
     errors = []
     for pg in list(STATE.groups.values()):

@@ -30,6 +30,7 @@ _OWN_JOBS = (
     "torch_backend/test_torch_jobs.py",
     "rpc/test_rpc_jobs.py",
     "rpc/test_rpc_autograd_jobs.py",
+    "trace/test_trace_jobs.py",
 )
 # Tests of one process's code (no MPI): the plain pass runs them once.
 _ONE_PROCESS = ("gpu/test_kernels.py", "gpu/test_device.py")

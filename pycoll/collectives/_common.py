@@ -19,9 +19,11 @@ from typing import Any, Callable, Iterator, List, Optional, Union
 from .. import _mpi, crosscheck, debug, watch
 from ..groups import ProcessGroup
 from ..progress import BUSY_CODE, LAST
+from ..trace import recorder
 from ..work import Work
 
 DETAIL = debug.DebugLevel.DETAIL
+_STARTED, _FAILED = recorder.STARTED, recorder.FAILED
 
 # Point-to-point tags from MONITOR_TAG up are pycoll's own; MPI guarantees
 # tags up to 32767. Users get 0..MONITOR_TAG-1.
@@ -58,6 +60,7 @@ def run(
     with pg._lock:
         claim(pg)
         seq = watch.begin(pg, op, call, key)
+        entry = recorder.issue(pg, op, seq, key or crosscheck.OP_BITS[op], None, nbytes)
         if prepare is not None:
             try:
                 prepare()
@@ -65,14 +68,17 @@ def run(
                 if pg._broken is None:  # refused on every rank: as if never called
                     pg._seq = seq - 1
                 watch.end(pg, seq)
+                recorder.complete(entry, _FAILED)
                 raise
         try:
             request = start(*args)
         except _mpi.MPI.Exception as exc:
             watch.end(pg, seq)
+            recorder.complete(entry, _FAILED)
             raise watch.backend_error(op, seq, exc) from None
         if stages:
-            work = Work(op, seq, [request], finish, result, pg, nbytes, stages=stages, keep=args)
+            work = Work(op, seq, [request], finish, result, pg, nbytes, None, None, stages,
+                        args, entry)  # fmt: skip
             pg._staged.append(work)  # in issue order, under the lock
     if stages:
         if async_op:
@@ -80,10 +86,16 @@ def run(
         work.wait()
         return None
     if async_op:
-        return Work(op, seq, [request], finish, result, pg, nbytes, keep=args)
+        return Work(op, seq, [request], finish, result, pg, nbytes, keep=args, entry=entry)
     t0 = time.perf_counter() if debug.LEVEL else 0.0
-    watch.wait1(pg, op, seq, request)
+    try:
+        watch.wait1(pg, op, seq, request)
+    except BaseException:
+        if entry is not None and entry[7] == _STARTED:  # a timeout marked it already
+            recorder.complete(entry, _FAILED)
+        raise
     watch.end(pg, seq)
+    recorder.complete(entry)
     if finish is not None:
         finish()
     if debug.LEVEL:
@@ -153,6 +165,9 @@ def plain(
         pg._keys[slot] = key
         if slot == pg._mask:
             crosscheck.exchange(pg, op, seq, watch.wait)
+        ring = pg._flight  # the flight recorder's entry: (seq, key) on this path
+        if ring is not None:
+            ring.append((seq, key))
         try:
             if blocks:
                 watch.inflight = (pg, op, seq)
@@ -191,9 +206,16 @@ def sequenced(pg: ProcessGroup, op: str, call: Optional[str], key: int = 0) -> I
     with pg._lock:
         claim(pg)
         seq = watch.begin(pg, op, call, key)
+        entry = recorder.issue(pg, op, seq, key or crosscheck.OP_BITS[op])
         t0 = time.perf_counter() if debug.LEVEL else 0.0
-        yield seq
+        try:
+            yield seq
+        except BaseException:
+            if entry is not None and entry[7] == _STARTED:  # a timeout marked it already
+                recorder.complete(entry, _FAILED)
+            raise
         watch.end(pg, seq)
+        recorder.complete(entry)
         if debug.LEVEL:
             debug.log_collective(op, pg.group_desc, seq, 0, time.perf_counter() - t0)
 

@@ -14,6 +14,7 @@ from .. import _mpi, watch
 from ..arrays import check_input, check_output, mpi_datatype
 from ..dispatch import IN, OUT, Array, collective
 from ..groups import ProcessGroup, resolve
+from ..trace import recorder
 from ..work import Work
 from ._common import check_tag, group_rank
 
@@ -41,11 +42,20 @@ def _p2p(
     and wait for it within the group's timeout."""
     if pg._broken is not None:
         raise watch.broken(pg, op)
+    known = None if peer is None else pg._ranks[peer]
+    entry = recorder.issue(pg, op, None, 0, known, args[0][0].nbytes)
     try:
         request = start(*args)
     except _mpi.MPI.Exception as exc:
+        recorder.complete(entry, recorder.FAILED)
         raise watch.backend_error(op, None, exc) from None
-    watch.wait(pg, op, None, [request], None, None if status is None else [status], peer)
+    try:
+        watch.wait(pg, op, None, [request], None, None if status is None else [status], peer)
+    except BaseException:
+        if entry is not None and entry[recorder.STATE] == recorder.STARTED:
+            recorder.complete(entry, recorder.FAILED)  # (a timeout marked it already)
+        raise
+    recorder.complete(entry)
 
 
 @collective(Array("tensor", IN), aware=True)
@@ -137,7 +147,8 @@ def _start_send(pg: ProcessGroup, tensor: np.ndarray, peer: int, tag: int) -> Wo
         req = pg.comm.Isend([tensor, mpi_datatype(tensor.dtype)], peer, tag)
     except _mpi.MPI.Exception as exc:
         raise watch.backend_error("isend", None, exc) from None
-    return Work("isend", None, [req], None, [tensor], pg, tensor.nbytes, None, peer)
+    entry = recorder.issue(pg, "isend", None, 0, pg._ranks[peer], tensor.nbytes)
+    return Work("isend", None, [req], None, [tensor], pg, tensor.nbytes, None, peer, entry=entry)
 
 
 def _start_recv(pg: ProcessGroup, tensor: np.ndarray, source: int, tag: int) -> Work:
@@ -149,7 +160,9 @@ def _start_recv(pg: ProcessGroup, tensor: np.ndarray, source: int, tag: int) -> 
         raise watch.backend_error("irecv", None, exc) from None
     status = (pg._ranks.__getitem__, [_mpi.MPI.Status()])
     peer = None if source == _mpi.MPI.ANY_SOURCE else source
-    return Work("irecv", None, [req], None, [tensor], pg, tensor.nbytes, status, peer)
+    known = None if peer is None else pg._ranks[peer]
+    entry = recorder.issue(pg, "irecv", None, 0, known, tensor.nbytes)
+    return Work("irecv", None, [req], None, [tensor], pg, tensor.nbytes, status, peer, entry=entry)
 
 
 class P2POp:

@@ -35,6 +35,7 @@ from typing import Any, Deque, Dict, List, Optional, Set, Tuple
 from .. import _mpi
 from ..errors import DistTimeoutError
 from ..progress import keep_alive
+from ..trace import recorder, timeline
 from ..work import Future
 from . import current, wire
 from .current import NOT_INITIALIZED
@@ -69,13 +70,15 @@ class WorkerInfo:
 
 
 class _Call:
-    __slots__ = ("future", "dest", "timeout", "what")
+    __slots__ = ("future", "dest", "timeout", "what", "began")
 
     def __init__(self, future: Future, dest: int, timeout: float, what: str) -> None:
         self.future = future
         self.dest = dest
         self.timeout = timeout
         self.what = what
+        # when it was made, if it goes on the timeline (pycoll.trace)
+        self.began = recorder.clock() if recorder.TRACING else 0.0
 
 
 class _Pool:
@@ -607,6 +610,9 @@ class Agent:
         """A reply, taken in by the progress thread or a waiting caller: the
         value is unpickled and the Future completed there (its callbacks go to
         the pool)."""
+        if call.began:
+            name = self.workers[source].name
+            timeline.add(f"rpc {call.what}", "rpc", call.began, recorder.clock(), peer=name)
         try:
             try:
                 value = wire.loads(payload)

@@ -12,6 +12,7 @@ from fakes import FakeCAI, FakeDLPack, cuda_like
 
 import pycoll
 from pycoll import ReduceOp, make_premul_sum
+from pycoll.gpu import aware
 from support import PREMUL_SCALE, assert_equal, count_rings, data, reduce_all, valid_pairs
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -263,3 +264,25 @@ def test_aware_user_ops_go_through_the_device_ring(
     assert sim.pinned_allocations == 0  # nothing was staged
     assert len(rings) == (world_size > 1)
     aware.reset()
+
+
+def test_staged_copies_and_the_collective_are_on_the_timeline(
+    sim, monkeypatch, rank, world_size, tmp_path
+):
+    """Traced, a staged all_reduce of a CUDA array shows its copy to the host,
+    the collective and the copy back, in that order (each rank its own file)."""
+    import json
+
+    monkeypatch.setenv("PYCOLL_CUDA_AWARE", "0")
+    aware.reset()
+    host = data(rank, F32)
+    x = cuda_like(host, "cai")
+    with pycoll.trace(str(tmp_path)):
+        pycoll.all_reduce(x)
+    aware.reset()
+    assert_equal(host, expected("SUM", F32, world_size))
+    with open(tmp_path / f"trace-rank{rank}.json") as f:
+        events = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
+    names = [e["name"] for e in sorted(events, key=lambda e: e["ts"])]
+    assert names == ["copy to host", "all_reduce", "copy to device"], events
+    assert events[0]["args"]["bytes"] == host.nbytes and events[0]["cat"] == "gpu"

@@ -308,3 +308,23 @@ def test_a_backend_config_naming_pycoll_for_cpu(pg, world_size):
         assert x.item() == 2.0 * world_size
     finally:
         dist.destroy_process_group()
+
+
+def test_torch_collectives_are_on_pycolls_timeline(tdist, rank, world_size, tmp_path):
+    """Traced under the backend: torch's calls appear as pycoll's operations
+    on the backend's group (each rank writes its own file here)."""
+    t = torch.ones(16, dtype=torch.float32)
+    with pycoll.trace(str(tmp_path)):
+        tdist.all_reduce(t)
+        tdist.all_reduce(t, async_op=True).wait()
+        tdist.barrier()
+    assert (t == world_size**2).all()
+    import json
+
+    with open(tmp_path / f"trace-rank{rank}.json") as f:
+        events = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
+    reduces = [e for e in events if e["name"] == "all_reduce"]
+    assert len(reduces) == 2 and all(e["args"]["bytes"] == 64 for e in reduces), events
+    assert reduces[0]["args"]["call"] == "all_reduce(SUM, float32, 16 elements)"
+    assert reduces[1]["args"]["seq"] == reduces[0]["args"]["seq"] + 1
+    assert any(e["name"] == "barrier" for e in events), events

@@ -1,0 +1,311 @@
+"""The flight recorder: the last operations of every group, always on.
+
+Each group keeps a ring of its last N operations (``pg._flight``, a deque of
+``PYCOLL_FLIGHT_RECORDS`` entries, default 2048; 0 turns the recorder off):
+collectives and point-to-point operations in issue order. An entry is
+
+    [seq, op, key, peer, nbytes, issued, ended, state, group]
+
+(``key`` is the call check's summary of the call: pycoll.crosscheck.describe
+turns it into ``all_reduce(SUM, float32, 6 elements)``; ``issued``/``ended``
+are time.monotonic() seconds), made by :func:`issue` and closed by
+:func:`complete`; or, on the synchronous fast path
+(collectives._common.plain), where every nanosecond counts, just the tuple
+``(seq, key)``: one append, no clock. Such an entry is complete once a later
+collective was issued on the group, or the progress board says it ended; the
+one still running is timed by its wait (``pg._fwait``, set once a wait grows
+long) and marked when it times out.
+
+The record is dumped, as a readable report and as JSON, one file pair per
+rank (:func:`dump`): when an operation times out (beside the diagnosis), on
+SIGUSR1, at pycoll-run ``--timeout``, and by ``pycoll.dump_flight_record()``.
+``python -m pycoll.trace flight DIR`` reads every rank's dump and says which
+rank is behind, on which group, at which sequence number, doing what.
+
+While a timeline is being recorded (pycoll.trace.timeline), each completed
+entry is also kept in :data:`EVENTS`.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any, Dict, List, Optional
+
+from .. import crosscheck, progress
+
+RECORDS_ENV = "PYCOLL_FLIGHT_RECORDS"
+DIR_ENV = "PYCOLL_FLIGHT_DIR"
+STACKS_FD_ENV = "PYCOLL_STACKS_FD"  # set by pycoll-run's boot: where its stack dumps go
+DEFAULT_RECORDS = 2048
+
+# An entry's fields.
+SEQ, OP, KEY, PEER, NBYTES, ISSUED, ENDED, STATE, GROUP = range(9)
+# Its states.
+ISSUED_STATE, STARTED, COMPLETED, TIMED_OUT, FAILED = range(5)
+STATES = ("issued", "started", "completed", "timed out", "failed")
+
+clock = time.monotonic
+TRACING = False  # a timeline is being recorded: completed entries go to EVENTS
+EVENTS: List[List[Any]] = []
+JOB = ""  # this job's id, the same on every rank (set by init_process_group)
+RANK = 0  # this process's global rank (set by init_process_group)
+
+_groups: weakref.WeakSet[Any] = weakref.WeakSet()  # every group with a ring
+_dump_lock = threading.Lock()
+
+
+def records_from_env() -> int:
+    """PYCOLL_FLIGHT_RECORDS: entries per group, 0 (off) or a power of two; default 2048.
+
+    Raises:
+        ValueError: the value is not 0 or a power of two.
+    """
+    raw = os.environ.get(RECORDS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_RECORDS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0 or value & (value - 1):
+        raise ValueError(
+            f"{RECORDS_ENV} must be 0 (no flight recorder) or a power of two "
+            f"(entries kept per group, e.g. {RECORDS_ENV}=4096), got {raw!r}"
+        )
+    return value
+
+
+def attach(pg: Any) -> None:
+    """Give a new group its ring (``pg._flight``; None with the recorder off)."""
+    n = records_from_env()
+    pg._flight = deque(maxlen=n) if n else None
+    pg._fwait = None
+    if n:
+        _groups.add(pg)
+
+
+def issue(
+    pg: Any,
+    op: str,
+    seq: Optional[int],
+    key: int = 0,
+    peer: Optional[int] = None,
+    nbytes: Optional[int] = None,
+    state: int = STARTED,
+) -> Optional[List[Any]]:
+    """Record an operation issued on ``pg``; its entry (None with the recorder off)."""
+    ring = pg._flight
+    if ring is None:
+        return None
+    entry = [seq, op, key, peer, nbytes, clock(), None, state, pg]
+    ring.append(entry)
+    return entry
+
+
+def complete(entry: Optional[List[Any]], state: int = COMPLETED) -> None:
+    """Record that ``entry``'s operation ended (completed, or failed)."""
+    if entry is not None:
+        entry[ENDED] = clock()
+        entry[STATE] = state
+        if TRACING:
+            EVENTS.append(entry)
+
+
+def _op_of(key: int) -> str:
+    code = key >> crosscheck._OP_SHIFT & progress.OP_MASK
+    return progress.OPS[code] if code < len(progress.OPS) else "?"
+
+
+def _full(pg: Any, entry: Any) -> List[Any]:
+    """A fast-path ``(seq, key)`` entry as a full one, its state told by the
+    group (complete unless it is the group's latest and its record says it
+    still runs) and its start by its wait, if that grew long."""
+    if isinstance(entry, list):
+        return entry
+    seq, key = entry
+    state, issued = COMPLETED, None
+    if seq == pg._seq:
+        rec = pg._rec
+        word = rec[pg._word] if rec is not None else None
+        if word is None or (word >> 8 == seq and word & progress.BUSY):
+            state = STARTED
+        wait = pg._fwait
+        if wait is not None and wait[0] == seq:
+            issued = wait[1]
+    return [seq, _op_of(key), key, None, None, issued, None, state, pg]
+
+
+def find(pg: Any, op: str, seq: Optional[int]) -> Optional[List[Any]]:
+    """The latest entry of ``op`` at ``seq`` on ``pg`` not yet ended (for a
+    point-to-point operation, seq None: the latest of that op), as a full
+    entry (a fast-path one is replaced by its full form)."""
+    ring = pg._flight
+    if ring is None:
+        return None
+    for i in range(len(ring) - 1, -1, -1):
+        entry = ring[i]
+        if isinstance(entry, tuple):
+            if seq is not None and entry[0] == seq and _op_of(entry[1]) == op:
+                full = ring[i] = _full(pg, entry)
+                return full
+        elif entry[OP] == op and entry[SEQ] == seq and entry[ENDED] is None:
+            return entry
+    return None
+
+
+# -- dumps ----------------------------------------------------------------------------
+
+
+def directory() -> str:
+    """Where dumps go: PYCOLL_FLIGHT_DIR, else <tmp>/pycoll-flight."""
+    return os.environ.get(DIR_ENV) or os.path.join(tempfile.gettempdir(), "pycoll-flight")
+
+
+def _entry_json(entry: List[Any], ranks: List[int], now: float) -> Dict[str, Any]:
+    issued, ended = entry[ISSUED], entry[ENDED]
+    return {
+        "seq": entry[SEQ],
+        "op": entry[OP],
+        "call": crosscheck.describe(entry[KEY], ranks) if entry[KEY] else entry[OP],
+        "peer": entry[PEER],
+        "bytes": entry[NBYTES],
+        "state": STATES[entry[STATE]],
+        "issued_s_ago": None if issued is None else round(now - issued, 6),
+        "duration_s": None if ended is None or issued is None else round(ended - issued, 6),
+    }
+
+
+def snapshot(reason: str = "") -> Dict[str, Any]:
+    """This rank's flight record as a JSON-able dict."""
+    now = clock()
+    groups = []
+    for pg in list(_groups):
+        ring = pg._flight
+        if ring is None or getattr(pg, "_destroyed", False):
+            continue
+        entries = [_full(pg, e) for e in list(ring)]
+        groups.append(
+            {
+                "name": pg.group_name,
+                "desc": pg.group_desc,
+                "ranks": list(pg._ranks),
+                "seq": pg._seq,
+                "kept": ring.maxlen,
+                "broken": None if pg._broken is None else str(pg._broken).splitlines()[0],
+                "entries": [_entry_json(e, pg._ranks, now) for e in entries],
+            }
+        )
+    return {
+        "format": "pycoll-flight-1",
+        "job": JOB,
+        "rank": RANK,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "time": time.time(),
+        "reason": reason,
+        "groups": groups,
+    }
+
+
+def report(record: Dict[str, Any], last: int = 20) -> str:
+    """A rank's record as text: per group, its last ``last`` operations, newest first."""
+    lines = [
+        f"pycoll flight record of rank {record['rank']} (pid {record['pid']} on "
+        f"{record['host']}, job {record['job']}), "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(record['time']))}",
+    ]
+    if record["reason"]:
+        lines.append(f"why: {record['reason']}")
+    for group in record["groups"]:
+        shown = group["entries"][-last:]
+        lines.append(
+            f"group {group['desc']!r} (ranks {_span(group['ranks'])}): seq {group['seq']}; "
+            f"its last {len(shown)} operations, newest first"
+            + (f"; broken: {group['broken']}" if group["broken"] else "")
+        )
+        for e in reversed(shown):
+            seq = "p2p" if e["seq"] is None else f"seq {e['seq']}"
+            peer = "" if e["peer"] is None else f" with rank {e['peer']}"
+            ago = "" if e["issued_s_ago"] is None else f", issued {_seconds(e['issued_s_ago'])} ago"
+            took = "" if e["duration_s"] is None else f", took {_seconds(e['duration_s'])}"
+            lines.append(f"  {seq:>10}  {e['call']}{peer}: {e['state']}{ago}{took}")
+    return "\n".join(lines) + "\n"
+
+
+def _span(ranks: List[int]) -> str:
+    if ranks == list(range(len(ranks))) and len(ranks) > 2:
+        return f"0-{len(ranks) - 1}"
+    return ",".join(map(str, ranks))
+
+
+def _seconds(s: float) -> str:
+    return f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.3g} s"
+
+
+def dump(reason: str = "", where: Optional[str] = None) -> str:
+    """Write this rank's flight record (``flight-<job>-rank<r>.json`` and
+    ``.txt``) into ``where`` (default: :func:`directory`); return the JSON's path."""
+    folder = where or directory()
+    with _dump_lock:
+        os.makedirs(folder, exist_ok=True)
+        record = snapshot(reason)
+        base = os.path.join(folder, f"flight-{JOB or 'nojob'}-rank{RANK}")
+        texts = {base + ".json": json.dumps(record, indent=1), base + ".txt": report(record)}
+        for path, text in texts.items():
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)  # a reader never sees half a dump
+    return base + ".json"
+
+
+def dump_quietly(reason: str) -> Optional[str]:
+    """:func:`dump`, for the error paths: a dump that fails is reported on
+    stderr and never hides the error being raised."""
+    try:
+        return dump(reason)
+    except Exception as exc:  # a full disk must not mask a timeout
+        sys.stderr.write(f"pycoll: the flight record could not be written: {exc!r}\n")
+        return None
+
+
+# -- SIGUSR1 ----------------------------------------------------------------------------
+
+
+def _on_signal(signum: int, frame: Any) -> None:  # noqa: ARG001 (a signal handler's signature)
+    path = dump_quietly(f"signal {signal.Signals(signum).name} (a request for a dump)")
+    if path is not None:
+        sys.stderr.write(f"pycoll: rank {RANK}: flight record written to {path}\n")
+        sys.stderr.flush()
+
+
+def install_signal() -> bool:
+    """Dump the flight record on SIGUSR1, unless the program handles that
+    signal itself. Under pycoll-run, whose boot prints every thread's stack
+    on SIGUSR1 (faulthandler), the stacks still come first: faulthandler is
+    registered again, chained to this handler. Returns whether it was installed."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None):
+        return False
+    pid, _, fd = os.environ.get(STACKS_FD_ENV, "").partition(":")
+    stacks = int(fd) if pid == str(os.getpid()) and fd.isdigit() else None  # boot's own process
+    if stacks is not None:
+        faulthandler.unregister(signal.SIGUSR1)
+    signal.signal(signal.SIGUSR1, _on_signal)
+    if stacks is not None:
+        try:
+            faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=True)
+        except (OSError, ValueError):
+            pass
+    return True
