@@ -45,19 +45,19 @@ def _group(records: int) -> Any:
             os.environ[recorder.RECORDS_ENV] = before
 
 
-def inline_ns(loops: int = 200_000) -> float:
+def inline_ns(records: int, loops: int = 200_000) -> float:
     """The fast path's recording (collectives._common.plain) alone, per call."""
     from collections import deque
 
     class Group:
-        _flight: Any = deque(maxlen=2048)
+        _flight: Any = deque(maxlen=records)
 
-    pg, seq, key = Group(), 5, 7
+    pg, key = Group(), 7 << 40
     t0 = time.perf_counter()
     for _ in range(loops):
         ring = pg._flight
         if ring is not None:
-            ring.append((seq, key))
+            ring.append(key)
     t1 = time.perf_counter()
     for _ in range(loops):
         pass
@@ -65,7 +65,7 @@ def inline_ns(loops: int = 200_000) -> float:
     return ((t1 - t0) - (t2 - t1)) / loops * 1e9
 
 
-def measure(comm: Any, rounds: int, iters: int) -> Dict[str, Any]:
+def measure(comm: Any, rounds: int, iters: int, records: int) -> Dict[str, Any]:
     from mpi4py import MPI
 
     import pycoll
@@ -73,7 +73,7 @@ def measure(comm: Any, rounds: int, iters: int) -> Dict[str, Any]:
     from ..trace import timeline
 
     n = comm.Get_size()
-    groups = {"recorder off": _group(0), "recorder on": _group(2048)}
+    groups = {"recorder off": _group(0), "recorder on": _group(records)}
     groups["tracing"] = groups["recorder on"]
     raw = comm.Dup()
     held = {v: np.zeros(2, np.float32) for v in [*groups, "mpi4py"]}
@@ -133,13 +133,17 @@ def measure(comm: Any, rounds: int, iters: int) -> Dict[str, Any]:
     raw.Free()
     pycoll.destroy_process_group(groups["recorder off"])
     pycoll.destroy_process_group(groups["recorder on"])
-    return dict(ranks=n, rounds=rounds, iters=iters, wrong=wrong, rows=rows, inline_ns=inline_ns())
+    return dict(
+        ranks=n, rounds=rounds, iters=iters, records=records, wrong=wrong, rows=rows,
+        inline_ns=inline_ns(records),
+    )  # fmt: skip
 
 
 def table(report: Dict[str, Any]) -> str:
     lines = [
         f"# pycoll.trace's cost: {report['ranks']} ranks, {report['rounds']} interleaved rounds of "
-        f"{report['iters']} calls; wrong results: {report['wrong']}",
+        f"{report['iters']} calls, {report['records']} records per group; wrong results: "
+        f"{report['wrong']}",
         f"# the fast path's recording alone: {report['inline_ns']:.0f} ns per call",
         "# 8-byte all_reduce, us per call (median); costs: medians of per-round differences "
         "(q1..q3)",
@@ -159,13 +163,19 @@ def main(argv: Any = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--iters", type=int, default=2000, help="calls per variant per round")
+    parser.add_argument(
+        "--records", type=int, help="entries per group (default: PYCOLL_FLIGHT_RECORDS's default)"
+    )
     args = parser.parse_args(argv)
     from mpi4py import MPI
 
     import pycoll
 
     pycoll.init_process_group()
-    report = measure(MPI.COMM_WORLD, args.rounds, args.iters)
+    from ..trace import recorder
+
+    records = recorder.DEFAULT_RECORDS if args.records is None else args.records
+    report = measure(MPI.COMM_WORLD, args.rounds, args.iters, records)
     if pycoll.get_rank() == 0:
         print(table(report))
     pycoll.destroy_process_group()

@@ -165,9 +165,9 @@ def plain(
         pg._keys[slot] = key
         if slot == pg._mask:
             crosscheck.exchange(pg, op, seq, watch.wait)
-        ring = pg._flight  # the flight recorder's entry: (seq, key) on this path
+        ring = pg._flight  # the flight recorder's entry: on this path, the key alone
         if ring is not None:
-            ring.append((seq, key))
+            ring.append(key)
         try:
             if blocks:
                 watch.inflight = (pg, op, seq)

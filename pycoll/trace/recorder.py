@@ -1,7 +1,7 @@
 """The flight recorder: the last operations of every group, always on.
 
 Each group keeps a ring of its last N operations (``pg._flight``, a deque of
-``PYCOLL_FLIGHT_RECORDS`` entries, default 2048; 0 turns the recorder off):
+``PYCOLL_FLIGHT_RECORDS`` entries, default 1024; 0 turns the recorder off):
 collectives and point-to-point operations in issue order. An entry is
 
     [seq, op, key, peer, nbytes, issued, ended, state, group]
@@ -10,8 +10,10 @@ collectives and point-to-point operations in issue order. An entry is
 turns it into ``all_reduce(SUM, float32, 6 elements)``; ``issued``/``ended``
 are time.monotonic() seconds), made by :func:`issue` and closed by
 :func:`complete`; or, on the synchronous fast path
-(collectives._common.plain), where every nanosecond counts, just the tuple
-``(seq, key)``: one append, no clock. Such an entry is complete once a later
+(collectives._common.plain), where every nanosecond counts, just its key:
+one append of an object that exists already, no clock. Its seq is found by
+counting back (each collective appends one entry, in seq order, and the
+full entries carry theirs). Such an entry is complete once a later
 collective was issued on the group, or the progress board says it ended; the
 one still running is timed by its wait (``pg._fwait``, set once a wait grows
 long) and marked when it times out.
@@ -46,7 +48,10 @@ from .. import crosscheck, progress
 RECORDS_ENV = "PYCOLL_FLIGHT_RECORDS"
 DIR_ENV = "PYCOLL_FLIGHT_DIR"
 STACKS_FD_ENV = "PYCOLL_STACKS_FD"  # set by pycoll-run's boot: where its stack dumps go
-DEFAULT_RECORDS = 2048
+# Kept per group by default. The cost per call grows with it (the ring and the
+# keys it keeps crowd the caches): on the 8-byte all_reduce at 2 ranks, +0.05 us
+# at 512, +0.15 us at 1024, +0.29 us at 2048 (docs/benchmarks.md).
+DEFAULT_RECORDS = 1024
 
 # An entry's fields.
 SEQ, OP, KEY, PEER, NBYTES, ISSUED, ENDED, STATE, GROUP = range(9)
@@ -65,7 +70,7 @@ _dump_lock = threading.Lock()
 
 
 def records_from_env() -> int:
-    """PYCOLL_FLIGHT_RECORDS: entries per group, 0 (off) or a power of two; default 2048.
+    """PYCOLL_FLIGHT_RECORDS: entries per group, 0 (off) or a power of two; default 1024.
 
     Raises:
         ValueError: the value is not 0 or a power of two.
@@ -126,13 +131,10 @@ def _op_of(key: int) -> str:
     return progress.OPS[code] if code < len(progress.OPS) else "?"
 
 
-def _full(pg: Any, entry: Any) -> List[Any]:
-    """A fast-path ``(seq, key)`` entry as a full one, its state told by the
-    group (complete unless it is the group's latest and its record says it
-    still runs) and its start by its wait, if that grew long."""
-    if isinstance(entry, list):
-        return entry
-    seq, key = entry
+def _full(pg: Any, seq: int, key: int) -> List[Any]:
+    """A fast-path entry (its key, at ``seq``) as a full one: complete unless
+    it is the group's latest and its progress record says it still runs;
+    started when its wait began, if that grew long."""
     state, issued = COMPLETED, None
     if seq == pg._seq:
         rec = pg._rec
@@ -145,20 +147,41 @@ def _full(pg: Any, entry: Any) -> List[Any]:
     return [seq, _op_of(key), key, None, None, issued, None, state, pg]
 
 
+def _expanded(pg: Any, items: List[Any]) -> List[List[Any]]:
+    """The ring's entries (a copy, oldest first) as full ones. A fast-path
+    entry's seq is found by counting back from the group's: each collective
+    appends one entry, in seq order, and the full entries carry theirs."""
+    out: List[List[Any]] = [[]] * len(items)
+    expected = pg._seq
+    for i in range(len(items) - 1, -1, -1):
+        entry = items[i]
+        if isinstance(entry, int):
+            out[i] = _full(pg, expected, entry)
+            expected -= 1
+        else:
+            out[i] = entry
+            if entry[SEQ] is not None:
+                expected = entry[SEQ] - 1
+    return out
+
+
 def find(pg: Any, op: str, seq: Optional[int]) -> Optional[List[Any]]:
     """The latest entry of ``op`` at ``seq`` on ``pg`` not yet ended (for a
     point-to-point operation, seq None: the latest of that op), as a full
-    entry (a fast-path one is replaced by its full form)."""
+    entry (a fast-path one is replaced in the ring by its full form)."""
     ring = pg._flight
     if ring is None:
         return None
-    for i in range(len(ring) - 1, -1, -1):
-        entry = ring[i]
-        if isinstance(entry, tuple):
-            if seq is not None and entry[0] == seq and _op_of(entry[1]) == op:
-                full = ring[i] = _full(pg, entry)
-                return full
-        elif entry[OP] == op and entry[SEQ] == seq and entry[ENDED] is None:
+    items = list(ring)
+    full = _expanded(pg, items)
+    for i in range(len(items) - 1, -1, -1):
+        entry = full[i]
+        if entry[OP] == op and entry[SEQ] == seq and entry[ENDED] is None:
+            if entry is not items[i]:
+                try:
+                    ring[i - len(items)] = entry  # from the end: older ones may have dropped
+                except IndexError:
+                    pass
             return entry
     return None
 
@@ -193,7 +216,7 @@ def snapshot(reason: str = "") -> Dict[str, Any]:
         ring = pg._flight
         if ring is None or getattr(pg, "_destroyed", False):
             continue
-        entries = [_full(pg, e) for e in list(ring)]
+        entries = _expanded(pg, list(ring))
         groups.append(
             {
                 "name": pg.group_name,
