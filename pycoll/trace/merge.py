@@ -138,6 +138,7 @@ def lateness(events: List[Dict[str, Any]]) -> List[str]:
     (its start minus the next-to-last rank's), for calls that 2+ ranks ran."""
     last: Dict[str, Dict[int, List[float]]] = defaultdict(lambda: defaultdict(list))
     totals: Dict[str, int] = defaultdict(int)
+    waits: Dict[int, List[float]] = defaultdict(list)
     for calls in arrivals(events).values():
         if len(calls) < 2:
             continue
@@ -145,6 +146,8 @@ def lateness(events: List[Dict[str, Any]]) -> List[str]:
         kind = ordered[-1]["name"]
         totals[kind] += 1
         last[kind][ordered[-1]["pid"]].append(ordered[-1]["ts"] - ordered[-2]["ts"])
+        for event in ordered:  # each rank's wait for the last to arrive
+            waits[event["pid"]].append(ordered[-1]["ts"] - event["ts"])
     lines = [
         "who arrives last (the rank that started a collective last; by: its lead over the next)"
     ]
@@ -154,5 +157,12 @@ def lateness(events: List[Dict[str, Any]]) -> List[str]:
             lines.append(
                 f"  rank {rank} arrived last in {share:.0%} of {kind}s ({len(margins)} of "
                 f"{totals[kind]}), by {_ms(statistics.median(margins))} median"
+            )
+    if waits:
+        lines.append("time each rank spent waiting for the last to arrive (all collectives)")
+        for rank, spans in sorted(waits.items()):
+            lines.append(
+                f"  rank {rank}: {_ms(sum(spans))} in {len(spans)} collectives "
+                f"({_ms(statistics.median(spans))} median)"
             )
     return lines

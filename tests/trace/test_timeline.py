@@ -122,6 +122,8 @@ def test_the_summary_names_the_rank_made_late(rank, world_size, shared_dir):
         assert int(found.group(2)) >= CALLS * 3 // 4, text
         assert float(found.group(3)) > 10, text
         assert re.search(rf"all_reduce +64 B +{CALLS * world_size} ", text), text
+        waited = re.search(rf"  rank 0: ([\d.e+]+) ms in {CALLS} collectives", text)
+        assert waited and float(waited.group(1)) > CALLS * 10 * 0.75, text  # ~20 ms each
     pycoll.destroy_process_group(group)
 
 
