@@ -146,3 +146,21 @@ def json_reports(out: str) -> List[dict]:
         found.append(obj)
         i = end
     return found
+
+
+def shared_dir(pg):
+    """A fixture body (``pytest.fixture(support.shared_dir)``): a temporary
+    directory every rank of the job writes into (rank 0 makes it, and removes
+    it once every rank is done)."""
+    import shutil
+    import tempfile
+
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    made = tempfile.mkdtemp(prefix="pycoll-test-") if comm.Get_rank() == 0 else None
+    path = comm.bcast(made)
+    yield path
+    comm.Barrier()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(path, ignore_errors=True)

@@ -8,9 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
-import tempfile
 import time
 from datetime import timedelta
 
@@ -19,19 +17,11 @@ import pytest
 from mpi4py import MPI
 
 import pycoll
+import support
 from pycoll import DistTimeoutError
 from pycoll.trace import recorder
 
-
-@pytest.fixture
-def shared_dir(pg):
-    """A directory every rank of the job writes into (rank 0 makes it)."""
-    comm = MPI.COMM_WORLD
-    path = comm.bcast(tempfile.mkdtemp(prefix="pycoll-flight-") if comm.Get_rank() == 0 else None)
-    yield path
-    comm.Barrier()
-    if comm.Get_rank() == 0:
-        shutil.rmtree(path, ignore_errors=True)
+shared_dir = pytest.fixture(support.shared_dir)
 
 
 def group_record(name):

@@ -8,10 +8,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -19,19 +17,13 @@ import pytest
 from mpi4py import MPI
 
 import pycoll
+import support
 from pycoll.trace import merge
 
 CALLS = 12
 
 
-@pytest.fixture
-def shared_dir(pg):
-    comm = MPI.COMM_WORLD
-    path = comm.bcast(tempfile.mkdtemp(prefix="pycoll-trace-") if comm.Get_rank() == 0 else None)
-    yield path
-    comm.Barrier()
-    if comm.Get_rank() == 0:
-        shutil.rmtree(path, ignore_errors=True)
+shared_dir = pytest.fixture(support.shared_dir)
 
 
 def my_events(path):
