@@ -37,6 +37,18 @@ class DebugLevel(enum.IntEnum):
 # The collectives read this int on every call, so it is a plain module
 # attribute rather than a property behind a function call.
 LEVEL: int = DebugLevel.OFF
+# Whether the synchronous fast paths (collectives._common.plain) may run:
+# debug OFF and no timeline being recorded (pycoll.trace), which both need the
+# general path. One flag, so that the fast paths test one attribute.
+PLAIN: bool = True
+_tracing = False
+
+
+def set_tracing(on: bool) -> None:
+    """A timeline starts or stops being recorded (pycoll.trace.timeline)."""
+    global PLAIN, _tracing
+    _tracing = on
+    PLAIN = LEVEL == DebugLevel.OFF and not on
 
 
 def get_debug_level() -> DebugLevel:
@@ -53,10 +65,11 @@ def set_debug_level(level: DebugLevel) -> None:
     torch's debug output does: setting PYCOLL_DEBUG=INFO shows something
     without a line of logging set-up.
     """
-    global LEVEL
+    global LEVEL, PLAIN
     if not isinstance(level, DebugLevel):
         raise TypeError(f"level must be a pycoll.DebugLevel, got {type(level).__name__}")
     LEVEL = level
+    PLAIN = level == DebugLevel.OFF and not _tracing
     if level >= DebugLevel.INFO:
         if logger.level == logging.NOTSET or logger.level > logging.INFO:
             logger.setLevel(logging.INFO)

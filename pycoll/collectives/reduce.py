@@ -25,7 +25,6 @@ from ..crosscheck import COUNT, OP_BITS
 from ..dispatch import IN, INOUT, LIST, OUT, Array, collective
 from ..groups import STATE, ProcessGroup, resolve
 from ..ops import SPLIT_BYTES, SPLIT_BYTES_TWO_RANKS, Plan, ReduceOp, plan
-from ..trace import recorder
 from ..work import Work
 from ._common import group_rank, plain, run, sig
 from .ring import Ring
@@ -138,7 +137,7 @@ def all_reduce(
         # op, (a + b) / 2, and no second pass over the result.
         mpi_op, plainly, average = kernels.mean_of_two_op(tensor.dtype), True, False
     comm = pg.comm
-    if plainly and not async_op and not debug.LEVEL and not recorder.TRACING:
+    if plainly and not async_op and debug.PLAIN:
         plain(
             pg,
             "all_reduce",

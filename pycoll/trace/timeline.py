@@ -24,7 +24,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from .. import _mpi, crosscheck
+from .. import _mpi, crosscheck, debug
 from ..groups import STATE, not_initialized
 from . import recorder
 
@@ -108,6 +108,7 @@ def start(directory: str) -> None:
     _state.update(dir=directory, offset=offset, origin=origin)
     del recorder.EVENTS[:]
     recorder.TRACING = True
+    debug.set_tracing(True)  # synchronous calls take the path that times them
 
 
 def stop() -> Optional[str]:
@@ -116,6 +117,7 @@ def stop() -> Optional[str]:
     if not recorder.TRACING:
         return None
     recorder.TRACING = False
+    debug.set_tracing(False)
     events, recorder.EVENTS[:] = list(recorder.EVENTS), []
     path = os.path.join(_state["dir"], f"trace-rank{recorder.RANK}.json")
     with open(path + ".tmp", "w") as f:
