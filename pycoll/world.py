@@ -123,6 +123,7 @@ def init_process_group(
         raise ValueError(f"init_process_group: timeout must be positive, got {timeout}")
     debug.set_debug_level_from_env()
     crosscheck.set_every(crosscheck.every_from_env())
+    recorder.records_from_env()  # a bad PYCOLL_FLIGHT_RECORDS fails here, before any group
     watch.set_wait_mode_from_env()
     watch.install_excepthook()
     MPI = _mpi.load()

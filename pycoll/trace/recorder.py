@@ -70,10 +70,10 @@ _dump_lock = threading.Lock()
 
 
 def records_from_env() -> int:
-    """PYCOLL_FLIGHT_RECORDS: entries per group, 0 (off) or a power of two; default 1024.
+    """PYCOLL_FLIGHT_RECORDS: entries kept per group (0: off); default 1024.
 
     Raises:
-        ValueError: the value is not 0 or a power of two.
+        ValueError: the value is not a whole number of entries, 0 or more.
     """
     raw = os.environ.get(RECORDS_ENV, "").strip()
     if not raw:
@@ -82,10 +82,10 @@ def records_from_env() -> int:
         value = int(raw)
     except ValueError:
         value = -1
-    if value < 0 or value & (value - 1):
+    if value < 0:
         raise ValueError(
-            f"{RECORDS_ENV} must be 0 (no flight recorder) or a power of two "
-            f"(entries kept per group, e.g. {RECORDS_ENV}=4096), got {raw!r}"
+            f"{RECORDS_ENV} must be the number of operations the flight recorder keeps per "
+            f"group (e.g. {RECORDS_ENV}=4096), or 0 to turn it off; got {raw!r}"
         )
     return value
 
