@@ -369,6 +369,73 @@ def test_released_contexts_are_released_on_every_worker(me, size):
     assert left == [], f"context {context_id} still held on ranks {left}"
 
 
+RETURNED = {}
+
+
+def ret_requires_grad():
+    """A tensor that requires grad, made and kept on the callee."""
+    t = RETURNED.setdefault("t", torch.ones(3, 3, requires_grad=True))
+    return t * 1  # (a result computed from it, as a function would return)
+
+
+def gradient_of_returned(context_id):
+    return dist_autograd.get_gradients(context_id).get(RETURNED["t"])
+
+
+@pytest.mark.parametrize("mode", ["rpc_sync", "remote"])
+def test_gradients_of_a_tensor_made_by_the_callee_stay_there(mode, me, peer):
+    """Only the result requires grad: its gradient reaches the callee's leaf."""
+    with dist_autograd.context() as context_id:
+        ret = call(mode, peer, ret_requires_grad)
+        dist_autograd.backward(context_id, [ret.sum()])
+        at_callee = rpc.rpc_sync(peer, gradient_of_returned, args=(context_id,))
+        torch.testing.assert_close(at_callee, torch.ones(3, 3))
+        if peer != me:
+            assert dist_autograd.get_gradients(context_id) == {}
+
+
+def test_several_results_and_mixed_requires_grad(me, peer):
+    """A call returning a tuple of tensors, one argument that requires grad
+    and one that does not (torch's split and multi_dot, as its test)."""
+    t = make_leaf(me).repeat(4, 1)[:10, :2].detach().requires_grad_(True)  # 10 x 2
+    fixed = make_leaf(me + 1)[:2, :2].detach()
+    parts = torch.split(t, 2)
+    expected = torch.autograd.grad(
+        torch.linalg.multi_dot((parts[0], parts[2] + fixed, parts[4])).sum(), [t]
+    )[0]
+    with dist_autograd.context() as context_id:
+        parts = rpc.rpc_sync(peer, torch.split, args=(t, 2))
+        assert isinstance(parts, tuple) and len(parts) == 5
+        middle = rpc.rpc_sync(peer, torch.add, args=(parts[2], fixed))
+        val = rpc.rpc_sync(peer, torch.linalg.multi_dot, args=((parts[0], middle, parts[4]),))
+        dist_autograd.backward(context_id, [val.sum()])
+        grads = dist_autograd.get_gradients(context_id)
+    assert len(grads) == 1
+    torch.testing.assert_close(grads[t], expected)
+
+
+def test_an_unused_result_does_not_hold_up_the_backward(me, peer):
+    """torch's engine waits forever here (its test asserts the hang); this one
+    completes, with the gradients of what the loss used."""
+    t1, t2 = make_leaf(me), make_leaf(me + 1)
+    with dist_autograd.context() as context_id:
+        rpc.rpc_sync(peer, torch.add, args=(t1, t2))  # result unused
+        dist_autograd.backward(context_id, [torch.mul(t1, t2).sum()])
+        grads = dist_autograd.get_gradients(context_id)
+    torch.testing.assert_close(grads[t1], t2.detach())
+    torch.testing.assert_close(grads[t2], t1.detach())
+
+
+def test_every_worker_called_is_recorded(me, size):
+    others = {r for r in range(size) if r != me}
+    with dist_autograd.context() as context_id:
+        plain = torch.ones(2)
+        for r in sorted(others):
+            rpc.rpc_sync(r, torch.add, args=(plain, plain))  # no tensor requires grad
+        assert dist_autograd.current_context().known_worker_ids() == others
+        assert all(rpc.rpc_sync(r, has_context, args=(context_id,)) for r in others)
+
+
 # -- errors ---------------------------------------------------------------------------
 
 
