@@ -137,10 +137,13 @@ def tracing(directory: str) -> Iterator[None]:
 
 
 def add(name: str, category: str, began: float, ended: float, **args: Any) -> None:
-    """A span that is not a group's operation (an RPC, a staged GPU copy)."""
+    """A span that is not a group's operation (an RPC, a staged GPU copy):
+    an entry like the recorder's, whose group field holds the category (its
+    track) and which carries its other ``args`` after the usual fields."""
     if recorder.TRACING:
-        recorder.EVENTS.append([None, name, 0, args.pop("peer", None), args.pop("nbytes", None),
-                                began, ended, recorder.COMPLETED, category, args])  # fmt: skip
+        peer, nbytes = args.pop("peer", None), args.pop("nbytes", None)
+        entry = [None, name, 0, peer, nbytes, began, ended, recorder.COMPLETED, category, args]
+        recorder.EVENTS.append(entry)
 
 
 def _bytes(entry: List[Any]) -> Optional[int]:
