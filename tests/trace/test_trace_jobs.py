@@ -7,6 +7,7 @@ its limit."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -22,6 +23,20 @@ SCRIPT = Path(__file__).with_name("trace_scenarios.py")
 RANKS = 3
 JOB_LIMIT_S = 120
 _LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID", "OMPI_COMM_WORLD", "PRTE_JOB")
+
+
+@pytest.fixture(autouse=True)
+def no_stale_segments():
+    """Open MPI leaves its shared-memory segments in /dev/shm when a job is
+    killed (these jobs are, on purpose), and a later job that draws the same
+    job id was seen to crash on them: remove the ones these jobs left."""
+    before = set(glob.glob("/dev/shm/sm_segment.*"))
+    yield
+    for path in set(glob.glob("/dev/shm/sm_segment.*")) - before:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def run(*argv, **env):
