@@ -57,10 +57,13 @@ def run(
     """
     if type(async_op) is not bool:
         raise TypeError(f"{op}: async_op must be True or False, got {async_op!r}")
+    arrived = recorder.clock()  # before the DETAIL check, which waits for the others
     with pg._lock:
         claim(pg)
         seq = watch.begin(pg, op, call, key)
-        entry = recorder.issue(pg, op, seq, key or crosscheck.OP_BITS[op], None, nbytes)
+        entry = recorder.issue(
+            pg, op, seq, key or crosscheck.OP_BITS[op], None, nbytes, arrived=arrived
+        )
         if prepare is not None:
             try:
                 prepare()
@@ -203,10 +206,11 @@ def sequenced(pg: ProcessGroup, op: str, call: Optional[str], key: int = 0) -> I
     """One collective made of several MPI operations (the object collectives):
     hold the group's lock, count and publish it, and yield its sequence number.
     Each MPI operation inside goes through ``watch.call``."""
+    arrived = recorder.clock()  # before the DETAIL check, which waits for the others
     with pg._lock:
         claim(pg)
         seq = watch.begin(pg, op, call, key)
-        entry = recorder.issue(pg, op, seq, key or crosscheck.OP_BITS[op])
+        entry = recorder.issue(pg, op, seq, key or crosscheck.OP_BITS[op], arrived=arrived)
         t0 = time.perf_counter() if debug.LEVEL else 0.0
         try:
             yield seq

@@ -107,12 +107,14 @@ def issue(
     peer: Optional[int] = None,
     nbytes: Optional[int] = None,
     state: int = STARTED,
+    arrived: Optional[float] = None,
 ) -> Optional[List[Any]]:
-    """Record an operation issued on ``pg``; its entry (None with the recorder off)."""
+    """Record an operation issued on ``pg``; its entry (None with the recorder off).
+    ``arrived``: when the call began, if before now (a DETAIL check ran first)."""
     ring = pg._flight
     if ring is None:
         return None
-    entry = [seq, op, key, peer, nbytes, clock(), None, state, pg]
+    entry = [seq, op, key, peer, nbytes, arrived or clock(), None, state, pg]
     ring.append(entry)
     return entry
 
