@@ -126,6 +126,12 @@ def key(
     return bits | _dtype_code(dtype) << _DTYPE_SHIFT
 
 
+def op_of(k: int) -> str:
+    """A key's operation (a pycoll.progress.OPS name; "?" for one it does not know)."""
+    code = k >> _OP_SHIFT & progress.OP_MASK
+    return progress.OPS[code] if code < len(progress.OPS) else "?"
+
+
 def dtype_and_count(k: int) -> Tuple[Optional[str], int]:
     """A key's dtype name (None if it has none or pycoll does not name it) and element count."""
     dtype = k >> _DTYPE_SHIFT & 0xFF
@@ -137,8 +143,7 @@ def describe(k: int, ranks: List[int]) -> str:
     ``ranks`` turns the root into a global rank."""
     if k == 0:
         return "no collective"
-    code = k >> _OP_SHIFT & progress.OP_MASK
-    op = progress.OPS[code] if code < len(progress.OPS) else "?"
+    op = op_of(k)
     parts = []
     redop = k >> _REDOP_SHIFT & 0xF
     if redop:
@@ -359,7 +364,7 @@ def mismatch(pg: Any, everyone: np.ndarray) -> CollectiveMismatchError:
             f"{said}.{hint} MPI ran them without an error, so the results from seq {s} on are "
             f"wrong; the group is unusable. (Found by pycoll's call check; "
             f"PYCOLL_DEBUG=DETAIL stops such a call before it runs.)",
-            progress.OPS[int(calls[pg._rank].get(s, 0)) >> _OP_SHIFT & progress.OP_MASK],
+            op_of(int(calls[pg._rank].get(s, 0))),
             s,
             {ranks[i]: describe(c[s], ranks) for i, c in enumerate(calls)},
         )

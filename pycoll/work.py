@@ -382,9 +382,8 @@ class Work(BaseWork):
                 pass
         if self.seq is not None:
             watch.end(self._pg, self.seq)
-        entry = self._entry
-        if entry is not None and entry[recorder.STATE] == recorder.STARTED:  # not timed out
-            recorder.complete(entry, recorder.COMPLETED if self._exc is None else recorder.FAILED)
+        # (a timeout has marked its flight record entry already: that stands)
+        recorder.complete(self._entry, recorder.COMPLETED if self._exc is None else recorder.FAILED)
         if debug.LEVEL:
             debug.log_collective(
                 self.op,

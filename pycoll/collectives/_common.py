@@ -23,7 +23,6 @@ from ..trace import recorder
 from ..work import Work
 
 DETAIL = debug.DebugLevel.DETAIL
-_STARTED, _FAILED = recorder.STARTED, recorder.FAILED
 
 # Point-to-point tags from MONITOR_TAG up are pycoll's own; MPI guarantees
 # tags up to 32767. Users get 0..MONITOR_TAG-1.
@@ -71,17 +70,19 @@ def run(
                 if pg._broken is None:  # refused on every rank: as if never called
                     pg._seq = seq - 1
                 watch.end(pg, seq)
-                recorder.complete(entry, _FAILED)
+                recorder.complete(entry, recorder.FAILED)
                 raise
         try:
             request = start(*args)
         except _mpi.MPI.Exception as exc:
             watch.end(pg, seq)
-            recorder.complete(entry, _FAILED)
+            recorder.complete(entry, recorder.FAILED)
             raise watch.backend_error(op, seq, exc) from None
         if stages:
-            work = Work(op, seq, [request], finish, result, pg, nbytes, None, None, stages,
-                        args, entry)  # fmt: skip
+            work = Work(
+                op, seq, [request], finish, result, pg, nbytes, stages=stages, keep=args,
+                entry=entry,
+            )  # fmt: skip
             pg._staged.append(work)  # in issue order, under the lock
     if stages:
         if async_op:
@@ -94,8 +95,7 @@ def run(
     try:
         watch.wait1(pg, op, seq, request)
     except BaseException:
-        if entry is not None and entry[7] == _STARTED:  # a timeout marked it already
-            recorder.complete(entry, _FAILED)
+        recorder.complete(entry, recorder.FAILED)  # (a timeout has marked it already)
         raise
     watch.end(pg, seq)
     recorder.complete(entry)
@@ -215,8 +215,7 @@ def sequenced(pg: ProcessGroup, op: str, call: Optional[str], key: int = 0) -> I
         try:
             yield seq
         except BaseException:
-            if entry is not None and entry[7] == _STARTED:  # a timeout marked it already
-                recorder.complete(entry, _FAILED)
+            recorder.complete(entry, recorder.FAILED)  # (a timeout has marked it already)
             raise
         watch.end(pg, seq)
         recorder.complete(entry)

@@ -43,7 +43,8 @@ def _p2p(
     if pg._broken is not None:
         raise watch.broken(pg, op)
     known = None if peer is None else pg._ranks[peer]
-    entry = recorder.issue(pg, op, None, 0, known, args[0][0].nbytes)
+    buffer = args[0][0]  # (args: the buffer spec [array, datatype], the peer, the tag)
+    entry = recorder.issue(pg, op, None, 0, known, buffer.nbytes)
     try:
         request = start(*args)
     except _mpi.MPI.Exception as exc:
@@ -52,8 +53,7 @@ def _p2p(
     try:
         watch.wait(pg, op, None, [request], None, None if status is None else [status], peer)
     except BaseException:
-        if entry is not None and entry[recorder.STATE] == recorder.STARTED:
-            recorder.complete(entry, recorder.FAILED)  # (a timeout marked it already)
+        recorder.complete(entry, recorder.FAILED)  # (a timeout has marked it already)
         raise
     recorder.complete(entry)
 

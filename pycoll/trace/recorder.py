@@ -55,9 +55,9 @@ DEFAULT_RECORDS = 1024
 
 # An entry's fields.
 SEQ, OP, KEY, PEER, NBYTES, ISSUED, ENDED, STATE, GROUP = range(9)
-# Its states.
-ISSUED_STATE, STARTED, COMPLETED, TIMED_OUT, FAILED = range(5)
-STATES = ("issued", "started", "completed", "timed out", "failed")
+# Its states (an operation starts when it is issued: pycoll hands it to MPI then).
+STARTED, COMPLETED, TIMED_OUT, FAILED = range(4)
+STATES = ("started", "completed", "timed out", "failed")
 
 clock = time.monotonic
 TRACING = False  # a timeline is being recorded: completed entries go to EVENTS
@@ -66,7 +66,8 @@ JOB = ""  # this job's id, the same on every rank (set by init_process_group)
 RANK = 0  # this process's global rank (set by init_process_group)
 
 _groups: weakref.WeakSet[Any] = weakref.WeakSet()  # every group with a ring
-_dump_lock = threading.Lock()
+# Re-entrant: the SIGUSR1 handler runs in the main thread, maybe during a dump there.
+_dump_lock = threading.RLock()
 
 
 def records_from_env() -> int:
@@ -106,7 +107,6 @@ def issue(
     key: int = 0,
     peer: Optional[int] = None,
     nbytes: Optional[int] = None,
-    state: int = STARTED,
     arrived: Optional[float] = None,
 ) -> Optional[List[Any]]:
     """Record an operation issued on ``pg``; its entry (None with the recorder off).
@@ -114,23 +114,19 @@ def issue(
     ring = pg._flight
     if ring is None:
         return None
-    entry = [seq, op, key, peer, nbytes, arrived or clock(), None, state, pg]
+    entry = [seq, op, key, peer, nbytes, arrived or clock(), None, STARTED, pg]
     ring.append(entry)
     return entry
 
 
 def complete(entry: Optional[List[Any]], state: int = COMPLETED) -> None:
-    """Record that ``entry``'s operation ended (completed, or failed)."""
-    if entry is not None:
+    """Record that ``entry``'s operation ended (completed, timed out, failed);
+    its first end stands (a timeout, then the error it raises through the call)."""
+    if entry is not None and entry[ENDED] is None:
         entry[ENDED] = clock()
         entry[STATE] = state
         if TRACING:
             EVENTS.append(entry)
-
-
-def _op_of(key: int) -> str:
-    code = key >> crosscheck._OP_SHIFT & progress.OP_MASK
-    return progress.OPS[code] if code < len(progress.OPS) else "?"
 
 
 def _full(pg: Any, seq: int, key: int) -> List[Any]:
@@ -146,7 +142,7 @@ def _full(pg: Any, seq: int, key: int) -> List[Any]:
         wait = pg._fwait
         if wait is not None and wait[0] == seq:
             issued = wait[1]
-    return [seq, _op_of(key), key, None, None, issued, None, state, pg]
+    return [seq, crosscheck.op_of(key), key, None, None, issued, None, state, pg]
 
 
 def _expanded(pg: Any, items: List[Any]) -> List[List[Any]]:
