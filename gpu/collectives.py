@@ -43,7 +43,7 @@ from pycoll import arrays
 from pycoll.dispatch import IN, OUT, Spec
 from pycoll.groups import STATE, ProcessGroup, get_rank, resolve
 from pycoll.ops import ReduceOp, plan
-from pycoll.trace import recorder, timeline
+from pycoll.trace import timeline
 from pycoll.work import AliasWork, Work
 
 from . import kernels, nccl, ring, runtime, staging
@@ -234,31 +234,27 @@ def _staged(
     rt: runtime.Runtime,
     stream: int,
 ) -> Any:
-    began = recorder.clock() if recorder.TRACING else 0.0
-    for s in slots:
-        s.buf = rt.take(s.dev.nbytes)
-        s.host = s.buf[: s.dev.nbytes].view(s.dev.dtype).reshape(s.dev.shape)
-        if s.role != OUT:
-            rt.to_host(s.host, s.dev.ptr, stream)
-        spec.put(args, s.path, s.host)
-    rt.synchronize(stream)
-    if recorder.TRACING:  # the staged copies go on the timeline (pycoll.trace)
-        down = sum(s.dev.nbytes for s in slots if s.role != OUT)
-        timeline.add("copy to host", "gpu", began, recorder.clock(), nbytes=down)
+    down = sum(s.dev.nbytes for s in slots if s.role != OUT)
+    with timeline.span("copy to host", "gpu", down):  # (on the timeline: pycoll.trace)
+        for s in slots:
+            s.buf = rt.take(s.dev.nbytes)
+            s.host = s.buf[: s.dev.nbytes].view(s.dev.dtype).reshape(s.dev.shape)
+            if s.role != OUT:
+                rt.to_host(s.host, s.dev.ptr, stream)
+            spec.put(args, s.path, s.host)
+        rt.synchronize(stream)
 
     def back() -> None:
-        began = recorder.clock() if recorder.TRACING else 0.0
-        try:
-            for s in slots:
-                if s.role != IN:
-                    rt.to_device(s.dev.ptr, s.host, stream)
-            rt.synchronize(stream)
-        finally:
-            for s in slots:
-                rt.give(s.buf)
-        if recorder.TRACING:
-            up = sum(s.dev.nbytes for s in slots if s.role != IN)
-            timeline.add("copy to device", "gpu", began, recorder.clock(), nbytes=up)
+        up = sum(s.dev.nbytes for s in slots if s.role != IN)
+        with timeline.span("copy to device", "gpu", up):
+            try:
+                for s in slots:
+                    if s.role != IN:
+                        rt.to_device(s.dev.ptr, s.host, stream)
+                rt.synchronize(stream)
+            finally:
+                for s in slots:
+                    rt.give(s.buf)
 
     try:
         value = spec.host(**args)

@@ -56,6 +56,7 @@ OPS = (
     "send_object_list",
     "recv_object_list",
     "fused_all_reduce",
+    "trace_start",
 )
 CODE = {name: i for i, name in enumerate(OPS)}
 

@@ -24,13 +24,15 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from .. import _mpi, crosscheck, debug
+from .. import _mpi, arrays, crosscheck, debug, watch
+from ..collectives._common import sequenced
 from ..groups import STATE, not_initialized
 from . import recorder
 
 ENV = "PYCOLL_TRACE"
 PINGS = 8  # round trips per rank when measuring clocks
-TAG = 0
+TAG = 0  # (on a communicator of its own)
+_ITEMSIZE = {d.name: d.itemsize for d in arrays.SUPPORTED_DTYPES}
 
 _state: Dict[str, Any] = {"dir": None, "offset": 0.0, "origin": 0.0}
 
@@ -39,76 +41,123 @@ def is_tracing() -> bool:
     return recorder.TRACING
 
 
-def _offsets(pg: Any) -> Tuple[float, float]:
-    """(this rank's clock minus rank 0's, rank 0's clock at the start): rank
-    0 pings each rank, keeping the offset seen in its shortest round trip."""
-    comm = pg.comm.Dup()  # its own: no message of pycoll's can match these
+OP = "trace_start"  # a collective of the default group (pycoll.progress.OPS)
+
+
+def _problem(pg: Any, directory: str) -> Optional[str]:
+    """Why this rank cannot start recording, or None (an empty ``directory``
+    is refused by :func:`start` with a ValueError)."""
+    if recorder.TRACING:
+        return f"a timeline is being recorded already (into {_state['dir']}); stop it first"
+    if not directory:
+        return "give the directory the timeline goes into"
+    if pg._flight is None:
+        return (
+            f"the timeline is made from the flight recorder, which {recorder.RECORDS_ENV}=0 "
+            "turned off; unset it to trace"
+        )
     try:
-        return _measure(comm)
-    finally:
-        comm.Free()
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        return f"the directory {directory!r} cannot be made: {exc}"
+    return None
 
 
-def _measure(comm: Any) -> Tuple[float, float]:
+def _measure(pg: Any, seq: int, comm: Any) -> Tuple[float, float]:
+    """(this rank's clock minus rank 0's, rank 0's clock at the start): rank
+    0 pings each rank, keeping the offset seen in its shortest round trip.
+    Every wait is bounded by the group's timeout (pycoll.watch)."""
+    MPI = _mpi.MPI
     me, size = comm.Get_rank(), comm.Get_size()
     clock = recorder.clock
-    buf = np.zeros(1)
+    buf = np.zeros(2)
+
+    def exchange(send_to: Optional[int], recv_from: Optional[int]) -> None:
+        requests = []
+        if recv_from is not None:
+            requests.append(comm.Irecv([buf, MPI.DOUBLE], recv_from, TAG))
+        if send_to is not None:
+            requests.append(comm.Isend([buf, MPI.DOUBLE], send_to, TAG))
+        watch.wait(pg, OP, seq, requests)
+
     if me == 0:
         offsets = np.zeros(size)
         for peer in range(1, size):
             best = float("inf")
             for _ in range(PINGS):
                 t0 = clock()
-                comm.Send([buf, _mpi.MPI.DOUBLE], peer, TAG)
-                comm.Recv([buf, _mpi.MPI.DOUBLE], peer, TAG)
+                exchange(peer, None)
+                exchange(None, peer)
                 t1 = clock()
                 if t1 - t0 < best:
                     best = t1 - t0
                     offsets[peer] = buf[0] - (t0 + t1) / 2
-        mine = np.array([0.0, clock()])
+        origin = clock()
         for peer in range(1, size):
-            comm.Send([np.array([offsets[peer], mine[1]]), _mpi.MPI.DOUBLE], peer, TAG)
-        return 0.0, float(mine[1])
+            buf[:] = offsets[peer], origin
+            exchange(peer, None)
+        return 0.0, origin
     for _ in range(PINGS):
-        comm.Recv([buf, _mpi.MPI.DOUBLE], 0, TAG)
+        exchange(None, 0)
         buf[0] = clock()
-        comm.Send([buf, _mpi.MPI.DOUBLE], 0, TAG)
-    got = np.zeros(2)
-    comm.Recv([got, _mpi.MPI.DOUBLE], 0, TAG)
-    return float(got[0]), float(got[1])
+        exchange(0, None)
+    exchange(None, 0)
+    return float(buf[0]), float(buf[1])
 
 
 def start(directory: str) -> None:
     """Start recording this rank's timeline into ``directory``.
 
-    Collective over the default group (every rank calls it), which measures
-    the ranks' clocks against rank 0's.
+    Collective over the default group (every rank calls it; it counts in its
+    sequence number): the ranks first agree that each can start, then rank 0
+    measures the others' clocks against its own. Every wait is bounded by the
+    group's timeout.
 
     Raises:
-        RuntimeError: pycoll is not initialized, or a timeline is being recorded.
-        ValueError: ``directory`` is empty.
+        RuntimeError: pycoll is not initialized; or on every rank, when a
+            rank cannot start (a timeline is being recorded already, the
+            flight recorder is off, the directory cannot be made): the
+            message names the ranks and this rank's reason.
+        ValueError: instead, on a rank given no directory.
+        pycoll.DistTimeoutError: a rank did not call it within the timeout.
     """
     pg = STATE.default
     if pg is None:
         raise not_initialized("pycoll.trace.start")
-    if recorder.TRACING:
-        raise RuntimeError(
-            f"pycoll.trace.start: a timeline is being recorded already (into "
-            f"{_state['dir']}); stop it first"
-        )
-    if not directory:
-        raise ValueError("pycoll.trace.start: give the directory the timeline goes into")
-    if pg._flight is None:
-        raise RuntimeError(
-            f"pycoll.trace.start: the timeline is made from the flight recorder, which "
-            f"{recorder.RECORDS_ENV}=0 turned off; unset it to trace"
-        )
-    os.makedirs(directory, exist_ok=True)
-    offset, origin = _offsets(pg)
+    problem = _problem(pg, directory)
+    with sequenced(pg, OP, None) as seq:  # counted: a timeout names who never came
+        offset, origin = _agree_and_measure(pg, seq, directory, problem)
     _state.update(dir=directory, offset=offset, origin=origin)
     del recorder.EVENTS[:]
     recorder.TRACING = True
     debug.set_tracing(True)  # synchronous calls take the path that times them
+
+
+def _agree_and_measure(
+    pg: Any, seq: int, directory: str, problem: Optional[str]
+) -> Tuple[float, float]:
+    """Every rank learns whether any cannot start (and raises if one cannot);
+    then the clocks are measured. On a communicator of its own."""
+    comm, request = pg.comm.Idup()  # no message of pycoll's can match these
+    watch.wait(pg, OP, seq, [request])
+    try:
+        refused = np.zeros(comm.Get_size(), np.int8)
+        mine = np.array([problem is not None], np.int8)
+        watch.wait(
+            pg, OP, seq, [comm.Iallgather([mine, _mpi.MPI.INT8_T], [refused, _mpi.MPI.INT8_T])]
+        )
+        if refused.any():
+            ranks = ",".join(str(pg._ranks[r]) for r in np.flatnonzero(refused))
+            why = f"; here: {problem}" if problem else ""
+            kind = ValueError if problem is not None and not directory else RuntimeError
+            raise kind(
+                f"pycoll.trace.start: rank(s) {ranks} could not start recording, so no rank "
+                f"did{why}"
+            )
+        return _measure(pg, seq, comm)
+    finally:
+        if pg._broken is None:  # (after a timeout its requests may still be in use)
+            comm.Free()
 
 
 def stop() -> Optional[str]:
@@ -146,18 +195,31 @@ def add(name: str, category: str, began: float, ended: float, **args: Any) -> No
         recorder.EVENTS.append(entry)
 
 
+class span:
+    """``with span("copy to host", "gpu", nbytes):`` puts the block on the
+    timeline while one is being recorded (else it costs a flag test)."""
+
+    __slots__ = ("name", "category", "nbytes", "began")
+
+    def __init__(self, name: str, category: str, nbytes: Optional[int] = None) -> None:
+        self.name, self.category, self.nbytes = name, category, nbytes
+
+    def __enter__(self) -> None:
+        self.began = recorder.clock() if recorder.TRACING else 0.0
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.began:
+            add(self.name, self.category, self.began, recorder.clock(), nbytes=self.nbytes)
+
+
 def _bytes(entry: List[Any]) -> Optional[int]:
     """The entry's bytes: as recorded, else from its key (dtype and count)."""
     if entry[recorder.NBYTES] is not None:
         return int(entry[recorder.NBYTES])
     key = entry[recorder.KEY]
     dtype, count = crosscheck.dtype_and_count(key)
-    if dtype is None or not count:
-        return None
-    try:
-        return count * np.dtype(dtype).itemsize
-    except TypeError:
-        return {"bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}.get(dtype, 0) * count or None
+    itemsize = _ITEMSIZE.get(dtype or "")
+    return count * itemsize if itemsize and count else None
 
 
 def chrome_trace(entries: List[List[Any]]) -> Dict[str, Any]:

@@ -128,6 +128,19 @@ def test_start_is_refused_twice_and_without_a_directory(pg, shared_dir):
     assert pycoll.trace.stop() is None  # nothing to stop
 
 
+def test_a_rank_that_cannot_start_makes_every_rank_raise(rank, world_size, shared_dir):
+    """Rank 0 gives no directory: it raises a ValueError, the others a
+    RuntimeError naming rank 0, and none is left recording or waiting."""
+    directory = "" if rank == 0 else shared_dir
+    kind = ValueError if rank == 0 else RuntimeError
+    with pytest.raises(kind, match="rank\\(s\\) 0 could not start recording, so no rank did"):
+        pycoll.trace.start(directory)
+    assert not pycoll.trace.is_tracing()
+    x = np.ones(2)
+    pycoll.all_reduce(x)  # the group goes on
+    assert (x == world_size).all()
+
+
 def test_rpc_calls_are_on_the_timeline(rank, world_size, shared_dir):
     import operator
 

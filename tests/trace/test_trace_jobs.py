@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from pycoll.trace import flight
+from support import json_reports
 
 SCRIPT = Path(__file__).with_name("trace_scenarios.py")
 RANKS = 3
@@ -112,3 +113,21 @@ def test_pycoll_run_trace_merges_every_rank_and_the_summary_names_the_late_one(t
     ).stdout  # fmt: skip
     found = re.search(r"rank 1 arrived last in (\d+)% of all_reduces \((\d+) of 20\)", summary)
     assert found and int(found.group(2)) >= 15, summary
+
+
+def test_a_rank_that_never_starts_a_timeline_is_waited_for_within_the_timeout():
+    """pycoll.trace.start is collective: rank 2 never calls it, and the others'
+    calls end at the group's timeout, naming it, instead of hanging."""
+    rc, out = run(
+        "-n", str(RANKS), sys.executable, str(SCRIPT), "absent", PYCOLL_TIMEOUT="3",
+    )  # fmt: skip
+    assert rc != 0, out
+    reports = json_reports(out)
+    assert reports and all(r["rank"] in (0, 1) for r in reports), out
+    for report in reports:  # the first to give up may end the job before the other reports
+        assert report["error"] is not None, report
+        assert re.match(
+            r"trace_start \(seq 1\) on group 'default_pg' timed out after", report["error"]
+        )
+        assert "rank 2 has not reached seq 1" in report["error"], report
+        assert report["seconds"] < 30, report

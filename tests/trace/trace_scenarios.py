@@ -7,11 +7,15 @@ Usage: (pycoll-run | mpiexec) -n 3 python tests/trace/trace_scenarios.py SCENARI
   --timeout, or the others' own timeout).
 - ``late``: twenty all_reduces, rank 1 sleeping 20 ms before each (traced
   with PYCOLL_TRACE by the launcher).
+- ``absent``: every rank but rank 2 starts a timeline; each prints one JSON
+  line saying how its start ended.
 """
 
 from __future__ import annotations
 
+import json
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -39,6 +43,19 @@ def late(rank: int) -> None:
     pycoll.destroy_process_group()
 
 
+def absent(rank: int) -> None:
+    if rank == STUCK_RANK:
+        time.sleep(600)  # never starts: the others' start must give up, not hang
+    begun = time.monotonic()
+    try:
+        pycoll.trace.start(tempfile.mkdtemp())
+    except pycoll.DistTimeoutError as exc:
+        print(json.dumps({"rank": rank, "error": str(exc), "seconds": time.monotonic() - begun}))
+        sys.stdout.flush()
+        raise  # uncaught, it ends the job (rank 2 would keep MPI_Finalize waiting)
+    print(json.dumps({"rank": rank, "error": None}), flush=True)
+
+
 if __name__ == "__main__":
     pycoll.init_process_group()
-    {"hang": hang, "late": late}[sys.argv[1]](pycoll.get_rank())
+    {"hang": hang, "late": late, "absent": absent}[sys.argv[1]](pycoll.get_rank())
