@@ -454,7 +454,13 @@ class Supervisor:
         if self.timed_out:
             return EXIT_TIMEOUT
         if self.failure is not None:
-            return _exit_status(self.failure[1])
+            rank, code = self.failure
+            if code > 0 and rank not in self.reported and self.launcher_log:
+                # No Python traceback: the MPI library itself may have ended the
+                # rank, and its message went to the launcher (Open MPI's does).
+                self.note(f"rank {rank} raised no Python exception; the launcher said:")
+                self._dump_launcher_log()
+            return _exit_status(code)
         missing = [
             r for r in range(self.n) if r not in self.ranks or self.ranks[r].exit_code is None
         ]
