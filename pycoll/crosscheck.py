@@ -103,10 +103,17 @@ ROOTS = {
 OP_BITS = {name: code << _OP_SHIFT for name, code in progress.CODE.items()}
 
 
+_CODE_OF: Dict[Any, int] = {}  # dtype -> code: a dtype's .name costs microseconds
+
+
 def _dtype_code(dtype: Any) -> int:
     if dtype is None:
         return 0
-    return _DTYPE_CODE.get(np.dtype(dtype).name, _OTHER_DTYPE)
+    try:
+        return _CODE_OF[dtype]
+    except KeyError:
+        code = _CODE_OF[dtype] = _DTYPE_CODE.get(np.dtype(dtype).name, _OTHER_DTYPE)
+        return code
 
 
 def reduction_bits(redop: str, dtype: Any) -> int:
