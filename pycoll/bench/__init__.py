@@ -1,4 +1,4 @@
-"""pycoll-bench: pycoll's collectives against raw mpi4py, like for like, in one run.
+"""pycoll-bench: pycoll's collectives against raw mpi4py and a C loop, like for like, in one run.
 
 Run under MPI: ``pycoll-run -n 4 pycoll-bench ...``, ``mpiexec -n 4 pycoll-bench``
 or ``scripts/bench``. The default is an nccl-tests-style table (see
@@ -87,15 +87,28 @@ def _parser() -> argparse.ArgumentParser:
         "--iters",
         type=int,
         default=None,
-        help="timed calls per size (default: OSU's 1000 up to 8 KiB, 100 above; "
-        "--targets: per case and round, default 10)",
+        help="calls per timed block (default: as many as fill about 10 ms of mpi4py's, "
+        "at most 2000; --targets: per case and round, default 10)",
     )
     p.add_argument(
         "-w",
         "--warmup_iters",
         type=int,
         default=None,
-        help="untimed calls first (default: OSU's 100 up to 8 KiB, 10 above; --targets: 2)",
+        help="untimed calls of each variant first (default 20 up to 8 KiB, 2 above; --targets: 2)",
+    )
+    p.add_argument(
+        "-R",
+        "--rounds",
+        type=int,
+        default=7,
+        help="interleaved rounds: each times a block of every variant, in a rotated order "
+        "(default 7)",
+    )
+    p.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="leave out the C floor column (a compiled loop on the same libmpi)",
     )
     p.add_argument(
         "-c",
@@ -159,6 +172,16 @@ def _text(report: Dict[str, Any]) -> str:
     )
 
 
+def _floor(comm: Any) -> Any:
+    """The C floor where every rank could load it, else None (on every rank)."""
+    from mpi4py import MPI
+
+    from . import floor
+
+    loaded = floor.load()
+    return loaded if comm.allreduce(loaded is not None, op=MPI.LAND) else None
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -166,6 +189,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error("-f/--stepfactor must be at least 2")
     if args.minbytes is None:
         args.minbytes = parse_size("1M" if args.targets else "8")
+    if args.rounds < 1:
+        parser.error("-R/--rounds must be at least 1")
     if args.targets is not None and args.targets < 1:
         parser.error("--targets: ROUNDS must be at least 1")
     chosen = [c.strip() for c in args.collectives.split(",") if c.strip()]
@@ -245,12 +270,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 0
         check = bool(args.check)
         raw_ops = table.RawOps(MPI)
-        results = []
+        results: List[Dict[str, Any]] = []
+        floor_ = None if args.no_floor else _floor(comm)
         if rank == 0 and not args.json:
             print(f"# pycoll-bench: {comm.Get_size()} ranks, {mpi_name}")
             print(
-                f"# {args.datatype}, op {op}; times in us (median over ranks), bandwidths in "
-                f"GB/s; ratio = pycoll's faster variant / mpi4py"
+                f"# {args.datatype}, op {op}; {args.rounds} interleaved rounds; a time is the "
+                f"median over rounds of the slowest rank's mean per call (us), busbw is "
+                f"pycoll's (GB/s); a ratio is the median of the per-round ratios; C: "
+                + ("a compiled loop on the same libmpi" if floor_ else "not available here")
             )
             print(table.header(check))
         if any(c in table.REDUCING for c in chosen):
@@ -264,21 +292,24 @@ def main(argv: Optional[List[str]] = None) -> int:
                 parser.error(str(exc))
         for collective in chosen:
             for size in sizes(args.minbytes, args.maxbytes, args.stepfactor):
-                row = measure(
+                rows = measure(
                     collective,
                     size,
                     comm,
                     dtype,
                     op,
                     args.root,
+                    args.rounds,
                     args.iters,
                     args.warmup_iters,
                     check,
                     raw_ops,
+                    floor=floor_,
                 )
-                results.append(row)
+                results += rows
                 if rank == 0 and not args.json:
-                    print(table.line(row, check), flush=True)
+                    for row in rows:
+                        print(table.line(row, check), flush=True)
         raw_ops.free()
         if rank == 0 and args.json:
             json.dump(
@@ -287,6 +318,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     mpi=mpi_name,
                     datatype=args.datatype,
                     op=op,
+                    rounds=args.rounds,
+                    c_floor=floor_ is not None,
                     check=check,
                     results=results,
                 ),

@@ -299,14 +299,14 @@ def targets(
                 for key in cases
             }
             for case in made.values():
-                wrong += comm.allreduce(case.wrong("in-place"), op=MPI.SUM)
-                call = case.variants["in-place"]
+                wrong += comm.allreduce(case.wrong("pycoll", "in-place"), op=MPI.SUM)
+                call = case.pycoll["in-place"]
                 for _ in range(warmup):
-                    call()  # type: ignore[misc]
+                    call()
             seconds: Dict[Tuple[str, str], List[float]] = {key: [] for key in cases}
             for r in range(rounds):
                 for key in cases[r % len(cases) :] + cases[: r % len(cases)]:
-                    mean = time_block(made[key].variants["in-place"], iters, 0, comm)  # type: ignore[arg-type]
+                    mean = time_block(made[key].pycoll["in-place"], iters, 0, comm)
                     seconds[key].append(statistics.median(comm.allgather(mean)))
             row: Dict[str, Any] = {"bytes": made[cases[0]].bytes}
             for key in cases:

@@ -1,6 +1,18 @@
 """The nccl-tests-style table: every collective, a size sweep, pycoll against
 raw mpi4py on the same buffers, each result checked.
 
+Like is compared with like: pycoll's in-place call with mpi4py's MPI_IN_PLACE
+call, its out-of-place call with mpi4py's out-of-place one, each row one
+kind; where the MPI ships a compiler wrapper, a third column times the same
+call in a C loop on the same libmpi in the same process (pycoll.bench.floor),
+the floor both sit above. The variants are timed round by round: each round
+times a block of calls of every variant, in an order rotated each round, so
+a machine's drift touches all of them alike; a time is the slowest rank's
+mean per call in its block, the table shows the median over rounds, and a
+ratio is the median (and range) of the per-round ratios. Every variant's
+result, mpi4py's and the C loop's included, is checked against numpy once,
+before it is timed.
+
 Sizes follow nccl-tests: ``bytes`` is the whole buffer the operation is
 named for (the reduced array for all_reduce, the gathered output for
 all_gather, the input for reduce_scatter and all_to_all), and
@@ -9,10 +21,9 @@ all_gather, the input for reduce_scatter and all_to_all), and
 
 with factor 2(n-1)/n for all_reduce, 1 for broadcast and reduce, and
 (n-1)/n for all_gather, reduce_scatter and all_to_all, so busbw compares
-with the link's speed whatever the collective. Times are each rank's mean
-per call over a block of ``iters`` calls after ``warmup`` calls (OSU's
-defaults: 1000/100 up to 8 KiB, 100/10 above); the table shows their median
-over ranks, and min/max, and bandwidths from the median.
+with the link's speed whatever the collective. A block holds ``iters``
+calls: by default as many as fill about 10 ms of mpi4py's calls (at most
+2000), agreed by every rank.
 
 The raw mpi4py column is what a user without pycoll would write: MPI's
 builtin op where MPI has one, else ``MPI.Op.Create`` over numpy (float16,
@@ -46,11 +57,6 @@ def factor(collective: str, n: int) -> float:
     if collective in ("broadcast", "reduce"):
         return 1.0
     return (n - 1) / n
-
-
-def osu_iterations(nbytes: int) -> Tuple[int, int]:
-    """(iterations, warm-up) as the OSU micro-benchmarks choose them."""
-    return (1000, 100) if nbytes <= 8 << 10 else (100, 10)
 
 
 def pattern(rank: int, count: int, dtype: np.dtype, op: str) -> np.ndarray:
@@ -132,6 +138,12 @@ class RawOps:
         self._made.clear()
 
 
+KINDS = ("in-place", "out-of-place")
+SIDES = ("pycoll", "mpi4py", "c")
+BLOCK_S = 0.01  # a block of calls lasts about this long (calibrated on mpi4py's)
+MAX_ITERS = 2000
+
+
 def _fill(target: np.ndarray, values: np.ndarray, *zeroed: np.ndarray) -> Callable[[], None]:
     """A callable that zeroes ``zeroed`` and then writes ``values`` into ``target``."""
 
@@ -143,8 +155,26 @@ def _fill(target: np.ndarray, values: np.ndarray, *zeroed: np.ndarray) -> Callab
     return fill
 
 
+def _repeat(call: Callable[[], Any]) -> Callable[[int], None]:
+    """``iters`` calls of ``call`` in a Python loop (pycoll's and mpi4py's
+    sides pay the same loop)."""
+
+    def run(iters: int) -> None:
+        for _ in range(iters):
+            call()
+
+    return run
+
+
 class Case:
-    """One collective at one size: its buffers, its three variants, its check."""
+    """One collective at one size: its buffers and, for each kind (in-place,
+    out-of-place) it has, pycoll's call, raw mpi4py's call with the same
+    semantics, and the C floor's loop where one is given and applies; each
+    kind's inputs, where its result lands, and numpy's expected answer.
+
+    ``pycoll[kind]`` and ``mpi4py[kind]`` make one call; ``c[kind]`` takes a
+    number of calls to loop over in C.
+    """
 
     def __init__(
         self,
@@ -156,10 +186,11 @@ class Case:
         comm: Any,
         raw_ops: RawOps,
         pycoll_call: Optional[Callable[..., Any]] = None,
+        floor: Any = None,
     ) -> None:
         import pycoll
 
-        from ..arrays import mpi_datatype
+        from ..arrays import dtype_kind, mpi_datatype
 
         MPI = raw_ops.MPI
         n, rank = comm.Get_size(), comm.Get_rank()
@@ -172,12 +203,21 @@ class Case:
         rop = pycoll.make_premul_sum(PREMUL_SCALE) if op == "PREMUL_SUM" else pycoll.ReduceOp(op)
         mop = raw_ops.get(op, dtype) if collective in REDUCING else None
         avg = op == "AVG"
+        # The C loop calls MPI and nothing else: for MPI's own ops and types only.
+        plain_mpi = collective not in REDUCING or (
+            op not in ("AVG", "PREMUL_SUM") and dtype_kind(dtype) != "half"
+        )
+        c = floor if plain_mpi else None
         call = pycoll_call  # a replacement for pycoll's collective (testing the check)
         f: Callable[..., Any]
-        self.variants: Dict[str, Optional[Callable[[], Any]]] = {}
+        self.pycoll: Dict[str, Callable[[], Any]] = {}
+        self.mpi4py: Dict[str, Callable[[], Any]] = {}
+        self.c: Dict[str, Callable[[int], None]] = {}
         self.inputs: Dict[str, Callable[[], None]] = {}
         self.results: Dict[str, Callable[[], np.ndarray]] = {}
         self.buffers: List[np.ndarray] = []
+        IP = "in-place"
+        OOP = "out-of-place"
 
         def prescaled(x: np.ndarray) -> np.ndarray:
             return x * dtype.type(PREMUL_SCALE) if op == "PREMUL_SUM" else x
@@ -190,8 +230,7 @@ class Case:
             buf = np.zeros(count, dtype)
             self.buffers = [buf]
             f = call or pycoll.all_reduce
-            self.variants["in-place"] = lambda: f(buf, op=rop)
-            self.variants["out-of-place"] = None  # torch's all_reduce is in place only
+            self.pycoll[IP] = lambda: f(buf, op=rop)  # torch's all_reduce is in place only
 
             def raw() -> None:
                 prescale_in_place(buf)
@@ -199,26 +238,28 @@ class Case:
                 if avg:
                     np.divide(buf, n, out=buf)
 
-            self.variants["mpi4py"] = raw
-            self.inputs["in-place"] = _fill(buf, pattern(rank, count, dtype, op))
-            self.results["in-place"] = lambda: buf
+            self.mpi4py[IP] = raw
+            if c:
+                self.c[IP] = c.loop(collective, comm, None, buf, count, T, mop, in_place=True)
+            self.inputs[IP] = _fill(buf, pattern(rank, count, dtype, op))
+            self.results[IP] = lambda: buf
             self.expected = expected_reduction([pattern(r, count, dtype, op) for r in range(n)], op)
         elif collective == "broadcast":
             buf = np.zeros(count, dtype)
             self.buffers = [buf]
             f = call or pycoll.broadcast
-            self.variants["in-place"] = lambda: f(buf, src=root)
-            self.variants["out-of-place"] = None
-            self.variants["mpi4py"] = lambda: comm.Bcast([buf, T], root)
-            self.inputs["in-place"] = _fill(buf, pattern(rank, count, dtype, op))
-            self.results["in-place"] = lambda: buf
+            self.pycoll[IP] = lambda: f(buf, src=root)
+            self.mpi4py[IP] = lambda: comm.Bcast([buf, T], root)
+            if c:
+                self.c[IP] = c.loop(collective, comm, None, buf, count, T, root=root)
+            self.inputs[IP] = _fill(buf, pattern(rank, count, dtype, op))
+            self.results[IP] = lambda: buf
             self.expected = pattern(root, count, dtype, op)
         elif collective == "reduce":
             buf = np.zeros(count, dtype)
             self.buffers = [buf]
             f = call or pycoll.reduce
-            self.variants["in-place"] = lambda: f(buf, dst=root, op=rop)
-            self.variants["out-of-place"] = None
+            self.pycoll[IP] = lambda: f(buf, dst=root, op=rop)
 
             def raw() -> None:
                 if rank == root:
@@ -229,9 +270,11 @@ class Case:
                 else:
                     comm.Reduce([prescaled(buf), T], None, mop, root)
 
-            self.variants["mpi4py"] = raw
-            self.inputs["in-place"] = _fill(buf, pattern(rank, count, dtype, op))
-            self.results["in-place"] = lambda: buf
+            self.mpi4py[IP] = raw
+            if c:
+                self.c[IP] = c.loop(collective, comm, buf, buf, count, T, mop, root, True)
+            self.inputs[IP] = _fill(buf, pattern(rank, count, dtype, op))
+            self.results[IP] = lambda: buf
             mine = pattern(rank, count, dtype, op)
             total = expected_reduction([pattern(r, count, dtype, op) for r in range(n)], op)
             self.expected = total if rank == root else mine
@@ -240,34 +283,52 @@ class Case:
             out = np.zeros(count * n, dtype)
             self.buffers = [send, out]
             f = call or pycoll.all_gather_into_tensor
-            mine = out[rank * count : (rank + 1) * count]
-            self.variants["out-of-place"] = lambda: f(out, send)
-            self.variants["in-place"] = lambda: f(out, mine)
-            self.variants["mpi4py"] = lambda: comm.Allgather([send, T], [out, T])
-            self.inputs["out-of-place"] = _fill(send, pattern(rank, count, dtype, op), out)
-            self.inputs["in-place"] = _fill(mine, pattern(rank, count, dtype, op), out)
-            self.results["out-of-place"] = self.results["in-place"] = lambda: out
+            own = out[rank * count : (rank + 1) * count]
+            self.pycoll[OOP] = lambda: f(out, send)
+            self.pycoll[IP] = lambda: f(out, own)
+            self.mpi4py[OOP] = lambda: comm.Allgather([send, T], [out, T])
+            self.mpi4py[IP] = lambda: comm.Allgather(MPI.IN_PLACE, [out, T])
+            if c:
+                self.c[OOP] = c.loop(collective, comm, send, out, count, T)
+                self.c[IP] = c.loop(collective, comm, None, out, count, T, in_place=True)
+            self.inputs[OOP] = _fill(send, pattern(rank, count, dtype, op), out)
+            self.inputs[IP] = _fill(own, pattern(rank, count, dtype, op), out)
+            self.results[OOP] = self.results[IP] = lambda: out
             self.expected = np.concatenate([pattern(r, count, dtype, op) for r in range(n)])
         elif collective == "reduce_scatter":
             send = np.zeros(count * n, dtype)
             out = np.zeros(count, dtype)
             self.buffers = [send, out]
             f = call or pycoll.reduce_scatter_tensor
-            mine = send[rank * count : (rank + 1) * count]
-            self.variants["out-of-place"] = lambda: f(out, send, op=rop)
-            self.variants["in-place"] = lambda: f(mine, send, op=rop)
+            own = send[rank * count : (rank + 1) * count]
+            self.pycoll[OOP] = lambda: f(out, send, op=rop)
+            self.pycoll[IP] = lambda: f(own, send, op=rop)
 
             def raw() -> None:
                 comm.Reduce_scatter_block([prescaled(send), T], [out, T], mop)
                 if avg:
                     np.divide(out, n, out=out)
 
-            self.variants["mpi4py"] = raw
+            def raw_in_place() -> None:
+                # MPI leaves the part at the start of the buffer; torch's
+                # in-place form has it in this rank's own part: one copy.
+                prescale_in_place(send)
+                comm.Reduce_scatter_block(MPI.IN_PLACE, [send, count, T], mop)
+                if rank:
+                    own[...] = send[:count]
+                if avg:
+                    np.divide(own, n, out=own)
+
+            self.mpi4py[OOP] = raw
+            self.mpi4py[IP] = raw_in_place
+            if c:
+                self.c[OOP] = c.loop(collective, comm, send, out, count, T, mop)
+                self.c[IP] = c.loop(collective, comm, send, own, count, T, mop, in_place=True)
             full = lambda r: pattern(r, count * n, dtype, op)  # noqa: E731
-            self.inputs["out-of-place"] = _fill(send, full(rank), out)
-            self.inputs["in-place"] = _fill(send, full(rank))
-            self.results["out-of-place"] = lambda: out
-            self.results["in-place"] = lambda: mine
+            self.inputs[OOP] = _fill(send, full(rank), out)
+            self.inputs[IP] = _fill(send, full(rank))
+            self.results[OOP] = lambda: out
+            self.results[IP] = lambda: own
             total = expected_reduction([full(r) for r in range(n)], op)
             self.expected = total[rank * count : (rank + 1) * count]
         elif collective == "all_to_all":
@@ -275,14 +336,18 @@ class Case:
             out = np.zeros(count * n, dtype)
             self.buffers = [send, out]
             f = call or pycoll.all_to_all_single
-            self.variants["out-of-place"] = lambda: f(out, send)
-            self.variants["in-place"] = lambda: f(send, send)
-            self.variants["mpi4py"] = lambda: comm.Alltoall([send, T], [out, T])
+            self.pycoll[OOP] = lambda: f(out, send)
+            self.pycoll[IP] = lambda: f(send, send)
+            self.mpi4py[OOP] = lambda: comm.Alltoall([send, T], [out, T])
+            self.mpi4py[IP] = lambda: comm.Alltoall(MPI.IN_PLACE, [send, T])
+            if c:
+                self.c[OOP] = c.loop(collective, comm, send, out, count, T)
+                self.c[IP] = c.loop(collective, comm, None, send, count, T, in_place=True)
             full = lambda r: pattern(r * 7919, count * n, dtype, op)  # noqa: E731
-            self.inputs["out-of-place"] = _fill(send, full(rank), out)
-            self.inputs["in-place"] = _fill(send, full(rank))
-            self.results["out-of-place"] = lambda: out
-            self.results["in-place"] = lambda: send
+            self.inputs[OOP] = _fill(send, full(rank), out)
+            self.inputs[IP] = _fill(send, full(rank))
+            self.results[OOP] = lambda: out
+            self.results[IP] = lambda: send
             self.expected = np.concatenate(
                 [full(r)[rank * count : (rank + 1) * count] for r in range(n)]
             )
@@ -290,14 +355,26 @@ class Case:
             raise ValueError(
                 f"unknown collective {collective!r}; choose from {', '.join(COLLECTIVES)}"
             )
+        self.kinds = [k for k in KINDS if k in self.pycoll]
 
-    def wrong(self, variant: str) -> int:
-        """Run ``variant`` once on fresh inputs; count the elements that differ
-        from numpy's independently computed answer on this rank. The buffers
-        are zeroed again afterwards, so repeated timed calls never overflow."""
-        self.inputs[variant]()
-        self.variants[variant]()  # type: ignore[misc]
-        got = self.results[variant]()
+    def runner(self, side: str, kind: str) -> Optional[Callable[[int], None]]:
+        """``side``'s ``kind`` as a callable of a number of calls; None if it has none."""
+        if side == "c":
+            return self.c.get(kind)
+        calls = self.pycoll if side == "pycoll" else self.mpi4py
+        return _repeat(calls[kind]) if kind in calls else None
+
+    def wrong(self, side: str, kind: str) -> int:
+        """Run ``side``'s ``kind`` once on fresh inputs; count the elements that
+        differ from numpy's independently computed answer on this rank. The
+        buffers are zeroed again afterwards, so repeated timed calls never
+        overflow."""
+        run = self.runner(side, kind)
+        if run is None:
+            raise ValueError(f"{side} has no {kind} variant here")
+        self.inputs[kind]()
+        run(1)
+        got = self.results[kind]()
         if got.shape != self.expected.shape:
             bad = int(self.expected.size)
         else:
@@ -318,14 +395,32 @@ def time_block(call: Callable[[], Any], iters: int, warmup: int, comm: Any) -> f
     return (time.perf_counter() - t0) / iters
 
 
-def spread(comm: Any, seconds: float) -> Dict[str, float]:
-    """Median, min and max over ranks, in microseconds."""
-    times = comm.allgather(seconds)
-    return {
-        "median": statistics.median(times) * 1e6,
-        "min": min(times) * 1e6,
-        "max": max(times) * 1e6,
-    }
+def slowest_block(run: Callable[[int], None], iters: int, comm: Any) -> float:
+    """The slowest rank's mean seconds per call over a block of ``iters``
+    calls, started together after a barrier."""
+    from mpi4py import MPI
+
+    comm.Barrier()
+    t0 = time.perf_counter()
+    run(iters)
+    return float(comm.allreduce((time.perf_counter() - t0) / iters, op=MPI.MAX))
+
+
+def calibrate(run: Callable[[int], None], comm: Any) -> int:
+    """Calls per block: as many as fill about ``BLOCK_S`` (at most
+    ``MAX_ITERS``), from the slowest rank's time for a few calls, so every
+    rank agrees."""
+    probe = 1
+    while True:
+        t = slowest_block(run, probe, comm)
+        if t * probe >= BLOCK_S / 10 or probe >= MAX_ITERS:
+            return max(1, min(MAX_ITERS, int(BLOCK_S / t)))
+        probe *= 10
+
+
+def _ratios(num: List[float], den: List[float]) -> Dict[str, float]:
+    paired = [a / b for a, b in zip(num, den)]
+    return {"median": statistics.median(paired), "min": min(paired), "max": max(paired)}
 
 
 def measure(
@@ -335,98 +430,108 @@ def measure(
     dtype: Any = np.float32,
     op: str = "SUM",
     root: int = 0,
+    rounds: int = 7,
     iters: Optional[int] = None,
     warmup: Optional[int] = None,
     check: bool = True,
     raw_ops: Optional[RawOps] = None,
     pycoll_call: Optional[Callable[..., Any]] = None,
-) -> Dict[str, Any]:
-    """One row of the table (collective over ``comm``: every rank calls it)."""
+    floor: Any = None,
+) -> List[Dict[str, Any]]:
+    """The table's rows for one collective at one size, one per kind
+    (in-place, out-of-place) it has (collective over ``comm``: every rank
+    calls it). ``floor`` is a loaded :class:`pycoll.bench.floor.Floor`, or
+    None to leave the C column out."""
     from mpi4py import MPI
 
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
     dtype = np.dtype(dtype)
     own_ops = raw_ops is None
     ops = raw_ops or RawOps(MPI)
+    rows: List[Dict[str, Any]] = []
     try:
-        case = Case(collective, nbytes, dtype, op, root, comm, ops, pycoll_call)
-        default_iters, default_warmup = osu_iterations(case.bytes)
-        iters = default_iters if iters is None else iters
-        warmup = default_warmup if warmup is None else warmup
+        case = Case(collective, nbytes, dtype, op, root, comm, ops, pycoll_call, floor)
         n = comm.Get_size()
-        row: Dict[str, Any] = dict(
-            collective=collective,
-            bytes=case.bytes,
-            count=case.count,
-            type=str(dtype),
-            redop=op if collective in REDUCING else None,
-            root=root if collective in ("broadcast", "reduce") else None,
-            ranks=n,
-            iters=iters,
-            warmup=warmup,
-        )
         fac = factor(collective, n)
-        correct = True
-        for variant in ("out-of-place", "in-place", "mpi4py"):
-            call = case.variants[variant]
-            key = variant.replace("-", "_")
-            if call is None:
-                row[key] = None
-                continue
-            t = spread(comm, time_block(call, iters, warmup, comm))
-            algbw = case.bytes / (t["median"] / 1e6) / 1e9
-            entry: Dict[str, Any] = dict(time_us=t, algbw_GBps=algbw, busbw_GBps=algbw * fac)
-            if check and variant != "mpi4py":
-                wrong = comm.allreduce(case.wrong(variant), op=MPI.SUM)
-                entry["wrong"] = wrong
-                correct = correct and wrong == 0
-            row[key] = entry
-        best = min(
-            row[k]["time_us"]["median"] for k in ("out_of_place", "in_place") if row[k] is not None
-        )
-        row["ratio"] = best / row["mpi4py"]["time_us"]["median"]
-        row["correct"] = correct if check else None
-        return row
+        for kind in case.kinds:
+            runs = {s: go for s in SIDES if (go := case.runner(s, kind)) is not None}
+            wrong: Dict[str, Optional[int]] = dict.fromkeys(runs)
+            if check:
+                for side in runs:
+                    wrong[side] = comm.allreduce(case.wrong(side, kind), op=MPI.SUM)
+            calls = (20 if case.bytes <= 8 << 10 else 2) if warmup is None else warmup
+            for run in runs.values():
+                run(calls)
+            block = calibrate(runs["mpi4py"], comm) if iters is None else iters
+            seconds: Dict[str, List[float]] = {s: [] for s in runs}
+            order = list(runs)
+            for r in range(rounds):
+                for side in order[r % len(order) :] + order[: r % len(order)]:
+                    seconds[side].append(slowest_block(runs[side], block, comm))
+            row: Dict[str, Any] = dict(
+                collective=collective,
+                kind=kind,
+                bytes=case.bytes,
+                count=case.count,
+                type=str(dtype),
+                redop=op if collective in REDUCING else None,
+                root=root if collective in ("broadcast", "reduce") else None,
+                ranks=n,
+                iters=block,
+                rounds=rounds,
+            )
+            for side in SIDES:
+                if side not in runs:
+                    row[side] = None
+                    continue
+                t = statistics.median(seconds[side])
+                algbw = case.bytes / t / 1e9
+                row[side] = dict(
+                    time_us=t * 1e6, algbw_GBps=algbw, busbw_GBps=algbw * fac, wrong=wrong[side]
+                )
+            row["ratio"] = _ratios(seconds["pycoll"], seconds["mpi4py"])
+            has_c = "c" in runs
+            row["mpi4py_over_c"] = _ratios(seconds["mpi4py"], seconds["c"]) if has_c else None
+            row["pycoll_over_c"] = _ratios(seconds["pycoll"], seconds["c"]) if has_c else None
+            row["correct"] = all(w == 0 for w in wrong.values()) if check else None
+            rows.append(row)
+        return rows
     finally:
         if own_ops:
             ops.free()
 
 
-def _cell(entry: Optional[Dict[str, Any]], check: bool) -> str:
-    if entry is None:
-        return f"{'-':>9} {'-':>9} {'-':>9}" + (f" {'-':>9}" if check else "")
-    t = entry["time_us"]["median"]
-    text = f"{t:>9.1f} {entry['algbw_GBps']:>9.3f} {entry['busbw_GBps']:>9.3f}"
-    if check:
-        text += f" {entry['wrong']:>9}"
-    return text
-
-
 def header(check: bool) -> str:
-    """Column names: oop_ are pycoll out of place, ip_ in place, mpi_ raw mpi4py."""
-
-    def side(prefix: str) -> str:
-        wrong = f" {prefix + 'wrong':>9}" if check else ""
-        return f"{prefix + 'us':>9} {prefix + 'algbw':>9} {prefix + 'busbw':>9}{wrong}"
-
+    """Column names: pycoll's, raw mpi4py's and the C floor's time per call
+    (us) and pycoll's bus bandwidth (GB/s), then the ratios."""
+    wrong = f" {'wrong':>7}" if check else ""
     return (
-        f"{'collective':<14} {'bytes':>10} {'count':>9} {'type':>8} {'redop':>10} {'root':>4} | "
-        f"{side('oop_')} | {side('ip_')} | {'mpi_us':>9} {'mpi_busbw':>9} | "
-        f"{'ratio':>5} {'min_us':>9} {'max_us':>9}"
+        f"{'collective':<14} {'kind':<12} {'bytes':>10} {'type':>8} {'redop':>10} | "
+        f"{'pycoll_us':>10} {'mpi4py_us':>10} {'C_us':>10} {'busbw':>7} | "
+        f"{'pycoll/mpi4py (range)':>22} {'mpi4py/C':>8} {'pycoll/C':>8}{wrong}"
     )
 
 
 def line(row: Dict[str, Any], check: bool) -> str:
-    """One printed row: pycoll's two variants, raw mpi4py, and the spread over
-    ranks of pycoll's faster variant."""
-    best = min(
-        (row[k] for k in ("out_of_place", "in_place") if row[k] is not None),
-        key=lambda e: e["time_us"]["median"],
+    """One printed row."""
+
+    def us(side: str) -> str:
+        entry = row[side]
+        return f"{'-':>10}" if entry is None else f"{entry['time_us']:>10.1f}"
+
+    def over_c(key: str) -> str:
+        r = row[key]
+        return f"{'-':>8}" if r is None else f"{r['median']:>8.2f}"
+
+    ratio = row["ratio"]
+    spread = f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})"
+    text = (
+        f"{row['collective']:<14} {row['kind']:<12} {row['bytes']:>10} {row['type']:>8} "
+        f"{row['redop'] or '-':>10} | {us('pycoll')} {us('mpi4py')} {us('c')} "
+        f"{row['pycoll']['busbw_GBps']:>7.2f} | {spread:>22} {over_c('mpi4py_over_c')} "
+        f"{over_c('pycoll_over_c')}"
     )
-    raw = row["mpi4py"]
-    return (
-        f"{row['collective']:<14} {row['bytes']:>10} {row['count']:>9} {row['type']:>8} "
-        f"{row['redop'] or '-':>10} {row['root'] if row['root'] is not None else '-':>4} | "
-        f"{_cell(row['out_of_place'], check)} | {_cell(row['in_place'], check)} | "
-        f"{raw['time_us']['median']:>9.1f} {raw['busbw_GBps']:>9.3f} | "
-        f"{row['ratio']:>5.2f} {best['time_us']['min']:>9.1f} {best['time_us']['max']:>9.1f}"
-    )
+    if check:
+        text += f" {sum(v['wrong'] for s in SIDES if (v := row[s]) is not None):>7}"
+    return text

@@ -35,6 +35,8 @@ def test_table_as_json(uninitialized, capsys):
             "2",
             "-w",
             "1",
+            "-R",
+            "3",
             "-d",
             "float16",
             "-o",
@@ -46,9 +48,14 @@ def test_table_as_json(uninitialized, capsys):
     if doc is not None:
         assert doc["ranks"] == world_size and doc["datatype"] == "float16" and doc["op"] == "AVG"
         sizes = [64, 256, 1024]
-        assert [r["collective"] for r in doc["results"]] == ["all_reduce"] * 3 + ["all_to_all"] * 3
-        assert [r["bytes"] for r in doc["results"][:3]] == sizes
-        assert all(r["correct"] is True and r["iters"] == 2 for r in doc["results"])
+        rows = doc["results"]  # all_reduce in place; all_to_all in place, then out of place
+        assert [r["collective"] for r in rows] == ["all_reduce"] * 3 + ["all_to_all"] * 6
+        assert [r["kind"] for r in rows[3:5]] == ["in-place", "out-of-place"]
+        assert [r["bytes"] for r in rows[:3]] == sizes
+        assert all(r["correct"] is True and r["iters"] == 2 for r in rows)
+        assert doc["rounds"] == 3 and all(r["rounds"] == 3 for r in rows)
+        # float16 AVG is no MPI op: the C loop times the all_to_all only
+        assert [r["c"] is None for r in rows] == [True] * 3 + [not doc["c_floor"]] * 6
 
 
 @pytest.mark.parametrize(
@@ -194,6 +201,7 @@ def test_size_parsing():
         (["-o", "band", "-d", "float32"], "bitwise ops apply to integers"),
         (["-f", "1"], "at least 2"),
         (["--targets", "0"], "ROUNDS must be at least 1"),
+        (["-R", "0"], "-R/--rounds must be at least 1"),
     ],
 )
 def test_bad_options_are_refused(uninitialized, capsys, args, message):

@@ -1,5 +1,7 @@
-"""pycoll-bench's table: every collective measured on both sides and checked;
-a deliberately broken collective is caught."""
+"""pycoll-bench's table: every collective measured like for like against raw
+mpi4py and the C loop, every side checked; a deliberately broken collective is caught."""
+
+import time
 
 import numpy as np
 import pytest
@@ -16,24 +18,50 @@ def comm(pg):
     c.Free()
 
 
+@pytest.fixture(scope="module")
+def floor():
+    """The C loop, where this MPI ships a compiler wrapper (the wheels do)."""
+    from pycoll.bench import floor as floor_mod
+
+    return floor_mod.load()
+
+
 @pytest.mark.parametrize("collective", table.COLLECTIVES)
 @pytest.mark.parametrize(
     "dtype,op",
     [("float32", "SUM"), ("float16", "AVG"), ("bfloat16", "PREMUL_SUM"), ("int32", "BXOR")],
 )
-def test_every_collective_is_timed_and_checked(comm, world_size, collective, dtype, op):
-    r = table.measure(collective, 4096, comm, dtype, op, iters=3, warmup=1)
-    assert r["correct"] is True, r
-    assert r["collective"] == collective and r["ranks"] == world_size
-    assert r["bytes"] <= 4096 and r["count"] >= 1
-    assert r["mpi4py"]["time_us"]["median"] > 0
-    variants = [r[k] for k in ("out_of_place", "in_place") if r[k] is not None]
-    assert variants and all(v["wrong"] == 0 for v in variants)
-    for v in variants:
-        t = v["time_us"]
-        assert 0 < t["min"] <= t["median"] <= t["max"]
-        assert np.isclose(v["busbw_GBps"], v["algbw_GBps"] * table.factor(collective, world_size))
-    assert (r["redop"] is not None) == (collective in table.REDUCING)
+def test_every_collective_is_timed_and_checked(comm, floor, world_size, collective, dtype, op):
+    rows = table.measure(collective, 4096, comm, dtype, op, rounds=3, iters=3, floor=floor)
+    kinds = [r["kind"] for r in rows]
+    # torch's all_reduce, broadcast and reduce are in place only
+    single = collective in ("all_reduce", "broadcast", "reduce")
+    assert kinds == (["in-place"] if single else ["in-place", "out-of-place"])
+    plain_mpi = collective not in table.REDUCING or (dtype, op) in (
+        ("float32", "SUM"),
+        ("int32", "BXOR"),
+    )
+    for r in rows:
+        assert r["correct"] is True, r
+        assert r["collective"] == collective and r["ranks"] == world_size
+        assert r["bytes"] <= 4096 and r["count"] >= 1 and r["rounds"] == 3 and r["iters"] == 3
+        sides = ["pycoll", "mpi4py"] + (["c"] if plain_mpi and floor is not None else [])
+        assert [s for s in table.SIDES if r[s] is not None] == sides
+        for s in sides:
+            assert r[s]["wrong"] == 0 and r[s]["time_us"] > 0
+            assert np.isclose(
+                r[s]["busbw_GBps"], r[s]["algbw_GBps"] * table.factor(collective, world_size)
+            )
+        ratio = r["ratio"]
+        assert 0 < ratio["min"] <= ratio["median"] <= ratio["max"]
+        assert (r["mpi4py_over_c"] is not None) == ("c" in sides)
+        assert (r["redop"] is not None) == (collective in table.REDUCING)
+
+
+def test_the_c_floor_is_built_here(floor):
+    """The wheels this suite runs on ship mpicc, and the machine a C compiler:
+    the column must not go missing unnoticed."""
+    assert floor is not None
 
 
 def test_bus_bandwidth_factors_are_nccl_tests():
@@ -43,9 +71,21 @@ def test_bus_bandwidth_factors_are_nccl_tests():
         assert table.factor(c, 4) == 0.75
 
 
-def test_osu_iteration_defaults():
-    assert table.osu_iterations(8 << 10) == (1000, 100)
-    assert table.osu_iterations((8 << 10) + 1) == (100, 10)
+def test_a_block_lasts_about_ten_milliseconds(comm):
+    """The calibrated block is the same on every rank, and sized from the call's time."""
+    from mpi4py import MPI
+
+    def slow(iters):
+        for _ in range(iters):
+            comm.Barrier()
+            time.sleep(0.001)  # a call of at least a millisecond
+
+    block = table.calibrate(slow, comm)
+    assert comm.allgather(block) == [block] * comm.Get_size()
+    assert 1 <= block <= 10
+    fast = table.calibrate(lambda iters: None, comm)
+    assert fast == table.MAX_ITERS
+    assert comm.allreduce(fast, op=MPI.MAX) == fast
 
 
 def test_a_broken_reduction_is_reported_on_every_rank(comm, world_size):
@@ -54,12 +94,14 @@ def test_a_broken_reduction_is_reported_on_every_rank(comm, world_size):
     def broken_all_reduce(tensor, op=pycoll.ReduceOp.SUM, **kw):
         return pycoll.all_reduce(tensor, op=pycoll.ReduceOp.MAX, **kw)
 
-    r = table.measure("all_reduce", 1024, comm, iters=1, warmup=0, pycoll_call=broken_all_reduce)
+    (r,) = table.measure(
+        "all_reduce", 1024, comm, rounds=1, iters=1, warmup=0, pycoll_call=broken_all_reduce
+    )
     if world_size == 1:
         assert r["correct"] is True  # with one rank, MAX and SUM agree
     else:
         assert r["correct"] is False
-        assert r["in_place"]["wrong"] > 0
+        assert r["pycoll"]["wrong"] > 0 and r["mpi4py"]["wrong"] == 0
 
 
 def test_a_broken_gather_is_reported(comm, world_size):
@@ -67,9 +109,13 @@ def test_a_broken_gather_is_reported(comm, world_size):
         pycoll.all_gather_into_tensor(out, inp, **kw)
         out[0] += 1
 
-    r = table.measure("all_gather", 1024, comm, iters=1, warmup=0, pycoll_call=broken_gather)
-    assert r["correct"] is False
-    assert r["out_of_place"]["wrong"] == world_size  # one element on each rank
+    rows = table.measure(
+        "all_gather", 1024, comm, rounds=1, iters=1, warmup=0, pycoll_call=broken_gather
+    )
+    assert [r["correct"] for r in rows] == [False, False]
+    for r in rows:
+        assert r["pycoll"]["wrong"] == world_size  # one element on each rank
+        assert r["mpi4py"]["wrong"] == 0
 
 
 def test_expected_values_do_not_come_from_pycoll():
@@ -96,14 +142,23 @@ def test_group_creation_report(pg, world_size):
 
 
 @pytest.mark.parametrize("collective", table.COLLECTIVES)
-@pytest.mark.parametrize("dtype,op", [("float32", "PREMUL_SUM"), ("float16", "AVG")])
-def test_the_raw_column_computes_the_same_operation(comm, collective, dtype, op):
-    """Like for like: raw mpi4py's call must give numpy's answer too."""
-    case = table.Case(collective, 1024, np.dtype(dtype), op, 0, comm, raw := table.RawOps(MPI))
+@pytest.mark.parametrize(
+    "dtype,op", [("float32", "PREMUL_SUM"), ("float16", "AVG"), ("float64", "SUM")]
+)
+def test_every_side_computes_the_same_operation(comm, floor, collective, dtype, op):
+    """Like for like: raw mpi4py's call and the C loop, in each kind, give
+    numpy's answer too (checked here against numpy, not against pycoll)."""
+    raw = table.RawOps(MPI)
+    case = table.Case(collective, 1024, np.dtype(dtype), op, 0, comm, raw, floor=floor)
     try:
-        side = "out-of-place" if case.variants["out-of-place"] is not None else "in-place"
-        case.inputs[side]()
-        case.variants["mpi4py"]()
-        np.testing.assert_array_equal(case.results[side](), case.expected)
+        for kind in case.kinds:
+            for side in table.SIDES:
+                run = case.runner(side, kind)
+                if run is None:
+                    assert side == "c" and (floor is None or dtype == "float16" or op != "SUM")
+                    continue
+                case.inputs[kind]()
+                run(1)
+                np.testing.assert_array_equal(case.results[kind](), case.expected)
     finally:
         raw.free()
