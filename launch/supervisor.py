@@ -29,6 +29,7 @@ from .wire import ADDR_ENV, RANK_VARS_ENV, TOKEN_ENV
 
 STOP_GRACE_S = 5.0  # from "stop" to killing the launcher
 EXIT_GRACE_S = 1.0  # after a plain non-zero exit, for ranks finishing the same way
+MPI_EXIT = 255  # exit(-1): how MPI libraries end a process on an error of their own
 DUMP_GRACE_S = 5.0  # from "dump" to "stop"
 EXIT_TIMEOUT = 124
 EXIT_START = 1
@@ -455,9 +456,11 @@ class Supervisor:
             return EXIT_TIMEOUT
         if self.failure is not None:
             rank, code = self.failure
-            if code > 0 and rank not in self.reported and self.launcher_log:
-                # No Python traceback: the MPI library itself may have ended the
-                # rank, and its message went to the launcher (Open MPI's does).
+            if code == MPI_EXIT and rank not in self.reported and self.launcher_log:
+                # No Python traceback, and the status MPI libraries exit with when
+                # they end a process themselves: their message may have gone to
+                # the launcher (Open MPI's does), whose output is otherwise kept
+                # back (it only repeats what pycoll-run says).
                 self.note(f"rank {rank} raised no Python exception; the launcher said:")
                 self._dump_launcher_log()
             return _exit_status(code)

@@ -76,6 +76,20 @@ def test_exit_status_is_the_failing_ranks(family):
     assert still_alive([r["pid"] for r in reports(proc.stdout).values()]) == []
 
 
+def test_an_exit_of_255_shows_what_the_launcher_said(family):
+    """255 is how an MPI library ends a process on its own error, and Open MPI
+    prints the reason through its launcher: pycoll-run shows that output then
+    (and only then: for other statuses it just repeats pycoll-run's note)."""
+    proc, _ = pycoll_run(family, "-n", "2", TARGET, "exit", "1", "255")
+    assert proc.returncode == 255, proc.stderr
+    err = proc.stderr
+    assert "pycoll-run: rank 1 raised no Python exception; the launcher said:" in err, err
+    said = err.split("the launcher said:", 1)[1]
+    assert said.strip() and all(line.startswith("  ") for line in said.splitlines() if line)
+    proc, _ = pycoll_run(family, "-n", "2", TARGET, "exit", "1", "3")
+    assert proc.returncode == 3 and "the launcher said" not in proc.stderr, proc.stderr
+
+
 def test_a_rank_killed_by_a_signal(family):
     proc, _ = pycoll_run(family, "-n", "3", TARGET, "kill", "2")
     assert proc.returncode == 128 + 9, proc.stderr
