@@ -356,7 +356,7 @@ class Work(BaseWork):
                     watch.wait(
                         self._pg, self.op, self.seq, self._requests, timeout, statuses, self._peer
                     )
-                elif not MPI.Request.Testall(self._requests, statuses):
+                elif not watch.tester(self._requests, statuses)():
                     return
                 if not self._stages:
                     break
