@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from pycoll import arrays
+from pycoll import arrays, persistent
 from pycoll.dispatch import IN, OUT, Spec
 from pycoll.groups import STATE, ProcessGroup, get_rank, resolve
 from pycoll.ops import ReduceOp, plan
@@ -224,7 +224,10 @@ def _aware(
                 rt.synchronize(stream)
 
         args["op"] = ReduceOp.SUM
-    return _finish_call(spec.host(**args), slots, after)
+    # The host arrays alias device memory: no persistent plan may copy them.
+    with persistent.suspended(resolve(args.get("group"), name)):
+        value = spec.host(**args)
+    return _finish_call(value, slots, after)
 
 
 def _staged(

@@ -60,6 +60,11 @@ def default_timeout() -> timedelta:
     return timedelta(seconds=seconds)
 
 
+# What makes a new group's persistent plans: pycoll.persistent sets it where
+# they are on (it imports the collectives, which import this module).
+PLANS: Optional[Callable[[], Any]] = None
+
+
 class ProcessGroup:
     """A set of ranks that run collectives together, over one MPI communicator.
 
@@ -99,6 +104,7 @@ class ProcessGroup:
         "_board",
         "_flight",
         "_fwait",
+        "_plans",
         "__weakref__",  # the flight recorder's registry of groups holds them weakly
     )
 
@@ -161,6 +167,8 @@ class ProcessGroup:
         # operations (None when off), and the fast path's long wait (seq, since).
         self._flight: Any = None
         self._fwait: Optional[Tuple[int, float]] = None
+        # Its persistent collectives (pycoll.persistent), where they are on.
+        self._plans: Any = PLANS() if PLANS is not None else None
         recorder.attach(self)
 
     def rank(self) -> int:

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from pycoll.gpu.backend_config import BackendConfig
 
-from . import _mpi, crosscheck, debug, progress, watch
+from . import _mpi, crosscheck, debug, persistent, progress, watch
 from .groups import (
     BACKEND,
     STATE,
@@ -127,6 +127,7 @@ def init_process_group(
     watch.set_wait_mode_from_env()
     watch.install_excepthook()
     MPI = _mpi.load()
+    persistent.configure()
     if comm is None:
         comm = MPI.COMM_WORLD
     elif not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
@@ -217,6 +218,7 @@ def _free(pg: ProcessGroup) -> None:
     if not pg._destroyed:
         side_free = crosscheck.free(pg)
         if pg._broken is None:  # a timed-out operation may still use the communicator
+            persistent.free(pg)
             pg.comm.Free()
             side = pg._side
             if isinstance(side, tuple):  # MPI_Comm_idup still under way

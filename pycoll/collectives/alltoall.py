@@ -14,7 +14,7 @@ from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
-from .. import _mpi, crosscheck, debug, watch
+from .. import _mpi, crosscheck, debug, persistent, watch
 from ..arrays import (
     check_input,
     check_list,
@@ -26,8 +26,9 @@ from ..arrays import (
 )
 from ..dispatch import IN, LIST, OUT, Array, collective
 from ..groups import ProcessGroup, resolve
+from ..persistent import LIMIT as PLAN_LIMIT
 from ..work import Work
-from ._common import DETAIL, run, sig
+from ._common import DETAIL, plain, run, sig
 
 __all__ = ["all_to_all", "all_to_all_single"]
 
@@ -199,7 +200,6 @@ def all_to_all_single(
     output = check_output(func, "output", output)
     input = check_input(func, "input", input)
     dtype = check_same_dtype(func, [output, input])
-    input = detach(input, output)
     mpitype = mpi_datatype(dtype)
     comm = pg.comm
     if output_split_sizes is None and input_split_sizes is None:
@@ -211,18 +211,37 @@ def all_to_all_single(
             )
         check_size(func, "output", output, input.size, "the size of input")
         desc = f"{func}(even, {sig(input)})" if debug.LEVEL >= DETAIL else None
+        key = crosscheck.key(func, dtype, input.size)
+        plans = pg._plans
+        if plans is not None:  # a repeated small call: pycoll.persistent
+            made = plans.made.get(key)
+            if made is None and input.nbytes <= PLAN_LIMIT:
+                made = persistent.for_all_to_all(pg, key, input, mpitype)
+            if made is not None:
+                return made.call(pg, func, input, output, async_op, desc)
+        if input is output:
+            # In place: MPI's own (the input copied aside measured 2-4x the
+            # out-of-place call at 64 MiB).
+            send: Any = _mpi.MPI.IN_PLACE
+        else:
+            send = [detach(input, output), mpitype]
+        args = (send, [output, mpitype])
+        if not async_op and debug.PLAIN:
+            plain(pg, func, key, comm.Ialltoall, comm.Alltoall, *args)
+            return None
         return run(
             pg,
             func,
             input.nbytes,
             comm.Ialltoall,
-            ([input, mpitype], [output, mpitype]),
+            args,
             async_op,
             None,
             [output],
             call=desc,
-            key=crosscheck.key(func, dtype, input.size),
+            key=key,
         )
+    input = detach(input, output)
     in_row = _row_size(func, "input", input)
     out_row = _row_size(func, "output", output)
     if in_row != out_row:

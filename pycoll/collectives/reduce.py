@@ -11,7 +11,7 @@ from typing import Any, Callable, List, Optional
 
 import numpy as np
 
-from .. import _mpi, crosscheck, debug, kernels
+from .. import _mpi, crosscheck, debug, kernels, persistent
 from ..arrays import (
     check_input,
     check_list,
@@ -25,6 +25,7 @@ from ..crosscheck import COUNT, OP_BITS
 from ..dispatch import IN, INOUT, LIST, OUT, Array, collective
 from ..groups import STATE, ProcessGroup, resolve
 from ..ops import SPLIT_BYTES, SPLIT_BYTES_TWO_RANKS, Plan, ReduceOp, plan
+from ..persistent import LIMIT as PLAN_LIMIT
 from ..work import Work
 from ._common import group_rank, plain, run, sig
 from .ring import Ring
@@ -128,10 +129,18 @@ def all_reduce(
         how = op._plans[tensor.dtype]
     except (AttributeError, KeyError):
         how = plan(op, tensor.dtype, "all_reduce")
-    mpi_op, plainly, average = how.mpi_op, how.plain, how.average
     key = how.key | _ALL_REDUCE | tensor.size & COUNT
+    plans = pg._plans
+    if plans is not None and how.plain:  # a repeated small call: pycoll.persistent
+        made = plans.made.get(key)
+        if made is None and tensor.nbytes <= PLAN_LIMIT:
+            made = persistent.for_all_reduce(pg, key, tensor, how.datatype, how.mpi_op)
+        if made is not None:
+            desc = _desc(op, tensor) if async_op or not debug.PLAIN else None
+            return made.call(pg, "all_reduce", tensor, tensor, async_op, desc)
     if how.split and pg._size > 1 and tensor.nbytes >= _split_from(pg._size):
         return _all_reduce_ring(pg, tensor, op, how, async_op, key)
+    mpi_op, plainly, average = how.mpi_op, how.plain, how.average
     if average and pg._size == 2 and _mean_of_two(tensor):
         # Two ranks: each element is combined exactly once, so AVG is one user
         # op, (a + b) / 2, and no second pass over the result.
@@ -162,6 +171,10 @@ def all_reduce(
         _prescaler(tensor, how.prescale),
         key=key,
     )
+
+
+def _desc(op: ReduceOp, tensor: np.ndarray) -> Callable[[], str]:
+    return lambda: f"all_reduce({op.name}, {sig(tensor)})"
 
 
 def _all_reduce_ring(
@@ -393,13 +406,14 @@ def reduce_scatter_tensor(
     dtype = check_same_dtype(func, [output, input])
     check_size(func, "input", input, output.size * n, "output.size x group size")
     how = _plan(op, dtype, func)
+    desc = lambda: f"{func}({op.name}, output shape={output.shape}, input {sig(input)})"  # noqa: E731
+    plans = pg._plans
+    if plans is not None and how.plain:  # a repeated small call: pycoll.persistent
+        key = how.key | OP_BITS[func] | output.size & COUNT
+        made = plans.made.get(key)
+        if made is None and input.nbytes <= PLAN_LIMIT:
+            made = persistent.for_reduce_scatter(pg, key, output, how.datatype, how.mpi_op)
+        if made is not None:
+            return made.call(pg, func, input, output, async_op, desc)
     send = detach(input, output) if how.prescale is None else _scaled(input, how.prescale)
-    return _reduce_scatter_block(
-        pg,
-        func,
-        send,
-        output,
-        how,
-        async_op,
-        lambda: f"{func}({op.name}, output shape={output.shape}, input {sig(input)})",
-    )
+    return _reduce_scatter_block(pg, func, send, output, how, async_op, desc)

@@ -6,7 +6,7 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from .. import _mpi, crosscheck, debug
+from .. import _mpi, crosscheck, debug, persistent
 from ..arrays import (
     MPI_TYPES,
     check_input,
@@ -18,6 +18,7 @@ from ..arrays import (
 )
 from ..dispatch import IN, LIST, OUT, Array, collective
 from ..groups import STATE, ProcessGroup, resolve
+from ..persistent import LIMIT as PLAN_LIMIT
 from ..work import Work
 from ._common import DETAIL, group_rank, plain, run, sig
 
@@ -68,36 +69,45 @@ def broadcast(
     root = pg._group_rank_of.get(src) if type(src) is int else None
     if root is None:
         root = group_rank(pg, src, "src", func)  # raises the right error
-    # Fast path: a plain contiguous array (writeable where it is written),
-    # synchronous, debug off.
-    if (
+    mine = root == pg._rank
+    # A plain contiguous array (writeable where it is written) needs no more checks.
+    fast = (
         type(tensor) is np.ndarray
         and (f := tensor.flags).c_contiguous
-        and (f.writeable or root == pg._rank)
+        and (f.writeable or mine)
         and (datatype := MPI_TYPES.get(tensor.dtype)) is not None
-        and not async_op
-        and debug.PLAIN  # (debug OFF, no timeline being recorded)
-    ):
-        key = crosscheck.key(func, tensor.dtype, tensor.size, root)
-        plain(pg, func, key, pg.comm.Ibcast, pg.comm.Bcast, [tensor, datatype], root)
-        return None
-    if root == pg._rank:
-        tensor = check_input(func, "tensor", tensor)
-    else:
-        tensor = check_output(func, "tensor", tensor)
+    )
+    if not fast:
+        tensor = (
+            check_input(func, "tensor", tensor) if mine else check_output(func, "tensor", tensor)
+        )
+        datatype = mpi_datatype(tensor.dtype)
+    key = crosscheck.key(func, tensor.dtype, tensor.size, root)
     desc = f"{func}(src={src}, {sig(tensor)})" if debug.LEVEL >= DETAIL else None
+    plans = pg._plans
+    if plans is not None:  # a repeated small call: pycoll.persistent
+        made = plans.made.get(key)
+        if made is None and tensor.nbytes <= PLAN_LIMIT:
+            made = persistent.for_broadcast(pg, key, tensor, datatype, root)
+        if made is not None:
+            return made.call(
+                pg, func, tensor if mine else None, None if mine else tensor, async_op, desc
+            )
     comm = pg.comm
+    if fast and not async_op and debug.PLAIN:  # (debug OFF, no timeline being recorded)
+        plain(pg, func, key, comm.Ibcast, comm.Bcast, [tensor, datatype], root)
+        return None
     return run(
         pg,
         func,
         tensor.nbytes,
         comm.Ibcast,
-        ([tensor, mpi_datatype(tensor.dtype)], root),
+        ([tensor, datatype], root),
         async_op,
         None,
         [tensor],
         call=desc,
-        key=crosscheck.key(func, tensor.dtype, tensor.size, root),
+        key=key,
     )
 
 
