@@ -106,6 +106,12 @@ def _parser() -> argparse.ArgumentParser:
         "(default 7)",
     )
     p.add_argument(
+        "--plans",
+        action="store_true",
+        help="add a column: pycoll's call on a group with persistent plans on "
+        "(PYCOLL_PERSISTENT=1's effect, pycoll.persistent)",
+    )
+    p.add_argument(
         "--no-floor",
         action="store_true",
         help="leave out the C floor column (a compiled loop on the same libmpi)",
@@ -272,6 +278,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         raw_ops = table.RawOps(MPI)
         results: List[Dict[str, Any]] = []
         floor_ = None if args.no_floor else _floor(comm)
+        planned = None
+        if args.plans:
+            from pycoll import persistent
+
+            with persistent.forced():
+                planned = pycoll.new_group()
         if rank == 0 and not args.json:
             print(f"# pycoll-bench: {comm.Get_size()} ranks, {mpi_name}")
             print(
@@ -280,7 +292,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"pycoll's (GB/s); a ratio is the median of the per-round ratios; C: "
                 + ("a compiled loop on the same libmpi" if floor_ else "not available here")
             )
-            print(table.header(check))
+            print(table.header(check, planned is not None))
         if any(c in table.REDUCING for c in chosen):
             from pycoll.ops import plan
 
@@ -305,11 +317,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                     check,
                     raw_ops,
                     floor=floor_,
+                    plans_group=planned,
                 )
                 results += rows
                 if rank == 0 and not args.json:
                     for row in rows:
-                        print(table.line(row, check), flush=True)
+                        print(table.line(row, check, planned is not None), flush=True)
         raw_ops.free()
         if rank == 0 and args.json:
             json.dump(
@@ -320,6 +333,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     op=op,
                     rounds=args.rounds,
                     c_floor=floor_ is not None,
+                    plans=planned is not None,
                     check=check,
                     results=results,
                 ),

@@ -139,7 +139,7 @@ class RawOps:
 
 
 KINDS = ("in-place", "out-of-place")
-SIDES = ("pycoll", "mpi4py", "c")
+SIDES = ("pycoll", "plans", "mpi4py", "c")
 BLOCK_S = 0.01  # a block of calls lasts about this long (calibrated on mpi4py's)
 MAX_ITERS = 2000
 
@@ -187,6 +187,7 @@ class Case:
         raw_ops: RawOps,
         pycoll_call: Optional[Callable[..., Any]] = None,
         floor: Any = None,
+        plans_group: Any = None,
     ) -> None:
         import pycoll
 
@@ -210,7 +211,8 @@ class Case:
         c = floor if plain_mpi else None
         call = pycoll_call  # a replacement for pycoll's collective (testing the check)
         f: Callable[..., Any]
-        self.pycoll: Dict[str, Callable[[], Any]] = {}
+        self.plans_group = plans_group
+        self.pycoll: Dict[str, Callable[..., Any]] = {}  # each takes the group (default None)
         self.mpi4py: Dict[str, Callable[[], Any]] = {}
         self.c: Dict[str, Callable[[int], None]] = {}
         self.inputs: Dict[str, Callable[[], None]] = {}
@@ -230,7 +232,7 @@ class Case:
             buf = np.zeros(count, dtype)
             self.buffers = [buf]
             f = call or pycoll.all_reduce
-            self.pycoll[IP] = lambda: f(buf, op=rop)  # torch's all_reduce is in place only
+            self.pycoll[IP] = lambda g=None: f(buf, op=rop, group=g)  # torch's: in place only
 
             def raw() -> None:
                 prescale_in_place(buf)
@@ -248,7 +250,7 @@ class Case:
             buf = np.zeros(count, dtype)
             self.buffers = [buf]
             f = call or pycoll.broadcast
-            self.pycoll[IP] = lambda: f(buf, src=root)
+            self.pycoll[IP] = lambda g=None: f(buf, src=root, group=g)
             self.mpi4py[IP] = lambda: comm.Bcast([buf, T], root)
             if c:
                 self.c[IP] = c.loop(collective, comm, None, buf, count, T, root=root)
@@ -259,7 +261,7 @@ class Case:
             buf = np.zeros(count, dtype)
             self.buffers = [buf]
             f = call or pycoll.reduce
-            self.pycoll[IP] = lambda: f(buf, dst=root, op=rop)
+            self.pycoll[IP] = lambda g=None: f(buf, dst=root, op=rop, group=g)
 
             def raw() -> None:
                 if rank == root:
@@ -284,8 +286,8 @@ class Case:
             self.buffers = [send, out]
             f = call or pycoll.all_gather_into_tensor
             own = out[rank * count : (rank + 1) * count]
-            self.pycoll[OOP] = lambda: f(out, send)
-            self.pycoll[IP] = lambda: f(out, own)
+            self.pycoll[OOP] = lambda g=None: f(out, send, group=g)
+            self.pycoll[IP] = lambda g=None: f(out, own, group=g)
             self.mpi4py[OOP] = lambda: comm.Allgather([send, T], [out, T])
             self.mpi4py[IP] = lambda: comm.Allgather(MPI.IN_PLACE, [out, T])
             if c:
@@ -301,8 +303,8 @@ class Case:
             self.buffers = [send, out]
             f = call or pycoll.reduce_scatter_tensor
             own = send[rank * count : (rank + 1) * count]
-            self.pycoll[OOP] = lambda: f(out, send, op=rop)
-            self.pycoll[IP] = lambda: f(own, send, op=rop)
+            self.pycoll[OOP] = lambda g=None: f(out, send, op=rop, group=g)
+            self.pycoll[IP] = lambda g=None: f(own, send, op=rop, group=g)
 
             def raw() -> None:
                 comm.Reduce_scatter_block([prescaled(send), T], [out, T], mop)
@@ -336,8 +338,8 @@ class Case:
             out = np.zeros(count * n, dtype)
             self.buffers = [send, out]
             f = call or pycoll.all_to_all_single
-            self.pycoll[OOP] = lambda: f(out, send)
-            self.pycoll[IP] = lambda: f(send, send)
+            self.pycoll[OOP] = lambda g=None: f(out, send, group=g)
+            self.pycoll[IP] = lambda g=None: f(send, send, group=g)
             self.mpi4py[OOP] = lambda: comm.Alltoall([send, T], [out, T])
             self.mpi4py[IP] = lambda: comm.Alltoall(MPI.IN_PLACE, [send, T])
             if c:
@@ -358,9 +360,16 @@ class Case:
         self.kinds = [k for k in KINDS if k in self.pycoll]
 
     def runner(self, side: str, kind: str) -> Optional[Callable[[int], None]]:
-        """``side``'s ``kind`` as a callable of a number of calls; None if it has none."""
+        """``side``'s ``kind`` as a callable of a number of calls; None if it has none.
+        The ``plans`` side is pycoll's call on ``plans_group`` (a group with
+        pycoll.persistent's plans on), where one was given."""
         if side == "c":
             return self.c.get(kind)
+        if side == "plans":
+            if self.plans_group is None or kind not in self.pycoll:
+                return None
+            call, group = self.pycoll[kind], self.plans_group
+            return _repeat(lambda: call(group))
         calls = self.pycoll if side == "pycoll" else self.mpi4py
         return _repeat(calls[kind]) if kind in calls else None
 
@@ -437,6 +446,7 @@ def measure(
     raw_ops: Optional[RawOps] = None,
     pycoll_call: Optional[Callable[..., Any]] = None,
     floor: Any = None,
+    plans_group: Any = None,
 ) -> List[Dict[str, Any]]:
     """The table's rows for one collective at one size, one per kind
     (in-place, out-of-place) it has (collective over ``comm``: every rank
@@ -451,7 +461,7 @@ def measure(
     ops = raw_ops or RawOps(MPI)
     rows: List[Dict[str, Any]] = []
     try:
-        case = Case(collective, nbytes, dtype, op, root, comm, ops, pycoll_call, floor)
+        case = Case(collective, nbytes, dtype, op, root, comm, ops, pycoll_call, floor, plans_group)
         n = comm.Get_size()
         fac = factor(collective, n)
         for kind in case.kinds:
@@ -491,6 +501,8 @@ def measure(
                     time_us=t * 1e6, algbw_GBps=algbw, busbw_GBps=algbw * fac, wrong=wrong[side]
                 )
             row["ratio"] = _ratios(seconds["pycoll"], seconds["mpi4py"])
+            has_plans = "plans" in runs
+            row["plans_ratio"] = _ratios(seconds["plans"], seconds["mpi4py"]) if has_plans else None
             has_c = "c" in runs
             row["mpi4py_over_c"] = _ratios(seconds["mpi4py"], seconds["c"]) if has_c else None
             row["pycoll_over_c"] = _ratios(seconds["pycoll"], seconds["c"]) if has_c else None
@@ -502,18 +514,21 @@ def measure(
             ops.free()
 
 
-def header(check: bool) -> str:
-    """Column names: pycoll's, raw mpi4py's and the C floor's time per call
-    (us) and pycoll's bus bandwidth (GB/s), then the ratios."""
+def header(check: bool, with_plans: bool = False) -> str:
+    """Column names: pycoll's (and with plans, pycoll's on a group with
+    pycoll.persistent's plans on), raw mpi4py's and the C floor's time per
+    call (us) and pycoll's bus bandwidth (GB/s), then the ratios."""
     wrong = f" {'wrong':>7}" if check else ""
+    plans = f" {'plans_us':>9}" if with_plans else ""
+    plans_ratio = f" {'plans/mpi4py (range)':>22}" if with_plans else ""
     return (
         f"{'collective':<14} {'kind':<12} {'bytes':>10} {'type':>8} {'redop':>10} | "
-        f"{'pycoll_us':>10} {'mpi4py_us':>10} {'C_us':>10} {'busbw':>7} | "
-        f"{'pycoll/mpi4py (range)':>22} {'mpi4py/C':>8} {'pycoll/C':>8}{wrong}"
+        f"{'pycoll_us':>10}{plans} {'mpi4py_us':>10} {'C_us':>10} {'busbw':>7} | "
+        f"{'pycoll/mpi4py (range)':>22}{plans_ratio} {'mpi4py/C':>8} {'pycoll/C':>8}{wrong}"
     )
 
 
-def line(row: Dict[str, Any], check: bool) -> str:
+def line(row: Dict[str, Any], check: bool, with_plans: bool = False) -> str:
     """One printed row."""
 
     def us(side: str) -> str:
@@ -524,12 +539,17 @@ def line(row: Dict[str, Any], check: bool) -> str:
         r = row[key]
         return f"{'-':>8}" if r is None else f"{r['median']:>8.2f}"
 
-    ratio = row["ratio"]
-    spread = f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})"
+    def spread(key: str) -> str:
+        r = row[key]
+        text = "-" if r is None else f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})"
+        return f" {text:>22}"
+
+    plans = f" {us('plans')[1:]}" if with_plans else ""
     text = (
         f"{row['collective']:<14} {row['kind']:<12} {row['bytes']:>10} {row['type']:>8} "
-        f"{row['redop'] or '-':>10} | {us('pycoll')} {us('mpi4py')} {us('c')} "
-        f"{row['pycoll']['busbw_GBps']:>7.2f} | {spread:>22} {over_c('mpi4py_over_c')} "
+        f"{row['redop'] or '-':>10} | {us('pycoll')}{plans} {us('mpi4py')} {us('c')} "
+        f"{row['pycoll']['busbw_GBps']:>7.2f} |{spread('ratio')}"
+        f"{spread('plans_ratio') if with_plans else ''} {over_c('mpi4py_over_c')} "
         f"{over_c('pycoll_over_c')}"
     )
     if check:
