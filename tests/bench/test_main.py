@@ -58,6 +58,19 @@ def test_table_as_json(uninitialized, capsys):
         assert [r["c"] is None for r in rows] == [True] * 3 + [not doc["c_floor"]] * 6
 
 
+def test_plans_column(uninitialized, capsys):
+    code, doc = run_json(
+        capsys, ["--collectives", "broadcast", "-b", "8", "-e", "8", "-R", "2", "--plans"]
+    )
+    assert code == 0
+    if doc is not None:
+        assert doc["plans"] is True
+        (row,) = doc["results"]
+        assert row["plans"]["wrong"] == 0 and row["plans"]["time_us"] > 0
+        ratio = row["plans_ratio"]
+        assert 0 < ratio["min"] <= ratio["median"] <= ratio["max"]
+
+
 @pytest.mark.parametrize(
     "flag,keys",
     [

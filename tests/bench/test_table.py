@@ -8,6 +8,7 @@ import pytest
 from mpi4py import MPI
 
 import pycoll
+from pycoll import persistent
 from pycoll.bench import table
 
 
@@ -141,15 +142,26 @@ def test_group_creation_report(pg, world_size):
     assert r["local_us_per_new_group"] > 0 and r["global_us_per_new_group"] > 0
 
 
+@pytest.fixture
+def planned(pg):
+    """A group of every rank with pycoll.persistent's plans on."""
+    with persistent.forced():
+        g = pycoll.new_group()
+    yield g
+    pycoll.destroy_process_group(g)
+
+
 @pytest.mark.parametrize("collective", table.COLLECTIVES)
 @pytest.mark.parametrize(
     "dtype,op", [("float32", "PREMUL_SUM"), ("float16", "AVG"), ("float64", "SUM")]
 )
-def test_every_side_computes_the_same_operation(comm, floor, collective, dtype, op):
-    """Like for like: raw mpi4py's call and the C loop, in each kind, give
-    numpy's answer too (checked here against numpy, not against pycoll)."""
+def test_every_side_computes_the_same_operation(comm, floor, planned, collective, dtype, op):
+    """Like for like: raw mpi4py's call, the C loop and pycoll's call on a
+    group with plans, in each kind, give numpy's answer too (checked here
+    against numpy, not against pycoll)."""
     raw = table.RawOps(MPI)
     case = table.Case(collective, 1024, np.dtype(dtype), op, 0, comm, raw, floor=floor)
+    case.plans_group = planned
     try:
         for kind in case.kinds:
             for side in table.SIDES:
@@ -157,8 +169,9 @@ def test_every_side_computes_the_same_operation(comm, floor, collective, dtype, 
                 if run is None:
                     assert side == "c" and (floor is None or dtype == "float16" or op != "SUM")
                     continue
-                case.inputs[kind]()
-                run(1)
-                np.testing.assert_array_equal(case.results[kind](), case.expected)
+                for _ in range(persistent.PROMOTE + 1 if side == "plans" else 1):
+                    case.inputs[kind]()
+                    run(1)
+                    np.testing.assert_array_equal(case.results[kind](), case.expected)
     finally:
         raw.free()
