@@ -19,7 +19,7 @@ way.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -149,11 +149,28 @@ class FusedAllReduce:
             return None
         # Not is_completed(): whether it raised would then depend on timing. The
         # rule is simple instead: wait() (or see is_completed() say True) first.
-        if self._work is not None and not self._work._done:
+        if self.busy():
             raise RuntimeError(
                 f"{func}: the previous call's Work is still in flight and its fusion "
                 f"buffer in use; wait() on it before the next call"
             )
+        return self._run(pg, "fused_all_reduce", async_op)  # (DETAIL's description below)
+
+    def busy(self) -> bool:
+        """Whether the last call's Work is in flight (its buffer in use)."""
+        return self._work is not None and not self._work._done
+
+    def _run(
+        self,
+        pg: ProcessGroup,
+        name: str,
+        async_op: bool,
+        describe: Optional[Callable[[], str]] = None,
+    ) -> Optional[Work]:
+        """One call, sequenced and checked as the collective ``name`` and
+        described to DETAIL's check by ``describe`` (pycoll.all_reduce_coalesced
+        runs the lists it has seen before through here, described as its
+        other calls are)."""
         from .kernels import pack, threads
 
         how, n = self._plan, pg.size()
@@ -177,18 +194,17 @@ class FusedAllReduce:
 
         work = run(
             pg,
-            "fused_all_reduce",
+            name,
             nbytes,
             pg.comm.Iallreduce,
             (_mpi.IN_PLACE, [buf, how.datatype], how.mpi_op),
             async_op,
             finish,
             self._arrays,
-            lambda: (
-                f"fused_all_reduce({self.op.name}, {len(self)} arrays, {buf.size} x {self.dtype})"
-            ),
+            describe
+            or (lambda: f"{name}({self.op.name}, {len(self)} arrays, {buf.size} x {self.dtype})"),
             prepare,
-            key=how.key | crosscheck.OP_BITS["fused_all_reduce"] | buf.size & crosscheck.COUNT,
+            key=how.key | crosscheck.OP_BITS[name] | buf.size & crosscheck.COUNT,
         )
         self._work = work
         return work
