@@ -12,7 +12,6 @@ seconds rather than left in a collective until the wall-clock limit.
 from __future__ import annotations
 
 import os
-import secrets
 import selectors
 import signal
 import socket
@@ -90,7 +89,7 @@ class Supervisor:
         self.conns: Dict[socket.socket, RankState] = {}
         self.unknown: Dict[socket.socket, wire.Reader] = {}  # connected, no hello yet
         self.sel = selectors.DefaultSelector()
-        self.token = secrets.token_hex(16)
+        self.token = os.urandom(16).hex()  # (as secrets.token_hex, without its imports)
         self.failure: Optional[Tuple[int, int]] = None  # (rank, raw exit code)
         self.reported: set = set()
         self.stop_at: Optional[float] = None  # when to order every rank to stop
@@ -183,7 +182,10 @@ class Supervisor:
             while launcher_open or self._waiting_for_ranks(proc):
                 now = time.monotonic()
                 self._check_deadlines(now, start, proc)
-                for event, _ in self.sel.select(timeout=0.2):
+                # Once the launcher's output has closed, it is about to exit:
+                # look again soon (a 0.2 s select here was most of pycoll-run's
+                # own start-and-exit cost).
+                for event, _ in self.sel.select(timeout=0.2 if launcher_open else 0.005):
                     if event.data == "listen":
                         conn, _ = listener.accept()
                         conn.setblocking(False)
