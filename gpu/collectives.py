@@ -39,7 +39,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from pycoll import arrays, persistent
+from pycoll import arrays
+from pycoll.collectives._common import device_aliases
 from pycoll.dispatch import IN, OUT, Spec
 from pycoll.groups import STATE, ProcessGroup, get_rank, resolve
 from pycoll.ops import ReduceOp, plan
@@ -224,8 +225,8 @@ def _aware(
                 rt.synchronize(stream)
 
         args["op"] = ReduceOp.SUM
-    # The host arrays alias device memory: no persistent plan may copy them.
-    with persistent.suspended(resolve(args.get("group"), name)):
+    # The host arrays alias device memory: no host-side path may touch them.
+    with device_aliases(resolve(args.get("group"), name)):
         value = spec.host(**args)
     return _finish_call(value, slots, after)
 

@@ -105,6 +105,7 @@ class ProcessGroup:
         "_flight",
         "_fwait",
         "_plans",
+        "_aliases",
         "__weakref__",  # the flight recorder's registry of groups holds them weakly
     )
 
@@ -169,6 +170,7 @@ class ProcessGroup:
         self._fwait: Optional[Tuple[int, float]] = None
         # Its persistent collectives (pycoll.persistent), where they are on.
         self._plans: Any = PLANS() if PLANS is not None else None
+        self._aliases = False  # its calls' arrays alias device memory (_common.device_aliases)
         recorder.attach(self)
 
     def rank(self) -> int:

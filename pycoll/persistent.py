@@ -350,23 +350,6 @@ def for_all_to_all(pg: Any, key: int, inp: np.ndarray, datatype: Any) -> Optiona
     return plan or None
 
 
-@contextmanager
-def suspended(pg: Any) -> Iterator[None]:
-    """No plans on ``pg`` inside (its calls neither count nor use them): for a
-    call whose arrays alias device memory (CUDA-aware MPI), which a plan's
-    host copies cannot read. Every rank of such a group passes device arrays
-    alike, so every rank skips alike."""
-    plans = None if pg is None else pg._plans
-    if plans is None:
-        yield
-        return
-    pg._plans = None
-    try:
-        yield
-    finally:
-        pg._plans = plans
-
-
 def free(pg: Any) -> None:
     """Free a group's plans (at destroy_process_group, the group not broken)."""
     plans = pg._plans

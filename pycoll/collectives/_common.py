@@ -106,6 +106,23 @@ def run(
     return None
 
 
+@contextmanager
+def device_aliases(pg: Optional[ProcessGroup]) -> Iterator[None]:
+    """Inside, ``pg``'s calls get arrays that alias device memory (CUDA-aware
+    MPI is handed device pointers): pycoll's host-side paths, which would
+    read or write them with the CPU, are off (pycoll.persistent's plans,
+    which copy in and out; the shared-memory all_reduce). Every rank of such
+    a group passes device arrays alike, so every rank skips them alike."""
+    if pg is None:
+        yield
+        return
+    plans, pg._plans, pg._aliases = pg._plans, None, True
+    try:
+        yield
+    finally:
+        pg._plans, pg._aliases = plans, False
+
+
 def sig(x: Any) -> str:
     """An array's part of a DETAIL fingerprint."""
     return f"shape={x.shape}, {x.dtype}"

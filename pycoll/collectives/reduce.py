@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import _mpi, crosscheck, debug, kernels, persistent
 from ..arrays import (
+    BFLOAT16,
     check_input,
     check_list,
     check_output,
@@ -29,6 +30,7 @@ from ..groups import STATE, ProcessGroup, resolve
 from ..ops import SPLIT_BYTES, SPLIT_BYTES_TWO_RANKS, Plan, ReduceOp, plan
 from ..persistent import LIMIT as PLAN_LIMIT
 from ..work import Work
+from . import shm
 from ._common import group_rank, plain, run, sig
 from .ring import Ring
 
@@ -140,6 +142,10 @@ def all_reduce(
         if made is not None:
             desc = _desc(op, tensor) if async_op or not debug.PLAIN else None
             return made.call(pg, "all_reduce", tensor, tensor, async_op, desc)
+    if tensor.nbytes >= _shm_from(pg._size) and _shm_applies(how, tensor.dtype) and not pg._aliases:
+        win = shm.window(pg)  # (made on the first such call; None across nodes)
+        if win is not None:
+            return _all_reduce_shm(pg, win, tensor, op, how, async_op, key)
     if how.split and pg._size > 1 and tensor.nbytes >= _split_from(pg._size):
         return _all_reduce_ring(pg, tensor, op, how, async_op, key)
     mpi_op, plainly, average = how.mpi_op, how.plain, how.average
@@ -173,6 +179,65 @@ def all_reduce(
         _prescaler(tensor, how.prescale),
         key=key,
     )
+
+
+# From this size an all_reduce whose ranks share one node goes through the
+# node's shared memory (pycoll.collectives.shm): on 2-4 ranks it measured
+# 2.2-3.5x MPICH's own from 32 MiB, where MPICH's falls to 0.5-2 GB/s, and
+# 0.7-1.3x below (docs/benchmarks.md). 0 turns it off.
+SHM_BYTES = 32 << 20
+
+
+def _shm_from(ranks: int) -> float:
+    return SHM_BYTES if ranks > 1 and SHM_BYTES > 0 else float("inf")
+
+
+def _shm_applies(how: Plan, dtype: np.dtype) -> bool:
+    """pycoll's kernels do the reduction (an AVG's division in its last sum:
+    real floats only)."""
+    return not how.average or dtype.kind == "f" or dtype == BFLOAT16
+
+
+def _all_reduce_shm(
+    pg: ProcessGroup,
+    win: Any,
+    tensor: np.ndarray,
+    op: ReduceOp,
+    how: Plan,
+    async_op: bool,
+    key: int,
+) -> Optional[Work]:
+    """all_reduce through the node's shared window: one call at a time uses
+    it (an earlier async one is finished first, on every rank alike)."""
+    if win.work is not None:
+        earlier, win.work = win.work, None
+        earlier.wait()
+    name = "SUM" if how.average or how.prescale is not None else op.name
+    job = shm.ShmAllReduce(
+        win,
+        tensor.reshape(-1).view(np.uint8),
+        tensor.dtype.itemsize,
+        name,
+        how.average,
+        tensor.dtype,
+    )
+    work = run(
+        pg,
+        "all_reduce",
+        tensor.nbytes,
+        job.start,
+        (),
+        async_op,
+        None,
+        [tensor],
+        _desc(op, tensor),
+        _prescaler(tensor, how.prescale),
+        job.stages,
+        key,
+    )
+    if async_op:
+        win.work = work
+    return work
 
 
 def _desc(op: ReduceOp, tensor: np.ndarray) -> Callable[[], str]:

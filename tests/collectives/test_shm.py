@@ -1,0 +1,144 @@
+"""all_reduce through the node's shared memory (pycoll.collectives.shm).
+
+Each test makes its own group with the path's threshold lowered and tiny
+chunks (so small arrays take it, in many chunks with uneven slices), and
+checks every rank's result against numpy's own reduction."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+import pycoll
+from pycoll import ReduceOp, make_premul_sum
+from pycoll.collectives import reduce as reduce_mod
+from pycoll.collectives import shm
+from pycoll.errors import DistTimeoutError
+from support import PREMUL_SCALE, assert_equal, data, reduce_all, valid_pairs
+
+PAIRS = valid_pairs()
+SHAPE = (5, 7)  # 35 elements: chunks and slices cut unevenly
+
+
+def rop(name):
+    return make_premul_sum(PREMUL_SCALE) if name == "PREMUL_SUM" else getattr(ReduceOp, name)
+
+
+@pytest.fixture
+def tiny(monkeypatch, world_size):
+    """Every all_reduce of 16 bytes or more takes the path, in chunks of 32 bytes."""
+    if world_size == 1:
+        pytest.skip("one rank reduces nothing")
+    monkeypatch.setattr(reduce_mod, "SHM_BYTES", 16)
+    monkeypatch.setattr(shm, "CHUNK", 32)
+
+
+@pytest.fixture
+def group(tiny):
+    g = pycoll.new_group()
+    yield g
+    if g._broken is None:
+        pycoll.destroy_process_group(g)
+
+
+def through_shm(g) -> bool:
+    made = g.attached("shm.window")
+    return bool(made) and made.chunk == 32
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("op,dtype", PAIRS, ids=str)
+def test_every_op_and_dtype(group, op, dtype, async_op, rank, world_size):
+    x = data(rank, dtype, SHAPE)
+    if x.nbytes < 16:
+        pytest.skip("too small for the path")
+    work = pycoll.all_reduce(x, op=rop(op), group=group, async_op=async_op)
+    if async_op:
+        assert work.wait()
+    want = reduce_all(op, [data(r, dtype, SHAPE) for r in range(world_size)], world_size)
+    assert_equal(x, want)
+    # AVG of complex divides each part apart: MPI's SUM, then a division
+    assert through_shm(group) == (not (op == "AVG" and x.dtype.kind == "c"))
+
+
+def test_a_large_array_in_many_chunks_again_and_again(group, rank, world_size):
+    x = np.zeros(1001, np.float64)
+    for step in range(3):
+        x[...] = np.arange(1001) * (rank + 1) + step
+        pycoll.all_reduce(x, group=group)
+        total = sum(r + 1 for r in range(world_size))
+        assert_equal(x, np.arange(1001, dtype=np.float64) * total + step * world_size)
+
+
+def test_calls_in_flight_take_turns(group, rank, world_size):
+    """Two async calls on one group: the second finishes the first before it
+    uses the window; both results are right, whichever is waited for first."""
+    a = np.full(40, rank + 1, np.int64)
+    b = np.full(24, 10 * (rank + 1), np.int32)
+    wa = pycoll.all_reduce(a, group=group, async_op=True)
+    wb = pycoll.all_reduce(b, group=group, async_op=True)
+    other = np.full(3, rank, np.int64)  # something else on the group in between
+    pycoll.all_reduce(other, group=group)
+    assert wb.wait() and wa.wait()
+    total = world_size * (world_size + 1) // 2
+    assert_equal(a, np.full(40, total, np.int64))
+    assert_equal(b, np.full(24, 10 * total, np.int32))
+    assert_equal(other, np.full(3, sum(range(world_size)), np.int64))
+
+
+def test_detail_checks_it(group, rank, world_size):
+    before = pycoll.get_debug_level()
+    pycoll.set_debug_level(pycoll.DebugLevel.DETAIL)
+    try:
+        x = np.full(9, rank + 1.0, np.float32)
+        pycoll.all_reduce(x, op=ReduceOp.AVG, group=group)
+        assert_equal(x, np.full(9, (world_size + 1) / 2, np.float32))
+    finally:
+        pycoll.set_debug_level(before)
+
+
+def test_below_the_threshold_no_window_is_made(group):
+    x = np.ones(2, np.float32)  # 8 bytes
+    pycoll.all_reduce(x, group=group)
+    assert group.attached("shm.window") is None
+
+
+def test_a_late_rank_is_named_by_the_timeout(tiny, rank, world_size):
+    g = pycoll.new_group(timeout=timedelta(seconds=3))
+    x = np.ones(10, np.float64)
+    pycoll.all_reduce(x, group=g)  # every rank: the window is made
+    last = world_size - 1
+    if rank != last:
+        with pytest.raises(DistTimeoutError) as exc:
+            pycoll.all_reduce(x, group=g)
+        assert f"rank {last}: has not reached it" in str(exc.value), str(exc.value)
+    pycoll.barrier()
+    # The late rank frees the window alone: within the group's timeout it
+    # gives up waiting for the others (who will not free theirs) and goes on.
+    pycoll.destroy_process_group(g)
+
+
+def test_not_for_arrays_that_alias_device_memory(group, rank, world_size):
+    """Under CUDA-aware MPI the host body gets arrays aliasing device memory
+    (pycoll.gpu.collectives): the CPU must not copy them, so neither this
+    path nor persistent plans run inside device_aliases; MPI's own call does."""
+    from pycoll import persistent
+    from pycoll.collectives._common import device_aliases
+
+    with persistent.forced():
+        g = pycoll.new_group()
+    plans = g._plans
+    try:
+        x = np.full(12, rank + 1, np.int64)
+        with device_aliases(g):
+            assert g._plans is None and g._aliases
+            for _ in range(persistent.PROMOTE + 1):
+                x[...] = rank + 1
+                pycoll.all_reduce(x, group=g)
+                assert_equal(x, np.full(12, world_size * (world_size + 1) // 2, np.int64))
+        assert g.attached("shm.window") is None and not plans.made
+        assert g._plans is plans and not g._aliases
+    finally:
+        pycoll.destroy_process_group(g)
