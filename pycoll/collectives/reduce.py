@@ -413,21 +413,37 @@ def reduce(
         dst: global rank that receives the result.
     """
     func = "reduce"
-    pg = resolve(group, func)
-    if pg is None:
-        return None
-    root = group_rank(pg, dst, "dst", func)
+    pg = STATE.default
+    if group is not None or pg is None:
+        pg = resolve(group, func)  # raises before init; None for a non-member
+        if pg is None:
+            return None
+    root = pg._group_rank_of.get(dst) if type(dst) is int else None
+    if root is None:
+        root = group_rank(pg, dst, "dst", func)  # raises the right error
     is_root = root == pg._rank
-    check = check_output if is_root else check_input  # only dst writes
-    tensor = check(func, "tensor", tensor)
+    if type(tensor) is not np.ndarray or not (
+        (f := tensor.flags).c_contiguous and (f.writeable or not is_root)
+    ):
+        check = check_output if is_root else check_input  # only dst writes
+        tensor = check(func, "tensor", tensor)
     how = _plan(op, tensor.dtype, func)
     mpitype = how.datatype
     comm = pg.comm
+    if how.plain and not async_op and debug.PLAIN:  # the common case, straight to MPI
+        key = crosscheck.key(func, tensor.dtype, tensor.size, root, op.name)
+        if is_root:
+            plain(pg, func, key, comm.Ireduce, comm.Reduce, _mpi.IN_PLACE, [tensor, mpitype],
+                  how.mpi_op, root)  # fmt: skip
+        else:
+            plain(pg, func, key, comm.Ireduce, comm.Reduce, [tensor, mpitype], None, how.mpi_op,
+                  root)  # fmt: skip
+        return None
     args: tuple
     prepare = None
     if is_root:
         prepare = _prescaler(tensor, how.prescale)
-        args = (_mpi.MPI.IN_PLACE, [tensor, mpitype], how.mpi_op, root)
+        args = (_mpi.IN_PLACE, [tensor, mpitype], how.mpi_op, root)
         finish = _averager(tensor, pg._size) if how.average else None
     else:
         send = tensor if how.prescale is None else _scaled(tensor, how.prescale)
