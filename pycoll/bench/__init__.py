@@ -224,7 +224,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     comm = world.comm.Dup()  # the raw side gets a communicator of its own
     rank = comm.Get_rank()
-    mpi_name = MPI.Get_library_version().splitlines()[0].strip()
+    mpi_name = MPI.Get_library_version().replace("\0", "").splitlines()[0].strip()
     try:
         if args.targets:
             report = extras.targets(
