@@ -212,11 +212,8 @@ def all_to_all_single(
         check_size(func, "output", output, input.size, "the size of input")
         desc = f"{func}(even, {sig(input)})" if debug.LEVEL >= DETAIL else None
         key = crosscheck.key(func, dtype, input.size)
-        plans = pg._plans
-        if plans is not None:  # a repeated small call: pycoll.persistent
-            made = plans.made.get(key)
-            if made is None and input.nbytes <= PLAN_LIMIT:
-                made = persistent.for_all_to_all(pg, key, input, mpitype)
+        if pg._plans is not None and input.nbytes <= PLAN_LIMIT:  # a repeated small call?
+            made = persistent.for_all_to_all(pg, key, input, mpitype)
             if made is not None:
                 return made.call(pg, func, input, output, async_op, desc)
         if input is output:

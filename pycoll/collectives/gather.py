@@ -148,11 +148,8 @@ def all_gather_into_tensor(
     desc = None
     if debug.LEVEL >= DETAIL:
         desc = f"{func}(output shape={out.shape}, input {sig(inp)})"
-    plans = pg._plans
-    if plans is not None:  # a repeated small call: pycoll.persistent
-        made = plans.made.get(key)
-        if made is None and out.nbytes <= PLAN_LIMIT:
-            made = persistent.for_all_gather(pg, key, inp, datatype)
+    if pg._plans is not None and out.nbytes <= PLAN_LIMIT:  # a repeated small call?
+        made = persistent.for_all_gather(pg, key, inp, datatype)
         if made is not None:
             return made.call(pg, func, inp, out, async_op, desc)
     comm = pg.comm

@@ -31,7 +31,7 @@ from ..ops import SPLIT_BYTES, SPLIT_BYTES_TWO_RANKS, Plan, ReduceOp, plan
 from ..persistent import LIMIT as PLAN_LIMIT
 from ..work import Work
 from . import shm
-from ._common import group_rank, plain, run, sig
+from ._common import plain, rooted, run, sig
 from .ring import Ring
 
 __all__ = [
@@ -413,14 +413,10 @@ def reduce(
         dst: global rank that receives the result.
     """
     func = "reduce"
-    pg = STATE.default
-    if group is not None or pg is None:
-        pg = resolve(group, func)  # raises before init; None for a non-member
-        if pg is None:
-            return None
-    root = pg._group_rank_of.get(dst) if type(dst) is int else None
-    if root is None:
-        root = group_rank(pg, dst, "dst", func)  # raises the right error
+    found = rooted(group, dst, "dst", func)
+    if found is None:
+        return None
+    pg, root = found
     is_root = root == pg._rank
     if type(tensor) is not np.ndarray or not (
         (f := tensor.flags).c_contiguous and (f.writeable or not is_root)
@@ -554,12 +550,9 @@ def reduce_scatter_tensor(
     check_size(func, "input", input, output.size * n, "output.size x group size")
     how = _plan(op, dtype, func)
     desc = lambda: f"{func}({op.name}, output shape={output.shape}, input {sig(input)})"  # noqa: E731
-    plans = pg._plans
-    if plans is not None and how.plain:  # a repeated small call: pycoll.persistent
+    if pg._plans is not None and how.plain and input.nbytes <= PLAN_LIMIT:  # repeated?
         key = how.key | OP_BITS[func] | output.size & COUNT
-        made = plans.made.get(key)
-        if made is None and input.nbytes <= PLAN_LIMIT:
-            made = persistent.for_reduce_scatter(pg, key, output, how.datatype, how.mpi_op)
+        made = persistent.for_reduce_scatter(pg, key, output, how.datatype, how.mpi_op)
         if made is not None:
             return made.call(pg, func, input, output, async_op, desc)
     send = detach(input, output) if how.prescale is None else _scaled(input, how.prescale)

@@ -17,10 +17,10 @@ from ..arrays import (
     mpi_datatype,
 )
 from ..dispatch import IN, LIST, OUT, Array, collective
-from ..groups import STATE, ProcessGroup, resolve
+from ..groups import ProcessGroup, resolve
 from ..persistent import LIMIT as PLAN_LIMIT
 from ..work import Work
-from ._common import DETAIL, group_rank, plain, run, sig
+from ._common import DETAIL, group_rank, plain, rooted, run, sig
 
 __all__ = ["broadcast", "scatter"]
 
@@ -61,14 +61,10 @@ def broadcast(
         src: global rank that sends.
     """
     func = "broadcast"
-    pg = STATE.default
-    if group is not None or pg is None:
-        pg = resolve(group, func)  # raises before init; None for a non-member
-        if pg is None:
-            return None
-    root = pg._group_rank_of.get(src) if type(src) is int else None
-    if root is None:
-        root = group_rank(pg, src, "src", func)  # raises the right error
+    found = rooted(group, src, "src", func)
+    if found is None:
+        return None
+    pg, root = found
     mine = root == pg._rank
     # A plain contiguous array (writeable where it is written) needs no more checks.
     fast = (
@@ -84,11 +80,8 @@ def broadcast(
         datatype = mpi_datatype(tensor.dtype)
     key = crosscheck.key(func, tensor.dtype, tensor.size, root)
     desc = f"{func}(src={src}, {sig(tensor)})" if debug.LEVEL >= DETAIL else None
-    plans = pg._plans
-    if plans is not None:  # a repeated small call: pycoll.persistent
-        made = plans.made.get(key)
-        if made is None and tensor.nbytes <= PLAN_LIMIT:
-            made = persistent.for_broadcast(pg, key, tensor, datatype, root)
+    if pg._plans is not None and tensor.nbytes <= PLAN_LIMIT:  # a repeated small call?
+        made = persistent.for_broadcast(pg, key, tensor, datatype, root)
         if made is not None:
             return made.call(
                 pg, func, tensor if mine else None, None if mine else tensor, async_op, desc
