@@ -58,6 +58,12 @@ class Family:
     def command(self, launcher: str, job: Job) -> List[str]:
         return _BUILDERS[self.name](launcher, job)
 
+    def transient_start_failure(self, said: str) -> bool:
+        """Whether the launcher's output says it failed at start-up for a
+        passing reason (nothing of the job ran), so that starting it again
+        may well succeed."""
+        return any(mark in said for mark in _TRANSIENT_START.get(self.name, ()))
+
     def defaults(self) -> Dict[str, str]:
         """Environment this family's ranks get unless the user set it."""
         if self.name == "openmpi":
@@ -67,6 +73,17 @@ class Family:
             return {"OMPI_MCA_osc": "^ucx", "OMPI_MCA_coll_libnbc_iallreduce_algorithm": "1"}
         return {}
 
+
+# What a launcher prints when it could not set itself up for a reason of the
+# moment, before starting any rank: a socket of its own that it could not
+# open. Open MPI 5's prterun fails so now and then on a busy machine (seen in
+# CI: "The PMIx server's listener thread failed to start", exit 213), and
+# Hydra when its control socket's port is taken between its choice and bind.
+_TRANSIENT_START: Dict[str, Tuple[str, ...]] = {
+    "openmpi": ("PMIx server's listener thread failed to start", "bind() failed"),
+    "mpich": ("HYDU_sock_listen",),
+    "intel": ("HYDU_sock_listen",),
+}
 
 FAMILIES: Dict[str, Family] = {
     "mpich": Family("mpich", "MPICH (Hydra)", "mpiexec", "PMI_RANK", "PMI_SIZE"),

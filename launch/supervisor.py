@@ -32,6 +32,7 @@ MPI_EXIT = 255  # exit(-1): how MPI libraries end a process on an error of their
 DUMP_GRACE_S = 5.0  # from "dump" to "stop"
 EXIT_TIMEOUT = 124
 EXIT_START = 1
+START_ATTEMPTS = 3  # launcher starts, when it fails at start-up for a passing reason
 
 
 @dataclass
@@ -100,6 +101,8 @@ class Supervisor:
         self.launcher_log: List[str] = []
         self.out_dir = Path(options.output_dir) if options.output_dir else None
         self.drain_until: Optional[float] = None
+        self.began = 0.0  # when run() started the launcher first
+        self.accepted = 0  # connections taken (a rank's wrapper ran)
 
     # -- output ---------------------------------------------------------------
 
@@ -144,8 +147,41 @@ class Supervisor:
         return env
 
     def run(self) -> int:
+        """Run the job to its end; the exit status pycoll-run returns.
+
+        A launcher that fails at start-up for a passing reason its family
+        knows (a socket of its own it could not open), before any rank
+        connected, is started again, at most ``START_ATTEMPTS`` times in all:
+        nothing of the job has run, so nothing runs twice.
+        """
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.began = time.monotonic()
+        for attempt in range(1, START_ATTEMPTS + 1):
+            code = self._launch()
+            if code is None:
+                return 127
+            said = "\n".join(self.launcher_log)
+            if (
+                attempt == START_ATTEMPTS
+                or code == 0
+                or self.accepted
+                or self.interrupted is not None
+                or self.timed_out
+                or not self.family.transient_start_failure(said)
+            ):
+                return self._status(code)
+            self.note(
+                f"the launcher {describe_exit(code)} at start-up, before any rank "
+                f"started; starting it again ({attempt + 1} of {START_ATTEMPTS}). It said:"
+            )
+            self._dump_launcher_log()
+            self.launcher_log = []
+        raise AssertionError("unreachable")
+
+    def _launch(self) -> Optional[int]:
+        """Start the launcher once and supervise it to its end; its raw exit
+        code (None: it could not be started)."""
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1" if self.options.advertise == "127.0.0.1" else "", 0))
@@ -169,14 +205,15 @@ class Supervisor:
             )
         except OSError as exc:
             self.note(f"cannot start {command[0]}: {exc.strerror}")
-            return 127
+            listener.close()
+            return None
         assert proc.stdout is not None
         os.set_blocking(proc.stdout.fileno(), False)
         launcher_reader = wire.Reader(raw=True)
         self.sel.register(listener, selectors.EVENT_READ, "listen")
         self.sel.register(proc.stdout, selectors.EVENT_READ, "launcher")
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        start = time.monotonic()
+        start = self.began  # --timeout and the start timeout count from the first start
         launcher_open = True
         try:
             while launcher_open or self._waiting_for_ranks(proc):
@@ -188,6 +225,7 @@ class Supervisor:
                 for event, _ in self.sel.select(timeout=0.2 if launcher_open else 0.005):
                     if event.data == "listen":
                         conn, _ = listener.accept()
+                        self.accepted += 1
                         conn.setblocking(False)
                         self.unknown[conn] = wire.Reader()
                         self.sel.register(conn, selectors.EVENT_READ, "rank")
@@ -208,10 +246,18 @@ class Supervisor:
                 signal.signal(s, handler)
             self._kill_launcher(proc)
             for conn in [*self.conns, *self.unknown]:
+                self.sel.unregister(conn)
                 conn.close()
+            self.conns.clear()
+            self.unknown.clear()
+            self.sel.unregister(listener)
+            if launcher_open:
+                self.sel.unregister(proc.stdout)
             listener.close()
             self._write_launcher_log()
-        return self._status(proc.wait())
+        code = proc.wait()
+        proc.stdout.close()
+        return code
 
     def _waiting_for_ranks(self, proc: subprocess.Popen) -> bool:
         """After the launcher ended: connections still draining, briefly."""

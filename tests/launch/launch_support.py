@@ -108,3 +108,49 @@ def still_alive(pids: List[int], within: float = 10.0) -> List[int]:
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.05)
+
+
+# What each family's launcher prints when it fails at start-up for a passing
+# reason (launch/families.py), as the real ones word it.
+TRANSIENT_START = {
+    "openmpi": "  The PMIx server's listener thread failed to start. We cannot\n  continue.",
+    "mpich": "[mpiexec@host] HYDU_sock_listen (lib/utils/sock.c:1): bind error (Address in use)",
+}
+
+_SUPERVISE = """
+import sys
+from pycoll.launch.cli import rank_program
+from pycoll.launch.families import FAMILIES, Job
+from pycoll.launch.supervisor import Options, Supervisor
+job = Job(nprocs=2, program=rank_program("script", ["rank_target.py", "ok"]))
+sys.exit(Supervisor(FAMILIES[sys.argv[1]], sys.argv[2], job, Options()).run())
+"""
+
+
+def run_with_flaky_launcher(
+    family: str, tmp_path: Path, fails: int, says: str
+) -> Tuple[subprocess.CompletedProcess, int]:
+    """Supervise a 2-rank ``rank_target.py ok`` job through a launcher that
+    prints ``says`` and exits 213 on its first ``fails`` starts, then runs the
+    family's real mpiexec; returns the run and how many starts were made."""
+    real = Path(PYTHONS[family]).with_name("mpiexec")
+    count, message = tmp_path / "starts", tmp_path / "says"
+    message.write_text(says + "\n")
+    launcher = tmp_path / "flaky-mpiexec"
+    launcher.write_text(
+        "#!/bin/sh\n"
+        f'n=$(cat "{count}" 2>/dev/null || echo 0)\n'
+        f'echo $((n + 1)) > "{count}"\n'
+        f'if [ "$n" -lt {fails} ]; then cat "{message}" >&2; exit 213; fi\n'
+        f'exec "{real}" "$@"\n'
+    )
+    launcher.chmod(0o755)
+    proc = subprocess.run(
+        [PYTHONS[family], "-c", _SUPERVISE, family, str(launcher)],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(),
+    )
+    return proc, int(count.read_text())

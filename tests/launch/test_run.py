@@ -13,10 +13,12 @@ from launch_support import (
     HERE,
     PYTHONS,
     TARGET,
+    TRANSIENT_START,
     clean_env,
     family_params,
     pycoll_run,
     reports,
+    run_with_flaky_launcher,
     still_alive,
 )
 
@@ -271,3 +273,32 @@ def test_lines_that_are_not_messages_are_dropped_not_fatal(family):
     assert sorted(reports(proc.stdout)) == [0, 1]
     assert proc.stderr.count("pycoll-run: dropped a connection that is not one of this job's") == 3
     assert "'line': 'not json at all'" in proc.stderr
+
+
+def test_a_launcher_failing_at_start_for_a_passing_reason_is_started_again(family, tmp_path):
+    proc, starts = run_with_flaky_launcher(family, tmp_path, 2, TRANSIENT_START[family])
+    assert proc.returncode == 0, proc.stderr
+    assert starts == 3
+    assert sorted(reports(proc.stdout)) == [0, 1]
+    for attempt in (2, 3):
+        assert (
+            f"pycoll-run: the launcher exited with code 213 at start-up, before any rank "
+            f"started; starting it again ({attempt} of 3). It said:" in proc.stderr
+        ), proc.stderr
+    assert TRANSIENT_START[family].split("\n")[0] in proc.stderr
+
+
+def test_a_launcher_that_keeps_failing_at_start_is_given_up_after_three_starts(family, tmp_path):
+    proc, starts = run_with_flaky_launcher(family, tmp_path, 5, TRANSIENT_START[family])
+    assert proc.returncode == 213, proc.stderr
+    assert starts == 3
+    assert "starting it again (3 of 3)" in proc.stderr
+    assert "exited with code 213 before any rank started. It said:" in proc.stderr
+
+
+def test_other_start_failures_are_not_retried(family, tmp_path):
+    proc, starts = run_with_flaky_launcher(family, tmp_path, 1, "no such host: nowhere")
+    assert proc.returncode == 213, proc.stderr
+    assert starts == 1
+    assert "starting it again" not in proc.stderr
+    assert "before any rank started. It said:\n  no such host: nowhere" in proc.stderr
