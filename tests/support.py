@@ -164,3 +164,38 @@ def shared_dir(pg):
     comm.Barrier()
     if comm.Get_rank() == 0:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def run_mpiexec(n: int, argv: List[str], env: dict, timeout: float, cwd=None, **kwargs):
+    """``mpiexec -n N argv...`` with the MPI next to this Python, as a job the
+    test starts itself (skipped where there is none), more ranks than cores
+    allowed; a ``subprocess.CompletedProcess`` with text output.
+
+    The launcher is started again (three starts at most) when it failed at
+    start-up for a passing reason its family is known for, as pycoll-run
+    does (Open MPI 5's prterun now and then cannot start its PMIx listener
+    on a busy machine): none of the job ran, so the test sees the job, not
+    the launcher's bad moment."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    from pycoll.launch.families import FAMILIES, family_of_mpiexec
+    from pycoll.launch.supervisor import START_ATTEMPTS
+
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    if not mpiexec.exists():
+        pytest.skip(f"no mpiexec next to {sys.executable}")
+    family = FAMILIES[family_of_mpiexec(str(mpiexec))]
+    flags = ["--oversubscribe"] if family.name == "openmpi" else []
+    command = [str(mpiexec), *flags, "-n", str(n), *argv]
+    for _ in range(START_ATTEMPTS):
+        proc = subprocess.run(
+            command, capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd, **kwargs
+        )
+        said = proc.stdout + proc.stderr
+        if proc.returncode == 0 or not family.transient_start_failure(said):
+            break
+    return proc

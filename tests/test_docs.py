@@ -9,11 +9,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from support import run_mpiexec
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs" / "guide").glob("*.md"))]
@@ -48,16 +49,8 @@ def test_example_program_runs_as_written(one_rank, source, tmp_path):
         pytest.skip("a GPU example: cupy is not installed")
     if "import torch" in source and importlib.util.find_spec("torch") is None:
         pytest.skip("a torch example: runs in the torch venv (scripts/test)")
-    mpiexec = Path(sys.executable).with_name("mpiexec")
-    if not mpiexec.exists():
-        pytest.skip(f"no mpiexec next to {sys.executable}")
     script = tmp_path / "example.py"
     script.write_text(source)
     env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
-    version = subprocess.run([str(mpiexec), "--version"], capture_output=True, text=True)
-    flags = ["--oversubscribe"] if "Open MPI" in version.stdout else []
-    proc = subprocess.run(
-        [str(mpiexec), *flags, "-n", "2", sys.executable, str(script)],
-        capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path,
-    )  # fmt: skip
+    proc = run_mpiexec(2, [sys.executable, str(script)], env=env, timeout=240, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr

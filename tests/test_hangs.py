@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Dict, List, Tuple
 import pytest
 from mpi4py import MPI
 
-from support import json_reports
+from support import json_reports, run_mpiexec
 
 SCRIPT = Path(__file__).with_name("hang_scenarios.py")
 RANKS = 4
@@ -39,20 +38,12 @@ def one_rank(world_size):
 
 
 def run_job(scenario: str, *then: str, **env: str) -> Tuple[int, List[Dict], str, float]:
-    mpiexec = Path(sys.executable).with_name("mpiexec")
-    if not mpiexec.exists():
-        pytest.skip(f"no mpiexec next to {sys.executable}")
     environ = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
     environ.pop("PYCOLL_DEBUG", None)
     environ.update(env)
     start = time.monotonic()
-    proc = subprocess.run(
-        [str(mpiexec), "-n", str(RANKS), sys.executable, str(SCRIPT), scenario, *then],
-        capture_output=True,
-        text=True,
-        env=environ,
-        timeout=JOB_LIMIT_S,
-    )
+    argv = [sys.executable, str(SCRIPT), scenario, *then]
+    proc = run_mpiexec(RANKS, argv, env=environ, timeout=JOB_LIMIT_S)
     elapsed = time.monotonic() - start
     return proc.returncode, json_reports(proc.stdout), proc.stderr, elapsed
 

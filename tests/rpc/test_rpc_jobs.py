@@ -10,9 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
-from support import json_reports
+from support import json_reports, run_mpiexec
 
 SCRIPT = Path(__file__).with_name("rpc_scenarios.py")
 RANKS = 4
@@ -21,18 +19,10 @@ _LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID", "OMPI_COMM_W
 
 
 def run_job(scenario):
-    mpiexec = Path(sys.executable).with_name("mpiexec")
-    if not mpiexec.exists():
-        pytest.skip(f"no mpiexec next to {sys.executable}")
     environ = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
     start = time.monotonic()
-    proc = subprocess.run(
-        [str(mpiexec), "-n", str(RANKS), sys.executable, str(SCRIPT), scenario],
-        capture_output=True,
-        text=True,
-        env=environ,
-        timeout=JOB_LIMIT_S,
-    )
+    argv = [sys.executable, str(SCRIPT), scenario]
+    proc = run_mpiexec(RANKS, argv, env=environ, timeout=JOB_LIMIT_S)
     return proc.returncode, json_reports(proc.stdout), proc.stderr, time.monotonic() - start
 
 

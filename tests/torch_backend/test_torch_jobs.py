@@ -17,6 +17,8 @@ from typing import Dict, List
 
 import pytest
 
+from support import run_mpiexec
+
 pytest.importorskip("torch")
 
 SCRIPT = Path(__file__).with_name("torch_scenarios.py")
@@ -42,22 +44,8 @@ def clean_env(**extra: str) -> Dict[str, str]:
 
 
 def run_job(scenario: str, **env: str) -> List[Dict]:
-    mpiexec = Path(sys.executable).with_name("mpiexec")
-    if not mpiexec.exists():
-        pytest.skip(f"no mpiexec next to {sys.executable}")
-    args = [str(mpiexec), "-n", "2"]
-    if (
-        "Open MPI"
-        in subprocess.run([str(mpiexec), "--version"], capture_output=True, text=True).stdout
-    ):
-        args.append("--oversubscribe")
-    proc = subprocess.run(
-        args + [sys.executable, str(SCRIPT), scenario],
-        capture_output=True,
-        text=True,
-        env=clean_env(**env),
-        timeout=JOB_LIMIT_S,
-    )
+    argv = [sys.executable, str(SCRIPT), scenario]
+    proc = run_mpiexec(2, argv, env=clean_env(**env), timeout=JOB_LIMIT_S)
     reports, decoder, text = [], json.JSONDecoder(), proc.stdout
     at = text.find("{")
     while at != -1:  # launchers may glue the ranks' lines together
