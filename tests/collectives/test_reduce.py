@@ -147,16 +147,21 @@ def test_all_reduce_coalesced_cached_on_some_ranks_only(rank, world_size):
             assert (x == sum(r + i + step for r in range(world_size))).all()
 
 
-def test_reduce_scatter_tensor_in_place(rank, world_size):
-    """torch's in-place idiom: the output is this rank's slice of the input."""
-    x = data(rank, np.dtype(np.float32), (world_size * 4,))
-    pycoll.reduce_scatter_tensor(x[rank * 4 : (rank + 1) * 4], x)
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("op,dtype", PAIRS, ids=str)
+def test_reduce_scatter_tensor_in_place(op, dtype, async_op, rank, world_size):
+    """torch's in-place idiom: the output is this rank's slice of the input;
+    the rest of the input is left as it was."""
+    x = data(rank, dtype, (world_size * 4,))
+    original = x.copy()
+    mine = slice(rank * 4, (rank + 1) * 4)
+    finish(pycoll.reduce_scatter_tensor(x[mine], x, op=rop(op), async_op=async_op), async_op)
     total = reduce_all(
-        "SUM",
-        [data(r, np.dtype(np.float32), (world_size * 4,)) for r in range(world_size)],
-        world_size,
+        op, [data(r, dtype, (world_size * 4,)) for r in range(world_size)], world_size
     )
-    assert_equal(x[rank * 4 : (rank + 1) * 4], total[rank * 4 : (rank + 1) * 4])
+    assert_equal(x[mine], total[mine])
+    original[mine] = total[mine]
+    assert_equal(x, original)
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
