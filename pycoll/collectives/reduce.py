@@ -30,7 +30,7 @@ from ..groups import STATE, ProcessGroup, resolve
 from ..ops import SPLIT_BYTES, SPLIT_BYTES_TWO_RANKS, Plan, ReduceOp, plan
 from ..persistent import LIMIT as PLAN_LIMIT
 from ..work import Work
-from . import shm
+from . import scratch, shm
 from ._common import plain, rooted, run, sig
 from .ring import Ring
 
@@ -254,15 +254,15 @@ def _all_reduce_ring(
     flat = tensor.reshape(-1)
     n = pg._size
     name = "SUM" if how.average or how.prescale is not None else op.name
-    scratch = np.empty(flat.size // n + 1, tensor.dtype)
+    part = scratch.take(pg, (flat.size // n + 1) * tensor.dtype.itemsize, tensor.dtype)
 
     def combine(start: int, count: int) -> None:
         # The last reduce-scatter step receives this rank's own part: an AVG
         # divides there, in the same pass as its last sum.
         last = how.average and start == ring.starts[ring.own]
-        kernels.reduce(name, scratch[:count], flat[start : start + count], n if last else None)
+        kernels.reduce(name, part[:count], flat[start : start + count], n if last else None)
 
-    ring = Ring(pg, flat.view(np.uint8), scratch.view(np.uint8), tensor.dtype.itemsize, combine)
+    ring = Ring(pg, flat.view(np.uint8), part.view(np.uint8), tensor.dtype.itemsize, combine)
     return run(
         pg,
         "all_reduce",
@@ -270,7 +270,7 @@ def _all_reduce_ring(
         ring.start,
         (),
         async_op,
-        None,
+        lambda: scratch.give(pg, part),
         [tensor],
         lambda: f"all_reduce({op.name}, {sig(tensor)})",
         _prescaler(tensor, how.prescale),
@@ -484,6 +484,7 @@ def _reduce_scatter_block(
                 kernels.divide(into, n, out=output)  # the copy and the division in one pass
             else:
                 np.copyto(output, into)
+            scratch.give(pg, into)
 
     return run(
         pg,
@@ -575,7 +576,7 @@ def reduce_scatter_tensor(
         # the input as it is and leaves the result beside it, to be copied
         # in; 1/n of the input copied, where a private copy of the whole
         # input cost 1.3-1.9x a raw in-place call from 2 MiB.
-        into = np.empty_like(output)
+        into = scratch.take(pg, output.nbytes, output.dtype).reshape(output.shape)
         return _reduce_scatter_block(pg, func, input, output, how, async_op, desc, into)
     else:
         send = input

@@ -1,0 +1,88 @@
+"""Buffers a group keeps for its large calls to receive into.
+
+Some collectives need a buffer of their own to receive into: in-place
+``reduce_scatter_tensor`` (MPI's buffers must not overlap, so its result lands
+beside the input and is copied into place) and pycoll's ring (each received
+part, before it is combined). New memory from numpy for each call is mapped
+page by page on first touch, and receiving into it is slow: MPICH's
+reduce-scatter of 32 MiB on 2 ranks took 24 ms into a new 16 MiB buffer and
+8 ms into one used before (docs/benchmarks.md). So a group keeps, for its
+calls of ``POOL_FROM`` bytes and more, the buffers they gave back: at most
+``KEEP`` of them and ``KEEP_BYTES`` in all, the largest first, freed with the
+group.
+
+A buffer is given back only when its call has completed: one whose call
+failed or timed out stays with that call (MPI may still write into it).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import List
+
+import numpy as np
+
+from ..groups import ProcessGroup
+
+__all__ = ["take", "give", "POOL_FROM", "KEEP", "KEEP_BYTES"]
+
+POOL_FROM = 1 << 20  # smaller buffers come fast enough from malloc's own free lists
+KEEP = 4
+KEEP_BYTES = 256 << 20
+
+_KEY = "collectives.scratch"
+_MAKING = threading.Lock()
+
+
+class _Pool:
+    """A group's kept buffers (uint8, each owning its memory), largest first."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.free: List[np.ndarray] = []
+        # The buffers handed out and not yet given back (weakly: one whose call
+        # failed is dropped with that call). Only these are taken back.
+        self.out: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
+
+    def take(self, nbytes: int) -> np.ndarray:
+        with self.lock:
+            fits = [i for i, buf in enumerate(self.free) if buf.nbytes >= nbytes]
+            buf = self.free.pop(fits[-1]) if fits else np.empty(nbytes, np.uint8)
+            self.out[id(buf)] = buf
+        return buf[:nbytes]  # the smallest that fits, or a new one
+
+    def give(self, buf: np.ndarray) -> None:
+        with self.lock:
+            if self.out.get(id(buf)) is not buf:
+                return  # not one of this pool's, or given back already
+            del self.out[id(buf)]
+            self.free.append(buf)
+            self.free.sort(key=lambda b: b.nbytes, reverse=True)
+            while len(self.free) > KEEP or sum(b.nbytes for b in self.free) > KEEP_BYTES:
+                self.free.pop()  # the smallest
+
+
+def _pool(pg: ProcessGroup) -> _Pool:
+    pool = pg.attached(_KEY)
+    if pool is None:
+        with _MAKING:
+            pool = pg.attached(_KEY) or pg.attach(_KEY, _Pool())
+    return pool
+
+
+def take(pg: ProcessGroup, nbytes: int, dtype: np.dtype) -> np.ndarray:
+    """An uninitialized 1-d array of ``nbytes`` bytes of ``dtype`` to receive
+    into: one the group kept, when it has one large enough, else new."""
+    if nbytes < POOL_FROM:
+        return np.empty(nbytes // dtype.itemsize, dtype)
+    return _pool(pg).take(nbytes).view(dtype)
+
+
+def give(pg: ProcessGroup, array: np.ndarray) -> None:
+    """Hand back an array :func:`take` gave, once its call has completed."""
+    owner = array if array.base is None else array.base
+    if isinstance(owner, np.ndarray) and owner.nbytes <= KEEP_BYTES:
+        pool = pg.attached(_KEY)
+        if pool is not None:
+            pool.give(owner)
