@@ -30,6 +30,7 @@ from pycoll.bench import parse_size
 from pycoll.bench.table import time_block
 from pycoll.collectives.reduce import _all_reduce_ring
 from pycoll.collectives.ring import parts
+from pycoll.crosscheck import COUNT, OP_BITS
 from pycoll.groups import STATE
 from pycoll.ops import plan
 
@@ -62,14 +63,18 @@ def rsag(x, op, blocking):
         comm.Iallgatherv(MPI.IN_PLACE, gather).Wait()
 
 
+def _ring(pg, x, op):
+    how = plan(op, x.dtype, "all_reduce")
+    key = how.key | OP_BITS["all_reduce"] | x.size & COUNT  # as all_reduce sums the call up
+    return _all_reduce_ring(pg, x, op, how, False, key)
+
+
 def cases():
     pg = STATE.default
     out = {}
     for op in (SUM, AVG):
         out[f"mpi {op.name}"] = lambda x, op=op: pycoll.all_reduce(x, op)
-        out[f"ring {op.name}"] = lambda x, op=op: _all_reduce_ring(
-            pg, x, op, plan(op, x.dtype, "all_reduce"), False
-        )
+        out[f"ring {op.name}"] = lambda x, op=op: _ring(pg, x, op)
         out[f"rsag {op.name}"] = lambda x, op=op: rsag(x, op, False)
         out[f"rsag-b {op.name}"] = lambda x, op=op: rsag(x, op, True)
     return out
