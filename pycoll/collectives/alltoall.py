@@ -28,6 +28,7 @@ from ..dispatch import IN, LIST, OUT, Array, collective
 from ..groups import ProcessGroup, resolve
 from ..persistent import LIMIT as PLAN_LIMIT
 from ..work import Work
+from . import scratch
 from ._common import DETAIL, plain, run, sig
 
 __all__ = ["all_to_all", "all_to_all_single"]
@@ -111,12 +112,13 @@ def all_to_all(
     scounts = [x.size for x in ins]
     rcounts = [x.size for x in outs]
     send = np.concatenate([x.reshape(-1) for x in ins])
-    recv = np.empty(sum(rcounts), dtype)
+    recv = scratch.take(pg, sum(rcounts) * dtype.itemsize, dtype)  # (kept for large calls)
     rdispls = _displacements(rcounts)
 
     def finish() -> None:
         for out, start, count in zip(outs, rdispls, rcounts):
             out.reshape(-1)[...] = recv[start : start + count]
+        scratch.give(pg, recv)
 
     mpitype = mpi_datatype(dtype)
     comm = pg.comm

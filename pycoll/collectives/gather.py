@@ -23,15 +23,25 @@ from ..dispatch import IN, LIST, LISTS, OUT, Array, collective
 from ..groups import STATE, ProcessGroup, resolve
 from ..persistent import LIMIT as PLAN_LIMIT
 from ..work import Work
+from . import scratch
 from ._common import DETAIL, group_rank, plain, run, sig
 
 __all__ = ["all_gather", "all_gather_into_tensor", "all_gather_coalesced", "gather"]
 
 
-def _unpacker(stacked: np.ndarray, outputs: List[np.ndarray]):
+def _stacked(pg: ProcessGroup, n: int, like: np.ndarray) -> np.ndarray:
+    """Where ``n`` arrays like ``like`` are received, one after another (a
+    buffer the group keeps for its large calls: pycoll.collectives.scratch)."""
+    return scratch.take(pg, n * like.nbytes, like.dtype).reshape((n,) + like.shape)
+
+
+def _unpacker(pg: ProcessGroup, stacked: np.ndarray, outputs: List[np.ndarray]):
+    """Copy each received array out to its output, then give the buffer back."""
+
     def finish() -> None:
         for i, out in enumerate(outputs):
             out[...] = stacked[i]
+        scratch.give(pg, stacked)
 
     return finish
 
@@ -77,7 +87,7 @@ def all_gather(
     tensor = check_input(func, "tensor", tensor)
     outs = _check_outputs(func, "tensor_list", tensor_list, tensor, n)
     desc = f"{func}({sig(tensor)})" if debug.LEVEL >= DETAIL else None
-    stacked = np.empty((n,) + tensor.shape, tensor.dtype)
+    stacked = _stacked(pg, n, tensor)
     mpitype = mpi_datatype(tensor.dtype)
     comm = pg.comm
     return run(
@@ -87,7 +97,7 @@ def all_gather(
         comm.Iallgather,
         ([tensor, mpitype], [stacked, mpitype]),
         async_op,
-        _unpacker(stacked, outs),
+        _unpacker(pg, stacked, outs),
         outs,
         call=desc,
         key=crosscheck.key(func, tensor.dtype, tensor.size),
@@ -313,8 +323,8 @@ def gather(
             [],
             call=desc,
         )
-    stacked = np.empty((n,) + tensor.shape, tensor.dtype)
-    unpack = _unpacker(stacked, outs)
+    stacked = _stacked(pg, n, tensor)
+    unpack = _unpacker(pg, stacked, outs)
 
     def finish() -> None:
         if refused is not None:

@@ -114,3 +114,37 @@ def test_ring_again_and_in_flight(dtype, op, monkeypatch, group, rank, world_siz
             assert work.wait() is True
             np.testing.assert_array_equal(x, want)
     assert len(rings) == (6 if world_size > 1 else 0)
+
+
+def test_all_gather_and_all_to_all_lists_again_and_in_flight(group, rank, world_size):
+    """The list forms receive into one buffer of the pool's sizes and copy
+    out: repeated and overlapping calls each give every rank's arrays."""
+    count = MIB // 4  # 1 MiB per rank and array
+    for _ in range(3):
+        works, checks = [], []
+        for salt in range(2):
+            mine = np.full(count, 10 * rank + salt, np.float32)
+            gathered = [np.zeros(count, np.float32) for _ in range(world_size)]
+            works.append(pycoll.all_gather(gathered, mine, group=group, async_op=True))
+            checks.append((gathered, [np.full(count, 10 * r + salt) for r in range(world_size)]))
+            ins = [np.full(count, 100 * rank + to + salt, np.float32) for to in range(world_size)]
+            outs = [np.zeros(count, np.float32) for _ in range(world_size)]
+            works.append(pycoll.all_to_all(outs, ins, group=group, async_op=True))
+            sent = [np.full(count, 100 * r + rank + salt) for r in range(world_size)]
+            checks.append((outs, sent))
+        for work in works:
+            assert work.wait() is True
+        for got, want in checks:
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w.astype(np.float32))
+
+
+def test_gather_on_the_root_again(group, rank, world_size):
+    count = MIB // 4
+    for step in range(3):
+        dst = step % world_size
+        got = [np.zeros(count, np.float32) for _ in range(world_size)] if rank == dst else None
+        pycoll.gather(np.full(count, rank + step, np.float32), got, dst=dst, group=group)
+        if rank == dst:
+            for r, g in enumerate(got):
+                np.testing.assert_array_equal(g, np.full(count, r + step, np.float32))
