@@ -166,6 +166,8 @@ class Supervisor:
                 attempt == START_ATTEMPTS
                 or code == 0
                 or self.accepted
+                or self.failure is not None  # (the start timeout, say: the job was ended)
+                or self.kill_at is not None
                 or self.interrupted is not None
                 or self.timed_out
                 or not self.family.transient_start_failure(said)
