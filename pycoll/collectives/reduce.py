@@ -569,6 +569,7 @@ def reduce_scatter_tensor(
         made = persistent.for_reduce_scatter(pg, key, output, how.datatype, how.mpi_op)
         if made is not None:
             return made.call(pg, func, input, output, async_op, desc)
+    send, into = input, None
     if how.prescale is not None:
         send = _scaled(input, how.prescale)
     elif may_alias(input, output):
@@ -577,10 +578,7 @@ def reduce_scatter_tensor(
         # in; 1/n of the input copied, where a private copy of the whole
         # input cost 1.3-1.9x a raw in-place call from 2 MiB.
         into = scratch.take(pg, output.nbytes, output.dtype).reshape(output.shape)
-        return _reduce_scatter_block(pg, func, input, output, how, async_op, desc, into)
-    else:
-        send = input
-    return _reduce_scatter_block(pg, func, send, output, how, async_op, desc)
+    return _reduce_scatter_block(pg, func, send, output, how, async_op, desc, into)
 
 
 def _same(arrays: Any, tensors: Any) -> bool:
