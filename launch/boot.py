@@ -21,9 +21,14 @@ import os
 import runpy
 import signal
 import sys
-import traceback
 from types import TracebackType
-from typing import List, Optional, Type
+
+# Imported only where used, so each rank's start does not pay for them: typing
+# for the type checker (mypy takes this name as true), traceback when an
+# exception is uncaught. Together they were half of what boot added to a rank.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List, Optional, Type
 
 TRACEBACK_FD = "PYCOLL_RUN_TRACEBACK_FD"  # as in wire.py (not imported: boot stays standalone)
 
@@ -55,6 +60,8 @@ def user_frames(tb: Optional[TracebackType], value: object = None) -> Optional[T
 
 def _hook(fd: int):
     def hook(kind: Type[BaseException], value: BaseException, tb: Optional[TracebackType]) -> None:
+        import traceback
+
         text = "".join(traceback.format_exception(kind, value, user_frames(tb, value)))
         _flush()
         data = text.encode("utf-8", "replace")

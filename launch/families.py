@@ -13,9 +13,8 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from .hosts import Host
 
@@ -26,24 +25,38 @@ class LauncherError(RuntimeError):
     """No usable launcher, or one that cannot do what was asked."""
 
 
-@dataclass
 class Job:
     """What to run, where, in vendor-neutral terms."""
 
-    nprocs: int
-    program: List[str]  # what each rank runs (pycoll's rank wrapper and the target)
-    hosts: Optional[List[Host]] = None  # None: this machine (or the allocation)
-    ppn: Optional[int] = None
-    bind: Optional[str] = None
-    env: Dict[str, str] = field(default_factory=dict)  # set on every rank
-    # Variables the ranks get from the launcher's own environment, by name:
-    # their values never appear on the launcher's command line (secrets).
-    forward: List[str] = field(default_factory=list)
-    srun_mpi: str = "pmi2"  # srun's PMI plugin: pmi2 for MPICH and Intel MPI, pmix for Open MPI
+    def __init__(
+        self,
+        nprocs: int,
+        program: List[str],  # what each rank runs (pycoll's rank wrapper and the target)
+        hosts: Optional[List[Host]] = None,  # None: this machine (or the allocation)
+        ppn: Optional[int] = None,
+        bind: Optional[str] = None,
+        env: Optional[Dict[str, str]] = None,  # set on every rank
+        # Variables the ranks get from the launcher's own environment, by name:
+        # their values never appear on the launcher's command line (secrets).
+        forward: Optional[List[str]] = None,
+        srun_mpi: str = "pmi2",  # srun's PMI plugin: pmi2 (MPICH, Intel MPI), pmix (Open MPI)
+    ) -> None:
+        self.nprocs = nprocs
+        self.program = program
+        self.hosts = hosts
+        self.ppn = ppn
+        self.bind = bind
+        self.env: Dict[str, str] = {} if env is None else env
+        self.forward: List[str] = [] if forward is None else forward
+        self.srun_mpi = srun_mpi
+
+    def __repr__(self) -> str:
+        return f"Job({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
 
 
-@dataclass(frozen=True)
-class Family:
+class Family(NamedTuple):
+    """An MPI launcher family: its names and where its ranks find their rank."""
+
     name: str
     label: str
     executable: str  # the default launcher command

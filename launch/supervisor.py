@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
@@ -35,33 +34,49 @@ EXIT_START = 1
 START_ATTEMPTS = 3  # launcher starts, when it fails at start-up for a passing reason
 
 
-@dataclass
 class Options:
-    tag: bool = True
-    output_dir: Optional[str] = None
-    timeout: Optional[float] = None
-    start_timeout: float = 120.0
-    gpus_per_rank: Optional[str] = None  # "N" or "auto"
-    advertise: str = "127.0.0.1"  # the address ranks reach pycoll-run at
-    # Where output goes instead of stdout/stderr: sink(rank or None, stream, line).
-    # pycoll.testing collects a job's output this way.
-    sink: Optional[Callable[[Optional[int], int, str], None]] = None
-    # A moving time limit: called often, returns a time.monotonic() deadline (or
-    # None); pycoll.testing gives each test of a job its own timeout this way.
-    deadline: Optional[Callable[[], Optional[float]]] = None
+    """How pycoll-run supervises a job (the command line's choices)."""
+
+    def __init__(
+        self,
+        tag: bool = True,
+        output_dir: Optional[str] = None,
+        timeout: Optional[float] = None,
+        start_timeout: float = 120.0,
+        gpus_per_rank: Optional[str] = None,  # "N" or "auto"
+        advertise: str = "127.0.0.1",  # the address ranks reach pycoll-run at
+        # Where output goes instead of stdout/stderr: sink(rank or None, stream,
+        # line). pycoll.testing collects a job's output this way.
+        sink: Optional[Callable[[Optional[int], int, str], None]] = None,
+        # A moving time limit: called often, returns a time.monotonic() deadline
+        # (or None); pycoll.testing gives each test of a job its own timeout so.
+        deadline: Optional[Callable[[], Optional[float]]] = None,
+    ) -> None:
+        self.tag = tag
+        self.output_dir = output_dir
+        self.timeout = timeout
+        self.start_timeout = start_timeout
+        self.gpus_per_rank = gpus_per_rank
+        self.advertise = advertise
+        self.sink = sink
+        self.deadline = deadline
 
 
-@dataclass
 class RankState:
-    rank: int
-    conn: socket.socket
-    reader: wire.Reader
-    host: str = "?"
-    port: int = 0
-    gpus: int = 0
-    visible: Optional[List[str]] = None  # the host's CUDA_VISIBLE_DEVICES, if set
-    exit_code: Optional[int] = None
-    log: Optional[IO[str]] = None
+    """What pycoll-run knows of one rank."""
+
+    def __init__(
+        self, rank: int, conn: socket.socket, reader: wire.Reader, host: str, port: int
+    ) -> None:
+        self.rank = rank
+        self.conn = conn
+        self.reader = reader
+        self.host = host
+        self.port = port
+        self.gpus = 0
+        self.visible: Optional[List[str]] = None  # the host's CUDA_VISIBLE_DEVICES, if set
+        self.exit_code: Optional[int] = None
+        self.log: Optional[IO[str]] = None
 
 
 def _exit_status(code: int) -> int:
