@@ -12,11 +12,37 @@ import ctypes
 import ctypes.util
 import importlib.util
 import os
+import sys
 from typing import Any, Optional
 
 MPI: Any = None
 IN_PLACE: Any = None  # MPI.IN_PLACE, kept here for the collectives' hot paths
 VENDOR = ""  # "MPICH", "Open MPI", ...: what mpi4py.MPI.get_vendor() says, once loaded
+
+# MPICH's nonblocking reduce-scatter in its default algorithm (recursive
+# halving) takes 5-11x its blocking call's time for inputs of 512 KiB-1.5 MiB
+# (MPICH 5.0.2, 2 and 4 ranks); its pairwise algorithm does not, and from
+# 32 KiB per rank's part is faster than either (docs/benchmarks.md). MPICH
+# picks the algorithm of each reduce-scatter form by a variable read at
+# MPI_Init: pycoll asks for pairwise on the v-form (MPI_Ireduce_scatter) and
+# sends large reduce-scatters through it, leaving the block form, and small
+# calls, to MPICH's own choice (pycoll.collectives.reduce).
+REDUCE_SCATTER_CVAR = "MPIR_CVAR_IREDUCE_SCATTER_INTRA_ALGORITHM"
+# True once loaded when the v-form reduce-scatter runs pairwise (MPICH, the
+# variable set to sched_pairwise by pycoll or by the user before MPI_Init).
+REDUCE_SCATTER_PAIRWISE = False
+# From this size of each rank's part the v-form is taken: there pairwise
+# measured 0.1-0.7x the block form's time on 2 and 4 ranks; below it (4 ranks,
+# 8-16 KiB parts) up to 1.7x.
+PAIRWISE_PART_BYTES = 32 << 10
+
+
+def reduce_scatter_v(part_bytes: int) -> bool:
+    """Whether a reduce-scatter whose parts are ``part_bytes`` each goes
+    through MPI's v-form with equal counts (MPI_Ireduce_scatter) rather than
+    the block form: on MPICH with pairwise asked for, from PAIRWISE_PART_BYTES.
+    (Persistent plans, pycoll.persistent, hold buffers below that size.)"""
+    return REDUCE_SCATTER_PAIRWISE and part_bytes >= PAIRWISE_PART_BYTES
 
 
 def load() -> Any:
@@ -27,16 +53,24 @@ def load() -> Any:
     initializes with MPI_THREAD_MULTIPLE, which it needs), so that async
     collectives advance while the caller computes. It is off by default: it
     costs a thread per rank spinning on a core (docs/benchmarks.md).
+
+    Where this import starts MPI, MPICH's v-form nonblocking reduce-scatter
+    is asked to run pairwise (``REDUCE_SCATTER_CVAR``, unless set already).
     """
-    global MPI, IN_PLACE, VENDOR
+    global MPI, IN_PLACE, VENDOR, REDUCE_SCATTER_PAIRWISE
     if MPI is None:
         if os.environ.get("PYCOLL_ASYNC_PROGRESS", "").strip() == "1":
             os.environ.setdefault("MPIR_CVAR_ASYNC_PROGRESS", "1")
+        if "mpi4py.MPI" not in sys.modules:  # this import starts MPI: the variable counts
+            os.environ.setdefault(REDUCE_SCATTER_CVAR, "sched_pairwise")
         from mpi4py import MPI as _MPI
 
         MPI = _MPI
         IN_PLACE = _MPI.IN_PLACE
         VENDOR = _MPI.get_vendor()[0]
+        REDUCE_SCATTER_PAIRWISE = (
+            VENDOR == "MPICH" and os.environ.get(REDUCE_SCATTER_CVAR) == "sched_pairwise"
+        )
     return MPI
 
 

@@ -486,12 +486,18 @@ def _reduce_scatter_block(
                 np.copyto(output, into)
             scratch.give(pg, into)
 
+    recv = [output if into is None else into, how.datatype]
+    if _mpi.reduce_scatter_v(output.nbytes):
+        start: Callable[..., Any] = comm.Ireduce_scatter
+        args: tuple = ([send, how.datatype], recv, [output.size] * n, how.mpi_op)
+    else:
+        start, args = comm.Ireduce_scatter_block, ([send, how.datatype], recv, how.mpi_op)
     return run(
         pg,
         func,
         send.nbytes,
-        comm.Ireduce_scatter_block,
-        ([send, how.datatype], [output if into is None else into, how.datatype], how.mpi_op),
+        start,
+        args,
         async_op,
         finish,
         [output],

@@ -375,7 +375,9 @@ def merge_reports(reports: Dict[int, pytest.TestReport]) -> pytest.TestReport:
 
 class InPlace:
     def __init__(self, config: pytest.Config, worker_dir: Optional[Path]) -> None:
-        from mpi4py import MPI
+        from .. import _mpi
+
+        MPI = _mpi.load()  # MPI starts as pycoll starts it (its MPI_Init variables)
 
         self.config = config
         self.comm = MPI.COMM_WORLD.Dup()  # the plugin's traffic, apart from the tests'
@@ -471,9 +473,9 @@ def comm(request: pytest.FixtureRequest):
     mode = request.config.pluginmanager.get_plugin("pycoll-mpi-mode")
     if isinstance(mode, InPlace):
         return mode.test_comm
-    from mpi4py import MPI
+    from .. import _mpi
 
-    return MPI.COMM_WORLD.Dup()
+    return _mpi.load().COMM_WORLD.Dup()
 
 
 @pytest.fixture

@@ -1,11 +1,13 @@
 """all_reduce, all_reduce_coalesced, reduce, reduce_scatter, reduce_scatter_tensor:
 every valid (op, dtype) pair, sync and async, against numpy's own reduction."""
 
+import os
+
 import numpy as np
 import pytest
 
 import pycoll
-from pycoll import ReduceOp, make_premul_sum
+from pycoll import ReduceOp, _mpi, make_premul_sum, persistent
 from support import ALL_DTYPES, PREMUL_SCALE, assert_equal, data, reduce_all, valid_pairs
 
 PAIRS = valid_pairs()
@@ -162,6 +164,58 @@ def test_reduce_scatter_tensor_in_place(op, dtype, async_op, rank, world_size):
     assert_equal(x[mine], total[mine])
     original[mine] = total[mine]
     assert_equal(x, original)
+
+
+def _large_part(dtype) -> int:
+    """Elements in a part of PAIRWISE_PART_BYTES and a few more (an odd count),
+    so that on MPICH the call takes MPI's v-form, run pairwise."""
+    return _mpi.PAIRWISE_PART_BYTES // np.dtype(dtype).itemsize + 3
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out-of-place", "in-place"])
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("op,dtype", PAIRS, ids=str)
+def test_reduce_scatter_tensor_large_parts(op, dtype, async_op, in_place, rank, world_size):
+    """Parts past the size from which MPICH's reduce-scatter runs pairwise
+    through the v-form (pycoll._mpi.reduce_scatter_v), both forms."""
+    k = _large_part(dtype)
+    x = data(rank, dtype, (world_size * k,))
+    original = x.copy()
+    mine = slice(rank * k, (rank + 1) * k)
+    out = x[mine] if in_place else np.zeros(k, dtype)
+    finish(pycoll.reduce_scatter_tensor(out, x, op=rop(op), async_op=async_op), async_op)
+    total = reduce_all(
+        op, [data(r, dtype, (world_size * k,)) for r in range(world_size)], world_size
+    )
+    assert_equal(out, total[mine])
+    if in_place:
+        original[mine] = total[mine]
+    assert_equal(x, original)
+
+
+@pytest.mark.parametrize("op,dtype", PAIRS, ids=str)
+def test_reduce_scatter_large_parts(op, dtype, rank, world_size):
+    k = _large_part(dtype)
+    inputs = [data(rank, dtype, (k,), salt=7 * i) for i in range(world_size)]
+    out = np.zeros(k, dtype)
+    pycoll.reduce_scatter(out, inputs, op=rop(op))
+    mine = [data(r, dtype, (k,), salt=7 * rank) for r in range(world_size)]
+    assert_equal(out, reduce_all(op, mine, world_size))
+
+
+def test_reduce_scatter_takes_the_v_form_on_mpich(pg, world_size):
+    """On MPICH, pycoll's start of MPI asks for the pairwise v-form and large
+    parts take it (the tests above then run through it); elsewhere nothing
+    changes. The variable is MPICH's, read at MPI_Init."""
+    mpich = _mpi.VENDOR == "MPICH"
+    assert _mpi.REDUCE_SCATTER_PAIRWISE == (
+        mpich and os.environ.get(_mpi.REDUCE_SCATTER_CVAR) == "sched_pairwise"
+    )
+    assert _mpi.reduce_scatter_v(_mpi.PAIRWISE_PART_BYTES) == _mpi.REDUCE_SCATTER_PAIRWISE
+    assert not _mpi.reduce_scatter_v(_mpi.PAIRWISE_PART_BYTES - 1)
+    assert persistent.LIMIT < _mpi.PAIRWISE_PART_BYTES  # plans keep the block form
+    if mpich and os.environ.get(_mpi.REDUCE_SCATTER_CVAR, "sched_pairwise") == "sched_pairwise":
+        assert _mpi.REDUCE_SCATTER_PAIRWISE  # this suite's MPI started through pycoll
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
