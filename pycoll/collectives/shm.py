@@ -69,23 +69,33 @@ class Window:
             self.halves[1].append(seg[chunk:])
         self.win.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch: Sync orders the stores
         self.work: Any = None  # the call in flight using it, if any
+        self.freed = False
 
     def free(self) -> None:
         """Free the window, once every rank is freeing it too: MPI_Win_free
         waits for all of them, and a rank whose group timed out never comes.
-        Within FREE_WAIT (or the group's timeout, if shorter) the others are
-        known to have come, or the window is left to the end of the job."""
-        request = self.leaving.Ibarrier()
-        deadline = time.monotonic() + min(self.timeout, FREE_WAIT)
-        while not request.Test():
-            if time.monotonic() > deadline:
-                progress.keep_alive([request])
-                return
-            time.sleep(1e-4)
+
+        Two barriers, each waited for within FREE_WAIT (or the group's
+        timeout, if shorter): the first says every rank has come, the second
+        that every rank saw the first complete in time. A rank that gives up
+        on the first enters no second, so a rank that came later than that
+        (its first barrier complete at once) gives up on the second instead
+        of going on to MPI_Win_free alone, where it would wait for good. A
+        rank that gives up leaves the window to the end of the job
+        (``freed`` stays False)."""
+        for _ in range(2):
+            request = self.leaving.Ibarrier()
+            deadline = time.monotonic() + min(self.timeout, FREE_WAIT)
+            while not request.Test():
+                if time.monotonic() > deadline:
+                    progress.keep_alive([request])
+                    return
+                time.sleep(1e-4)
         self.win.Unlock_all()
         self.win.Free()
         self.comm.Free()
         self.leaving.Free()
+        self.freed = True
 
 
 def window(pg: Any) -> Optional[Window]:

@@ -6,13 +6,14 @@ checks every rank's result against numpy's own reduction."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import numpy as np
 import pytest
 
 import pycoll
-from pycoll import ReduceOp, make_premul_sum
+from pycoll import ReduceOp, crosscheck, make_premul_sum
 from pycoll.collectives import reduce as reduce_mod
 from pycoll.collectives import shm
 from pycoll.errors import DistTimeoutError
@@ -118,6 +119,28 @@ def test_a_late_rank_is_named_by_the_timeout(tiny, rank, world_size):
     # The late rank frees the window alone: within the group's timeout it
     # gives up waiting for the others (who will not free theirs) and goes on.
     pycoll.destroy_process_group(g)
+
+
+def test_a_rank_late_to_destroy_the_group_goes_on(tiny, monkeypatch, rank, world_size):
+    """A rank that reaches destroy_process_group after the others stopped
+    waiting for it (the final call check's wait, then FREE_WAIT for the
+    window) must not free the window alone: MPI_Win_free would wait for ranks
+    that have gone on. Every rank returns (before, the late one hung there),
+    and all agree on whether the window was freed: here, with the late rank
+    four times the two waits behind, it was not."""
+    monkeypatch.setattr(crosscheck, "FINAL_WAIT", 0.5)
+    monkeypatch.setattr(shm, "FREE_WAIT", 0.5)
+    g = pycoll.new_group()
+    x = np.ones(10, np.float64)
+    pycoll.all_reduce(x, group=g)
+    assert through_shm(g)
+    window = g.attached("shm.window")
+    if rank == world_size - 1:
+        time.sleep(4 * (crosscheck.FINAL_WAIT + shm.FREE_WAIT))  # the scenario: it comes late
+    pycoll.destroy_process_group(g)
+    everyone = [None] * world_size
+    pycoll.all_gather_object(everyone, window.freed)
+    assert everyone == [False] * world_size
 
 
 def test_not_for_arrays_that_alias_device_memory(group, rank, world_size):
