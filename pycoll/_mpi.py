@@ -31,6 +31,7 @@ REDUCE_SCATTER_CVAR = "MPIR_CVAR_IREDUCE_SCATTER_INTRA_ALGORITHM"
 # True once loaded when the v-form reduce-scatter runs pairwise (MPICH, the
 # variable set to sched_pairwise by pycoll or by the user before MPI_Init).
 REDUCE_SCATTER_PAIRWISE = False
+STARTED_MPI = False  # whether load() was the import that started MPI (its variables counted)
 # From this size of each rank's part the v-form is taken: there pairwise
 # measured 0.1-0.7x the block form's time on 2 and 4 ranks; below it (4 ranks,
 # 8-16 KiB parts) up to 1.7x.
@@ -57,11 +58,12 @@ def load() -> Any:
     Where this import starts MPI, MPICH's v-form nonblocking reduce-scatter
     is asked to run pairwise (``REDUCE_SCATTER_CVAR``, unless set already).
     """
-    global MPI, IN_PLACE, VENDOR, REDUCE_SCATTER_PAIRWISE
+    global MPI, IN_PLACE, VENDOR, REDUCE_SCATTER_PAIRWISE, STARTED_MPI
     if MPI is None:
         if os.environ.get("PYCOLL_ASYNC_PROGRESS", "").strip() == "1":
             os.environ.setdefault("MPIR_CVAR_ASYNC_PROGRESS", "1")
-        if "mpi4py.MPI" not in sys.modules:  # this import starts MPI: the variable counts
+        STARTED_MPI = "mpi4py.MPI" not in sys.modules
+        if STARTED_MPI:  # this import starts MPI: the variable counts
             os.environ.setdefault(REDUCE_SCATTER_CVAR, "sched_pairwise")
         from mpi4py import MPI as _MPI
 

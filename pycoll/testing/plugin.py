@@ -31,6 +31,7 @@ import pytest
 
 from pycoll.launch.supervisor import describe_exit
 
+from .. import _mpi  # (imports no MPI: _mpi.load starts it, in a rank)
 from . import job as job_mod
 from .merge import combine, labelled, prefixed
 
@@ -375,8 +376,6 @@ def merge_reports(reports: Dict[int, pytest.TestReport]) -> pytest.TestReport:
 
 class InPlace:
     def __init__(self, config: pytest.Config, worker_dir: Optional[Path]) -> None:
-        from .. import _mpi
-
         MPI = _mpi.load()  # MPI starts as pycoll starts it (its MPI_Init variables)
 
         self.config = config
@@ -473,8 +472,6 @@ def comm(request: pytest.FixtureRequest):
     mode = request.config.pluginmanager.get_plugin("pycoll-mpi-mode")
     if isinstance(mode, InPlace):
         return mode.test_comm
-    from .. import _mpi
-
     return _mpi.load().COMM_WORLD.Dup()
 
 
