@@ -21,7 +21,7 @@ from typing import List, Optional, Sequence, Tuple
 from .families import BINDINGS, FAMILIES, Job, LauncherError, choose
 from .hosts import Host, HostError, allocation, merge, parse_host_list, parse_hostfile
 from .supervisor import Options, Supervisor
-from .wire import ADDR_ENV, RANK_VARS_ENV, TOKEN_ENV
+from .wire import ADDR_ENV, RANK_VARS_ENV, TOKEN_ENV, exit_now
 
 PROG = "pycoll-run"
 HERE = Path(__file__).resolve().parent  # rank.py and boot.py run by path on the ranks
@@ -298,13 +298,7 @@ def console() -> None:
     The job is over and reported when main returns; the interpreter's own
     teardown (a module at a time) would only add about 10 ms to every job.
     """
-    code = main()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
+    exit_now(main())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -257,19 +257,5 @@ def main(argv: List[str]) -> int:
     return 128 - code if code < 0 else code
 
 
-def _exit_now(code: int) -> None:
-    """End the process with ``code`` at once, its output flushed.
-
-    Everything the job needs from this rank has been sent by then; the
-    interpreter's own teardown (a module at a time) would add about 10 ms to
-    every job's end, which waits for the last wrapper to exit."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    _exit_now(main(sys.argv[1:]))
+    wire.exit_now(main(sys.argv[1:]))

@@ -6,6 +6,8 @@ Standalone (no pycoll import): the rank wrapper loads it by path."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 # typing is imported for the type checker only: it is a sixth of what the rank
 # wrapper's start costs on each rank (mypy takes this name as true).
@@ -67,3 +69,16 @@ def receive(sock: socket.socket, reader: Reader) -> Iterator[Message]:
     if not data:
         return
     yield from reader.feed(data)
+
+
+def exit_now(code: int) -> None:
+    """End the process with ``code`` at once, its output flushed: for the
+    rank wrapper and the ``pycoll-run`` command once their job is over and
+    reported, where the interpreter's own teardown (a module at a time) would
+    add about 10 ms to every job."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
