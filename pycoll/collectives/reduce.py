@@ -8,7 +8,7 @@ for the dtype (MPI op, pre-scaling, averaging) comes from pycoll.ops.
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
@@ -460,6 +460,21 @@ def reduce(
     )
 
 
+def _mpi_reduce_scatter(
+    comm: Any, n: int, how: Plan, send: np.ndarray, recv: np.ndarray
+) -> Tuple[Callable[..., Any], Callable[..., Any], tuple]:
+    """MPI's nonblocking and blocking reduce-scatter of ``send`` into ``recv``
+    (this rank's part), and their arguments: the v-form with equal counts
+    where MPICH runs it pairwise (pycoll._mpi.reduce_scatter_v), else the
+    block form."""
+    send_spec, recv_spec = [send, how.datatype], [recv, how.datatype]
+    if _mpi.reduce_scatter_v(recv.nbytes):
+        args: tuple = (send_spec, recv_spec, [recv.size] * n, how.mpi_op)
+        return comm.Ireduce_scatter, comm.Reduce_scatter, args
+    args = (send_spec, recv_spec, how.mpi_op)
+    return comm.Ireduce_scatter_block, comm.Reduce_scatter_block, args
+
+
 def _reduce_scatter_block(
     pg: ProcessGroup,
     func: str,
@@ -486,12 +501,8 @@ def _reduce_scatter_block(
                 np.copyto(output, into)
             scratch.give(pg, into)
 
-    recv = [output if into is None else into, how.datatype]
-    if _mpi.reduce_scatter_v(output.nbytes):
-        start: Callable[..., Any] = comm.Ireduce_scatter
-        args: tuple = ([send, how.datatype], recv, [output.size] * n, how.mpi_op)
-    else:
-        start, args = comm.Ireduce_scatter_block, ([send, how.datatype], recv, how.mpi_op)
+    recv = output if into is None else into
+    start, _, args = _mpi_reduce_scatter(comm, n, how, send, recv)
     return run(
         pg,
         func,
@@ -583,15 +594,9 @@ def reduce_scatter_tensor(
         if may_alias(input, output):
             into = scratch.take(pg, output.nbytes, output.dtype).reshape(output.shape)
         key = how.key | OP_BITS[func] | output.size & COUNT
-        comm, inp = pg.comm, [input, how.datatype]
-        out = [output if into is None else into, how.datatype]
-        if _mpi.reduce_scatter_v(output.nbytes):
-            counts = [output.size] * n
-            start, blocking = comm.Ireduce_scatter, comm.Reduce_scatter
-            plain(pg, func, key, start, blocking, inp, out, counts, how.mpi_op)
-        else:
-            start, blocking = comm.Ireduce_scatter_block, comm.Reduce_scatter_block
-            plain(pg, func, key, start, blocking, inp, out, how.mpi_op)
+        recv = output if into is None else into
+        start, blocking, args = _mpi_reduce_scatter(pg.comm, n, how, input, recv)
+        plain(pg, func, key, start, blocking, *args)
         if into is not None:
             np.copyto(output, into)
             scratch.give(pg, into)
