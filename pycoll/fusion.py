@@ -25,12 +25,30 @@ import numpy as np
 
 from . import _mpi, crosscheck, kernels
 from .arrays import check_list, check_output, check_same_dtype
+from .collectives import shm
 from .collectives._common import run
 from .groups import ProcessGroup, resolve
+from .kernels import threads
 from .ops import ReduceOp, plan
 from .work import Work
 
 __all__ = ["FusedAllReduce"]
+
+# From this many bytes in all, a call whose ranks share one node copies the
+# arrays straight into the node's shared window, reduces there and copies
+# straight out (pycoll.collectives.shm): it skips the fusion buffer and
+# MPI's own copies. Measured against the packed path (docs/benchmarks.md):
+# the window wins from 256 KiB on 2 ranks with a core each, and from 512 KiB
+# to 1 MiB where ranks outnumber the cores (3-4 ranks on 2 cores), as each
+# chunk's three barriers wait for every rank to be scheduled. 0 turns it off.
+SHM_BYTES = 256 << 10
+SHM_BYTES_CROWDED = 768 << 10
+
+
+def _window_from(ranks: int) -> int:
+    """The size from which a group of ``ranks`` takes the shared window."""
+    crowded = ranks > threads.cores()
+    return max(SHM_BYTES, SHM_BYTES_CROWDED) if crowded else SHM_BYTES
 
 
 class FusedAllReduce:
@@ -85,6 +103,7 @@ class FusedAllReduce:
         self.buffer = shared
         self._bytes = shared.view(np.uint8)
         self._work: Optional[Work] = None
+        self._scattered: Any = None  # the copy tables into the group's shared window
 
     def _shared_buffer(self, arrays: List[np.ndarray], nbytes: int) -> Optional[np.ndarray]:
         base = arrays[0].base
@@ -156,6 +175,13 @@ class FusedAllReduce:
             )
         return self._run(pg, "fused_all_reduce", async_op)  # (DETAIL's description below)
 
+    def _describe(self, name: str) -> Callable[[], str]:
+        size = self.buffer.size
+        return lambda: f"{name}({self.op.name}, {len(self)} arrays, {size} x {self.dtype})"
+
+    def _key(self, name: str) -> int:
+        return self._plan.key | crosscheck.OP_BITS[name] | self.buffer.size & crosscheck.COUNT
+
     def busy(self) -> bool:
         """Whether the last call's Work is in flight (its buffer in use)."""
         return self._work is not None and not self._work._done
@@ -171,10 +197,14 @@ class FusedAllReduce:
         described to DETAIL's check by ``describe`` (pycoll.all_reduce_coalesced
         runs the lists it has seen before through here, described as its
         other calls are)."""
-        from .kernels import pack, threads
+        from .kernels import pack
 
         how, n = self._plan, pg.size()
         buf, nbytes, views = self.buffer, self.buffer.nbytes, self._views
+        if not views and SHM_BYTES > 0 and nbytes >= _window_from(n):
+            win = shm.usable(pg, how, self.dtype)
+            if win is not None:
+                return self._run_shm(pg, win, name, async_op, describe)
         table = (self._addresses, self._sizes, self._offsets)
         if not views:
             threads.run(pack.pack_kernel, nbytes, *table, self._bytes)
@@ -201,10 +231,43 @@ class FusedAllReduce:
             async_op,
             finish,
             self._arrays,
-            describe
-            or (lambda: f"{name}({self.op.name}, {len(self)} arrays, {buf.size} x {self.dtype})"),
+            describe or self._describe(name),
             prepare,
-            key=how.key | crosscheck.OP_BITS[name] | buf.size & crosscheck.COUNT,
+            key=self._key(name),
+        )
+        self._work = work
+        return work
+
+    def _run_shm(
+        self,
+        pg: ProcessGroup,
+        win: Any,
+        name: str,
+        async_op: bool,
+        describe: Optional[Callable[[], str]],
+    ) -> Optional[Work]:
+        """One call through the node's shared window: the arrays are copied
+        straight into it and straight out of every rank's reduced slice, so
+        nothing is packed into the fusion buffer (pycoll.collectives.shm)."""
+        how = self._plan
+        data = self._scattered
+        if data is None or data.win is not win:  # (tables into this window's memory)
+            data = self._scattered = shm.Scattered(
+                win, self._addresses, self._sizes, self._offsets, self.dtype, how.prescale
+            )
+        work = shm.all_reduce(
+            pg,
+            win,
+            name,
+            data,
+            self.dtype,
+            self.op,
+            how,
+            async_op,
+            self._arrays,
+            describe or self._describe(name),
+            None,  # (a PREMUL_SUM scales in the window: Scattered's scale)
+            self._key(name),
         )
         self._work = work
         return work

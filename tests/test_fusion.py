@@ -5,7 +5,7 @@ import pytest
 
 import pycoll
 from pycoll import FusedAllReduce, ReduceOp, make_premul_sum
-from support import BF16, assert_equal, data, reduce_all
+from support import BF16, assert_equal, data, reduce_all, valid_pairs
 
 SHAPES = [(3,), (2, 5), (1,), (4, 4, 2), (7,)]
 OPS = [
@@ -131,3 +131,106 @@ def test_views_of_one_buffer_out_of_order_are_packed(rank, world_size):
     fused.all_reduce()
     base = np.arange(12, dtype=np.float64) * world_size + world_size * (world_size - 1) / 2
     np.testing.assert_array_equal(flat, base)
+
+
+# -- through the node's shared window (pycoll.collectives.shm.Scattered) ------------
+
+# Arrays of 0-40 elements: with 32-byte chunks, most span chunks and ranks' slices.
+WINDOW_SHAPES = [(5, 7), (0,), (1,), (13,), (2, 0, 3), (40,), (3, 3)]
+
+
+@pytest.fixture
+def shared(monkeypatch, world_size):
+    """A group whose FusedAllReduce calls of 16 bytes or more go through the
+    shared window, in chunks of 32 bytes."""
+    from pycoll import fusion
+    from pycoll.collectives import shm
+
+    if world_size == 1:
+        pytest.skip("one rank reduces nothing")
+    monkeypatch.setattr(fusion, "SHM_BYTES", 16)
+    monkeypatch.setattr(shm, "CHUNK", 32)
+    g = pycoll.new_group()
+    yield g
+    if g._broken is None:
+        pycoll.destroy_process_group(g)
+
+
+def through_window(g) -> bool:
+    made = g.attached("shm.window")
+    return bool(made) and made.chunk == 32
+
+
+def window_arrays(rank, dtype, salt=0):
+    return [data(rank, dtype, shape, salt=salt + i) for i, shape in enumerate(WINDOW_SHAPES)]
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("op,dtype", valid_pairs(), ids=str)
+def test_through_the_window_every_op_and_dtype(shared, op, dtype, async_op, rank, world_size):
+    mine = window_arrays(rank, dtype)
+    fused = FusedAllReduce(mine, op=rop(op), group=shared)
+    for step in range(2):  # the second call reuses the copy tables
+        for i, a in enumerate(mine):
+            a[...] = data(rank, dtype, a.shape, salt=10 * step + i)
+        work = fused.all_reduce(async_op=async_op)
+        if async_op:
+            assert work.wait() is True
+        for i, a in enumerate(mine):
+            everyone = [data(r, dtype, a.shape, salt=10 * step + i) for r in range(world_size)]
+            assert_equal(a, reduce_all(op, everyone, world_size))
+    # AVG of complex divides each part apart: the packed buffer through MPI
+    assert through_window(shared) == (not (op == "AVG" and dtype.kind == "c"))
+
+
+def test_through_the_window_takes_turns_with_other_calls(shared, monkeypatch, rank, world_size):
+    """An async fused call, then a plain all_reduce through the same window:
+    the second finishes the first before using it; both are right."""
+    from pycoll.collectives import reduce as reduce_mod
+
+    monkeypatch.setattr(reduce_mod, "SHM_BYTES", 16)
+    mine = [np.full(n, rank + 1.0) for n in (3, 9, 1)]
+    fused = FusedAllReduce(mine, group=shared)
+    work = fused.all_reduce(async_op=True)
+    x = np.full(20, 10.0 * (rank + 1))
+    pycoll.all_reduce(x, group=shared)
+    assert work.wait() is True
+    total = world_size * (world_size + 1) / 2
+    for a in mine:
+        assert_equal(a, np.full(a.shape, total))
+    assert_equal(x, np.full(20, 10.0 * total))
+    assert through_window(shared)
+
+
+def test_coalesced_lists_seen_before_go_through_the_window(shared, rank, world_size):
+    tensors = [np.full(n, rank + 1, np.int64) for n in (4, 1, 7, 2, 5, 3, 6, 8)]
+    total = world_size * (world_size + 1) // 2
+    for step in range(3):  # a FusedAllReduce is kept from the second call
+        pycoll.all_reduce_coalesced(tensors, group=shared)
+        for t in tensors:
+            assert_equal(t, np.full(t.shape, total * world_size**step, np.int64))
+    assert through_window(shared)
+
+
+def test_detail_checks_calls_through_the_window(shared, rank, world_size):
+    before = pycoll.get_debug_level()
+    pycoll.set_debug_level(pycoll.DebugLevel.DETAIL)
+    try:
+        mine = [np.full(n, rank + 1.0, np.float32) for n in (5, 11)]
+        FusedAllReduce(mine, op=ReduceOp.AVG, group=shared).all_reduce()
+    finally:
+        pycoll.set_debug_level(before)
+    for a in mine:
+        assert_equal(a, np.full(a.shape, (world_size + 1) / 2, np.float32))
+    assert through_window(shared)
+
+
+def test_views_into_the_buffer_keep_mpis_call(shared, rank, world_size):
+    """Nothing to pack: one all_reduce of the buffer, not the window."""
+    fused = FusedAllReduce.empty([(8,), (9,)], np.float64, group=shared)
+    for a in fused.arrays:
+        a[...] = rank
+    fused.all_reduce()
+    for a in fused.arrays:
+        assert_equal(a, np.full(a.shape, float(sum(range(world_size)))))
+    assert shared.attached("shm.window") is None

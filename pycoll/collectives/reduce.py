@@ -14,7 +14,6 @@ import numpy as np
 
 from .. import _mpi, crosscheck, debug, kernels, persistent
 from ..arrays import (
-    BFLOAT16,
     check_input,
     check_list,
     check_output,
@@ -142,10 +141,8 @@ def all_reduce(
         if made is not None:
             desc = _desc(op, tensor) if async_op or not debug.PLAIN else None
             return made.call(pg, "all_reduce", tensor, tensor, async_op, desc)
-    if tensor.nbytes >= _shm_from(pg._size) and _shm_applies(how, tensor.dtype) and not pg._aliases:
-        win = shm.window(pg)  # (made on the first such call; None across nodes)
-        if win is not None:
-            return _all_reduce_shm(pg, win, tensor, op, how, async_op, key)
+    if tensor.nbytes >= SHM_BYTES > 0 and (win := shm.usable(pg, how, tensor.dtype)) is not None:
+        return _all_reduce_shm(pg, win, tensor, op, how, async_op, key)
     if how.split and pg._size > 1 and tensor.nbytes >= _split_from(pg._size):
         return _all_reduce_ring(pg, tensor, op, how, async_op, key)
     mpi_op, plainly, average = how.mpi_op, how.plain, how.average
@@ -188,16 +185,6 @@ def all_reduce(
 SHM_BYTES = 32 << 20
 
 
-def _shm_from(ranks: int) -> float:
-    return SHM_BYTES if ranks > 1 and SHM_BYTES > 0 else float("inf")
-
-
-def _shm_applies(how: Plan, dtype: np.dtype) -> bool:
-    """pycoll's kernels do the reduction (an AVG's division in its last sum:
-    real floats only)."""
-    return not how.average or dtype.kind == "f" or dtype == BFLOAT16
-
-
 def _all_reduce_shm(
     pg: ProcessGroup,
     win: Any,
@@ -207,37 +194,21 @@ def _all_reduce_shm(
     async_op: bool,
     key: int,
 ) -> Optional[Work]:
-    """all_reduce through the node's shared window: one call at a time uses
-    it (an earlier async one is finished first, on every rank alike)."""
-    if win.work is not None:
-        earlier, win.work = win.work, None
-        earlier.wait()
-    name = "SUM" if how.average or how.prescale is not None else op.name
-    job = shm.ShmAllReduce(
-        win,
-        tensor.reshape(-1).view(np.uint8),
-        tensor.dtype.itemsize,
-        name,
-        how.average,
-        tensor.dtype,
-    )
-    work = run(
+    """all_reduce of one array through the node's shared window."""
+    return shm.all_reduce(
         pg,
+        win,
         "all_reduce",
-        tensor.nbytes,
-        job.start,
-        (),
+        shm.Contiguous(tensor.reshape(-1).view(np.uint8)),
+        tensor.dtype,
+        op,
+        how,
         async_op,
-        None,
         [tensor],
         _desc(op, tensor),
         _prescaler(tensor, how.prescale),
-        job.stages,
         key,
     )
-    if async_op:
-        win.work = work
-    return work
 
 
 def _desc(op: ReduceOp, tensor: np.ndarray) -> Callable[[], str]:
@@ -279,6 +250,11 @@ def _all_reduce_ring(
     )
 
 
+def _coalesced(op: ReduceOp, tensors: List[np.ndarray], dtype: np.dtype) -> Callable[[], str]:
+    """all_reduce_coalesced's description for DETAIL's check, whichever way it runs."""
+    return lambda: f"all_reduce_coalesced({op.name}, shapes={[t.shape for t in tensors]}, {dtype})"
+
+
 @collective(Array("tensors", INOUT, LIST))
 def all_reduce_coalesced(
     tensors: List[np.ndarray],
@@ -315,9 +291,7 @@ def all_reduce_coalesced(
     else:
         dtype = fused.dtype
 
-    def desc() -> str:  # one description whichever way the call runs, for DETAIL's check
-        return f"{func}({op.name}, shapes={[t.shape for t in tensors]}, {dtype})"
-
+    desc = _coalesced(op, tensors, dtype)
     if fused is not None and not fused.busy():
         return fused._run(pg, func, async_op, desc)
     how = _plan(op, dtype, func)

@@ -31,14 +31,28 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from .. import _mpi, kernels, progress
+from ..arrays import BFLOAT16
+from ..groups import ProcessGroup
+from ..ops import Plan, ReduceOp
+from ..work import Work
+from ._common import run
 from .ring import parts
 
-__all__ = ["CHUNK", "Window", "window", "ShmAllReduce"]
+__all__ = [
+    "CHUNK",
+    "Window",
+    "window",
+    "usable",
+    "all_reduce",
+    "Contiguous",
+    "Scattered",
+    "ShmAllReduce",
+]
 
 # Bytes of one rank's copy of a chunk: a multiple of 16, so chunks end on an
 # element of any dtype. 2 MiB measured best of 0.25-4 MiB at 64 MiB on 2 ranks
@@ -117,25 +131,172 @@ def _free(made: Any) -> None:
         made.free()
 
 
+def usable(pg: ProcessGroup, how: Plan, dtype: np.dtype) -> Optional[Window]:
+    """The group's window, where an all_reduce large enough for it can go
+    through it: more than one rank, pycoll's kernels reduce (an AVG's
+    division in its last sum: real floats only), no aliased device buffers
+    in flight on the group, and every rank on one node (see :func:`window`).
+    None otherwise."""
+    if pg._size < 2 or pg._aliases:
+        return None
+    if how.average and not (dtype.kind == "f" or dtype == BFLOAT16):
+        return None
+    return window(pg)
+
+
+def all_reduce(
+    pg: ProcessGroup,
+    win: Window,
+    func: str,
+    data: Any,
+    dtype: np.dtype,
+    op: ReduceOp,
+    how: Plan,
+    async_op: bool,
+    result: Any,
+    desc: Callable[[], str],
+    prepare: Optional[Callable[[], None]],
+    key: int,
+) -> Optional[Work]:
+    """``data`` (:class:`Contiguous` or :class:`Scattered`) all-reduced
+    through ``win`` as the collective ``func``, by pycoll's pipeline
+    (pycoll.collectives._common.run). One call at a time uses the window: an
+    earlier async one is finished first, on every rank alike."""
+    if win.work is not None:
+        earlier, win.work = win.work, None
+        earlier.wait()
+    name = "SUM" if how.average or how.prescale is not None else op.name
+    job = ShmAllReduce(win, data, dtype.itemsize, name, how.average, dtype)
+    work = run(
+        pg, func, data.nbytes, job.start, (), async_op, None, result, desc, prepare, job.stages, key
+    )
+    if async_op:
+        win.work = work
+    return work
+
+
+class Contiguous:
+    """What :class:`ShmAllReduce` reduces: one array's bytes (a uint8 view),
+    copied into the window and back chunk by chunk."""
+
+    def __init__(self, data: np.ndarray) -> None:
+        self.data = data
+        self.nbytes = len(data)
+
+    def copy_in(self, k: int, lo: int, size: int, mine: np.ndarray) -> None:
+        mine[:size] = self.data[lo : lo + size]
+
+    def copy_out(self, k: int, lo: int, halves: List[np.ndarray], slices: List[slice]) -> None:
+        for r, part in enumerate(slices):
+            self.data[lo + part.start : lo + part.stop] = halves[r][part]
+
+
+_Table = Tuple[np.ndarray, np.ndarray, np.ndarray]  # (targets, sources, sizes) of pieces
+
+
+class Scattered:
+    """What :class:`ShmAllReduce` reduces: many arrays as if packed back to
+    back (a FusedAllReduce's), copied straight into the window and straight
+    out of every rank's reduced slice, with no fusion buffer between.
+
+    The copies of a chunk are one compiled call over a table of (target,
+    source, bytes) pieces. The tables depend only on the arrays' addresses
+    and the window's, so they are made once per chunk and kept (the caller
+    keeps one Scattered per window).
+
+    Args:
+        win: the window the tables point into.
+        addresses, sizes, offsets: each array's address, byte count and
+            offset in the packed order (int64 arrays).
+        dtype: the arrays' dtype.
+        scale: a factor every copied-in element is multiplied by (a
+            PREMUL_SUM), in the window, so the arrays are never written
+            before the result.
+    """
+
+    def __init__(
+        self,
+        win: Window,
+        addresses: np.ndarray,
+        sizes: np.ndarray,
+        offsets: np.ndarray,
+        dtype: Any,
+        scale: Any = None,
+    ) -> None:
+        self.win, self.dtype, self.scale = win, dtype, scale
+        self.addresses, self.offsets = addresses, offsets
+        self.ends = offsets + sizes
+        self.nbytes = int(self.ends[-1]) if len(sizes) else 0
+        self._in: Dict[int, _Table] = {}  # chunk -> its copy-in table
+        self._out: Dict[int, _Table] = {}  # chunk -> its copy-out table
+
+    def _pieces(self, a: int, b: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The arrays that bytes [a, b) of the packed order fall in: their
+        indices, and each piece's packed start and end."""
+        first = int(np.searchsorted(self.ends, a, "right"))
+        last = int(np.searchsorted(self.offsets, b, "left"))
+        i = np.arange(first, last)
+        starts = np.maximum(self.offsets[first:last], a)
+        ends = np.minimum(self.ends[first:last], b)
+        keep = ends > starts  # (empty arrays have no bytes to copy)
+        return i[keep], starts[keep], ends[keep]
+
+    def copy_in(self, k: int, lo: int, size: int, mine: np.ndarray) -> None:
+        table = self._in.get(k)
+        if table is None:
+            i, starts, ends = self._pieces(lo, lo + size)
+            base = int(mine.ctypes.data)
+            table = self._in[k] = (
+                base + (starts - lo),
+                self.addresses[i] + (starts - self.offsets[i]),
+                ends - starts,
+            )
+        targets, sources, sizes = table
+        kernels.copy_pieces(targets, sources, sizes, size)
+        if self.scale is not None:
+            part = mine[:size].view(self.dtype)
+            kernels.scale(part, self.scale, out=part)
+
+    def copy_out(self, k: int, lo: int, halves: List[np.ndarray], slices: List[slice]) -> None:
+        table = self._out.get(k)
+        if table is None:
+            pieces = []
+            for r, part in enumerate(slices):
+                i, starts, ends = self._pieces(lo + part.start, lo + part.stop)
+                base = int(halves[r].ctypes.data)
+                pieces.append(
+                    (
+                        self.addresses[i] + (starts - self.offsets[i]),
+                        base + (starts - lo),
+                        ends - starts,
+                    )
+                )
+            targets, sources, sizes = (np.concatenate(column) for column in zip(*pieces))
+            table = self._out[k] = (targets, sources, sizes)
+        targets, sources, sizes = table
+        kernels.copy_pieces(targets, sources, sizes, slices[-1].stop)
+
+
 class ShmAllReduce:
     """One all_reduce through ``win``: :meth:`start` and :attr:`stages`, for
     pycoll.collectives._common.run.
 
     Args:
-        data: the array's bytes (a uint8 view), reduced in place.
+        data: what is reduced in place: :class:`Contiguous` (one array) or
+            :class:`Scattered` (many).
         itemsize: bytes per element (slices are cut on element boundaries).
         name: the reduction (a pycoll.kernels op name).
         average: divide the result by the group size (AVG).
     """
 
     def __init__(
-        self, win: Window, data: np.ndarray, itemsize: int, name: str, average: bool, dtype: Any
+        self, win: Window, data: Any, itemsize: int, name: str, average: bool, dtype: Any
     ) -> None:
         self.win, self.data, self.itemsize, self.name = win, data, itemsize, name
         self.average, self.dtype = average, dtype
         self.n, self.me = win.comm.Get_size(), win.comm.Get_rank()
         step = win.chunk
-        self.chunks = [(lo, min(step, len(data) - lo)) for lo in range(0, len(data), step)]
+        self.chunks = [(lo, min(step, data.nbytes - lo)) for lo in range(0, data.nbytes, step)]
         self.stages: List[Callable[[], List[Any]]] = []
         for k in range(len(self.chunks)):
             self.stages.append(functools.partial(self._reduce, k))
@@ -152,7 +313,7 @@ class ShmAllReduce:
 
     def _copy_in(self, k: int) -> None:
         lo, size = self.chunks[k]
-        self.win.halves[k % 2][self.me][:size] = self.data[lo : lo + size]
+        self.data.copy_in(k, lo, size, self.win.halves[k % 2][self.me])
 
     def _slices(self, k: int) -> List[slice]:
         count = self.chunks[k][1] // self.itemsize
@@ -178,9 +339,7 @@ class ShmAllReduce:
         """Copy every rank's reduced slice of chunk ``k`` out, and the next chunk in."""
         self.win.win.Sync()
         lo, _ = self.chunks[k]
-        halves = self.win.halves[k % 2]
-        for r, part in enumerate(self._slices(k)):
-            self.data[lo + part.start : lo + part.stop] = halves[r][part]
+        self.data.copy_out(k, lo, self.win.halves[k % 2], self._slices(k))
         if k + 1 < len(self.chunks):
             self._copy_in(k + 1)
         return [self._barrier()]

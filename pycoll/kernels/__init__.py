@@ -224,6 +224,16 @@ def divide(
     return _elementwise("pycoll.kernels.divide", divide_kernel, x, divisor, out)
 
 
+def copy_pieces(targets: np.ndarray, sources: np.ndarray, sizes: np.ndarray, nbytes: int) -> None:
+    """Copy ``sizes[k]`` bytes from address ``sources[k]`` to address
+    ``targets[k]`` for every k (int64 arrays), in one compiled call: in
+    parallel over the pieces where the rank has threads to spare and the
+    ``nbytes`` in all are many (pycoll.kernels.threads)."""
+    from . import pack
+
+    threads.run(pack.copy_kernel, nbytes, targets, sources, sizes)
+
+
 def mpi_op(op: Any, dtype: Any) -> Any:
     """The MPI user op (``mpi4py.MPI.Op``) running pycoll's kernel for ``op`` on
     ``dtype``; AVG and PREMUL_SUM reduce as SUM (their extra steps run around

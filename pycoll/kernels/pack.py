@@ -14,7 +14,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["pack_kernel", "unpack_kernel"]
+__all__ = ["pack_kernel", "unpack_kernel", "copy_kernel"]
 
 
 @intrinsic
@@ -43,6 +43,11 @@ def _unpack(buffer, addresses, sizes, offsets):
         _memcpy(addresses[k], base + offsets[k], sizes[k])
 
 
+def _copy(targets, sources, sizes):
+    for k in prange(sizes.size):
+        _memcpy(targets[k], sources[k], sizes[k])
+
+
 _KERNELS: Dict[Tuple[str, bool], Callable] = {}
 
 
@@ -63,3 +68,10 @@ def pack_kernel(parallel: bool) -> Callable:
 def unpack_kernel(parallel: bool) -> Callable:
     """``k(buffer, addresses, sizes, offsets)``: copy each slice of the buffer back."""
     return _kernel(_unpack, parallel)
+
+
+def copy_kernel(parallel: bool) -> Callable:
+    """``k(targets, sources, sizes)``: copy ``sizes[k]`` bytes from address
+    ``sources[k]`` to address ``targets[k]``, for every k (pieces of arrays
+    into a shared window and back: pycoll.collectives.shm)."""
+    return _kernel(_copy, parallel)
