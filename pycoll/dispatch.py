@@ -35,12 +35,27 @@ import numpy as np
 from . import torchcompat
 from .arrays import on_device
 
-__all__ = ["IN", "OUT", "INOUT", "ONE", "LIST", "LISTS", "Array", "Spec", "collective", "route"]
+__all__ = [
+    "IN",
+    "OUT",
+    "INOUT",
+    "ONE",
+    "LIST",
+    "LISTS",
+    "UNKNOWN",
+    "Array",
+    "Spec",
+    "collective",
+    "route",
+]
 
 IN, OUT, INOUT = "in", "out", "inout"  # read, written, or both
 ONE, LIST, LISTS = "one", "list", "lists"  # an array, a list of them, a list of lists
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# What a collective's ``known`` shortcut returns for a call it does not know.
+UNKNOWN: Any = object()
 
 
 class Array(NamedTuple):
@@ -65,10 +80,15 @@ class Spec:
       MPI can be given device memory directly;
     - ``chunked``: a large staged call is pipelined in chunks
       (pycoll.gpu.staging);
-    - ``reduction``: it takes a ReduceOp (it has an ``op`` parameter).
+    - ``reduction``: it takes a ReduceOp (it has an ``op`` parameter);
+    - ``known``: a shortcut tried before the type checks, with the host
+      body's parameters: it runs a call it recognises (one whose arrays it
+      has seen, and so knows to be numpy: all_reduce_coalesced's kept lists)
+      and returns its result, or returns :data:`UNKNOWN`. A list of a
+      thousand gradients then is not type-checked on every call.
     """
 
-    __slots__ = ("name", "host", "arrays", "aware", "chunked", "reduction")
+    __slots__ = ("name", "host", "arrays", "aware", "chunked", "reduction", "known")
 
     def __init__(
         self,
@@ -76,6 +96,7 @@ class Spec:
         arrays: Tuple[Array, ...],
         aware: bool,
         chunked: bool,
+        known: Optional[Callable[..., Any]] = None,
     ) -> None:
         params = inspect.signature(host).parameters
         for a in arrays:
@@ -87,6 +108,7 @@ class Spec:
         self.aware = aware
         self.chunked = chunked
         self.reduction = "op" in params
+        self.known = known
 
     def __repr__(self) -> str:
         return f"Spec({self.name}: {', '.join(f'{a.name} {a.role}' for a in self.arrays)})"
@@ -133,12 +155,18 @@ class Spec:
         return a.role
 
 
-def collective(*arrays: Array, aware: bool = False, chunked: bool = False) -> Callable[[F], F]:
-    """Declare a collective's array parameters (see the module docstring);
-    the decorated function is its numpy body, the result its public front."""
+def collective(
+    *arrays: Array,
+    aware: bool = False,
+    chunked: bool = False,
+    known: Optional[Callable[..., Any]] = None,
+) -> Callable[[F], F]:
+    """Declare a collective's array parameters (see the module docstring and
+    :class:`Spec`); the decorated function is its numpy body, the result its
+    public front."""
 
     def declare(host: F) -> F:
-        return _front(Spec(host, arrays, aware, chunked))  # type: ignore[return-value]
+        return _front(Spec(host, arrays, aware, chunked, known))  # type: ignore[return-value]
 
     return declare
 
@@ -210,8 +238,14 @@ def _front(spec: Spec) -> Callable[..., Any]:
     if lists:
         checks.append(f"_numpy_only({', '.join(lists)})")
     names = ", ".join(params)
+    shortcut = (
+        f"    done = _known({names})\n    if done is not _UNKNOWN:\n        return done\n"
+        if spec.known is not None
+        else ""
+    )
     source = (
         f"def {spec.name}({', '.join(heads)}):\n"
+        f"{shortcut}"
         f"    if {' and '.join(checks)}:\n"
         f"        return _host({names})\n"
         f"    return _route(_spec, {{{', '.join(f'{n!r}: {n}' for n in params)}}})\n"
@@ -224,12 +258,14 @@ def _front(spec: Spec) -> Callable[..., Any]:
         "_host": spec.host,
         "_route": route,
         "_spec": spec,
+        "_known": spec.known,
+        "_UNKNOWN": UNKNOWN,
     }
     filename = f"<pycoll.dispatch: {spec.name}>"
     # Tracebacks through the front show its lines (as attrs does for its methods).
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     exec(compile(source, filename, "exec"), scope)
-    generated: Callable[..., Any] = scope[spec.name]  # type: ignore[assignment]
+    generated: Callable[..., Any] = scope[spec.name]
     front = functools.update_wrapper(generated, spec.host)
     front.spec = spec  # type: ignore[attr-defined]
     return front

@@ -105,6 +105,28 @@ def test_defaults_and_keywords_reach_the_body():
     ]
 
 
+def test_a_known_call_skips_the_checks_and_an_unknown_one_does_not():
+    """``known`` runs first, with the body's arguments: what it returns is the
+    call's result, unless it is UNKNOWN; then the usual checks and routes."""
+    from pycoll.dispatch import UNKNOWN
+
+    seen = []
+    mine = [np.zeros(1)]
+
+    def known(tensors, group=None):
+        seen.append(group)
+        return "shortcut" if tensors is mine else UNKNOWN
+
+    @collective(Array("tensors", INOUT, LIST), known=known)
+    def h(tensors, group=None):
+        return "host"
+
+    assert h(mine, group="g") == "shortcut"
+    assert h([np.zeros(1)]) == "host"
+    assert h(["not an array"]) == "host"  # the body says what is wrong
+    assert seen == ["g", None, None]
+
+
 def test_the_body_refuses_what_is_no_array(rank):
     with pytest.raises(
         TypeError,

@@ -23,7 +23,7 @@ from ..arrays import (
     may_alias,
 )
 from ..crosscheck import COUNT, OP_BITS
-from ..dispatch import IN, INOUT, LIST, OUT, Array, collective
+from ..dispatch import IN, INOUT, LIST, OUT, UNKNOWN, Array, collective
 from ..fusion import FusedAllReduce
 from ..groups import STATE, ProcessGroup, resolve
 from ..ops import SPLIT_BYTES, SPLIT_BYTES_TWO_RANKS, Plan, ReduceOp, plan
@@ -250,12 +250,32 @@ def _all_reduce_ring(
     )
 
 
+def _kept_list(
+    tensors: Any,
+    op: ReduceOp = ReduceOp.SUM,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+    stream: Any = None,
+) -> Any:
+    """all_reduce_coalesced's shortcut (pycoll.dispatch.Spec.known): a list
+    whose FusedAllReduce the group keeps (the very same array objects, so
+    numpy arrays all) runs through it at once, without the type check of
+    every item; any other call is pycoll.dispatch.UNKNOWN."""
+    pg = resolve(group, "all_reduce_coalesced")
+    fusions = pg.attached(_FUSIONS) if pg is not None else None
+    fused = fusions.find(tensors, op) if fusions is not None else None
+    if fused is None or fused.busy():
+        return UNKNOWN
+    assert pg is not None
+    return fused._run(pg, "all_reduce_coalesced", async_op, _coalesced(op, tensors, fused.dtype))
+
+
 def _coalesced(op: ReduceOp, tensors: List[np.ndarray], dtype: np.dtype) -> Callable[[], str]:
     """all_reduce_coalesced's description for DETAIL's check, whichever way it runs."""
     return lambda: f"all_reduce_coalesced({op.name}, shapes={[t.shape for t in tensors]}, {dtype})"
 
 
-@collective(Array("tensors", INOUT, LIST))
+@collective(Array("tensors", INOUT, LIST), known=_kept_list)
 def all_reduce_coalesced(
     tensors: List[np.ndarray],
     op: ReduceOp = ReduceOp.SUM,

@@ -133,6 +133,22 @@ def test_all_reduce_coalesced_repeated_lists(op, rank, world_size):
         expect(step, arrays)
 
 
+def test_a_kept_list_still_refuses_bad_arguments(pg, rank, world_size):
+    """From the third call a kept list skips the per-item checks
+    (pycoll.dispatch's ``known``); the call's other arguments are still
+    checked before anything is sent, on every rank."""
+    xs = [np.full(2, 1.0) for _ in range(10)]
+    for _ in range(3):
+        pycoll.all_reduce_coalesced(xs)
+    before = pg.sequence_number()
+    with pytest.raises(TypeError, match="async_op must be True or False"):
+        pycoll.all_reduce_coalesced(xs, async_op="yes")
+    assert pg.sequence_number() == before
+    pycoll.all_reduce_coalesced(xs)
+    for x in xs:
+        assert_equal(x, np.full(2, float(world_size**4)))
+
+
 def test_all_reduce_coalesced_cached_on_some_ranks_only(rank, world_size):
     """Rank 0 passes the same arrays every call (its calls run through a kept
     FusedAllReduce), the others new ones (theirs do not): the calls still
