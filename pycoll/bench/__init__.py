@@ -173,9 +173,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _text(report: Dict[str, Any]) -> str:
-    return "\n".join(
-        f"{k:<32} {v:.3f}" if isinstance(v, float) else f"{k:<32} {v}" for k, v in report.items()
-    )
+    return "\n".join(f"{k:<32} {_value(v)}" for k, v in report.items())
+
+
+def _value(v: Any) -> str:
+    """A float to 3 places; a ratio [median, lowest, highest] as "m (lo-hi)"."""
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    if isinstance(v, list) and len(v) == 3 and all(isinstance(x, float) for x in v):
+        return f"{v[0]:.2f} ({v[1]:.2f}-{v[2]:.2f})"
+    return str(v)
 
 
 def _floor(comm: Any) -> Any:
@@ -273,7 +280,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                             f"{row['dtype']:>9} {row['op']:>11} {row['bytes']:>10} "
                             f"{row['pycoll_GBps']:>11.2f} {row['numpy_GBps']:>10.2f}"
                         )
-            return 0
+            return 1 if report.get("wrong") else 0
         check = bool(args.check)
         raw_ops = table.RawOps(MPI)
         results: List[Dict[str, Any]] = []

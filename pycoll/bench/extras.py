@@ -101,40 +101,95 @@ def kernels(comm: Any, nbytes: int = 64 << 20, repeats: int = 10) -> Dict[str, A
     )
 
 
-def fusion(comm: Any, arrays: int = 1000, nbytes: int = 1024, repeats: int = 20) -> Dict[str, Any]:
-    """``arrays`` float32 arrays of ``nbytes`` each, all-reduced: one call each,
-    all_reduce_coalesced, FusedAllReduce over separate arrays (packed and
-    unpacked each call) and over views into its buffer (FusedAllReduce.empty),
-    against one all_reduce of the total size (pycoll and raw mpi4py)."""
+def fusion(comm: Any, arrays: int = 1000, nbytes: int = 1024, rounds: int = 7) -> Dict[str, Any]:
+    """``arrays`` float32 arrays of ``nbytes`` each, all-reduced (SUM): one call
+    each, all_reduce_coalesced, FusedAllReduce over separate arrays (its
+    default path, and packed into its buffer for MPI's all_reduce, the path
+    it takes off one node) and over views into its buffer
+    (FusedAllReduce.empty), against one all_reduce of the total size
+    (pycoll's and raw mpi4py's).
+
+    Every case's result is checked once against the expected sums first
+    (``wrong`` counts differing elements, over all cases and ranks). Then
+    ``rounds`` interleaved rounds: each times a block of every case, in an
+    order rotated round by round, started together after a barrier; a
+    block's time is the slowest rank's mean per call. A time is the median
+    over rounds; a ratio is the median, and the range, of the per-round
+    ratios, so the machine's drift between rounds cancels."""
     from mpi4py import MPI
 
     import pycoll
+    from pycoll import fusion as fusion_mod
 
+    rank, n = comm.Get_rank(), comm.Get_size()
     count = nbytes // 4
     grads = [np.zeros(count, np.float32) for _ in range(arrays)]
     one = np.zeros(count * arrays, np.float32)
     fused = pycoll.FusedAllReduce(grads)
+    packed = pycoll.FusedAllReduce(grads)
     views = pycoll.FusedAllReduce.empty([(count,)] * arrays, np.float32)
-    t_sep = _best(lambda: [pycoll.all_reduce(g) for g in grads], max(3, repeats // 5), comm)
-    t_coal = _best(lambda: pycoll.all_reduce_coalesced(grads), repeats, comm)
-    t_fused = _best(fused.all_reduce, repeats, comm)
-    t_views = _best(views.all_reduce, repeats, comm)
-    t_one = _best(lambda: pycoll.all_reduce(one), repeats, comm)
-    t_raw = _best(lambda: comm.Allreduce(MPI.IN_PLACE, one, MPI.SUM), repeats, comm)
-    return dict(
-        ranks=comm.Get_size(),
-        arrays=arrays,
-        bytes_each=nbytes,
-        separate_us=t_sep * 1e6,
-        coalesced_us=t_coal * 1e6,
-        fused_us=t_fused * 1e6,
-        fused_views_us=t_views * 1e6,
-        one_call_us=t_one * 1e6,
-        one_call_mpi4py_us=t_raw * 1e6,
-        fused_speedup_over_separate=t_sep / t_fused,
-        fused_over_one_call=t_fused / t_one,
-        fused_views_over_one_call=t_views / t_one,
-    )
+
+    def through_mpi() -> None:
+        saved, fusion_mod.SHM_BYTES = fusion_mod.SHM_BYTES, 0
+        try:
+            packed.all_reduce()
+        finally:
+            fusion_mod.SHM_BYTES = saved
+
+    cases: Dict[str, Tuple[Callable[[], Any], List[np.ndarray]]] = {
+        "separate": (lambda: [pycoll.all_reduce(g) for g in grads], grads),
+        "coalesced": (lambda: pycoll.all_reduce_coalesced(grads), grads),
+        "fused": (fused.all_reduce, grads),
+        "fused_packed_mpi": (through_mpi, grads),
+        "fused_views": (views.all_reduce, views.arrays),
+        "one_call": (lambda: pycoll.all_reduce(one), [one]),
+        "one_call_mpi4py": (lambda: comm.Allreduce(MPI.IN_PLACE, one, MPI.SUM), [one]),
+    }
+    wrong = 0
+    for call, outputs in cases.values():
+        for i, x in enumerate(outputs):
+            x[...] = rank + 1 + i % 7
+        call()
+        for i, x in enumerate(outputs):
+            expected = n * (n + 1) // 2 + n * (i % 7)
+            wrong += int(np.count_nonzero(x != expected))
+    wrong = comm.allreduce(wrong, op=MPI.SUM)
+    for _, outputs in cases.values():  # (timed on zeros: sums stay finite)
+        for x in outputs:
+            x[...] = 0
+    # Calls per block: about 10 ms of each case (its warm-up call's time, the
+    # slowest rank's, so every rank makes the same number of calls).
+    blocks = {}
+    for name, (call, _) in cases.items():
+        t0 = time.perf_counter()
+        call()
+        took = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        blocks[name] = max(1, min(200, int(0.01 / max(took, 1e-6))))
+    times: Dict[str, List[float]] = {name: [] for name in cases}
+    names = list(cases)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            call, _ = cases[name]
+            comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(blocks[name]):
+                call()
+            mean = (time.perf_counter() - t0) / blocks[name]
+            times[name].append(comm.allreduce(mean, op=MPI.MAX))
+
+    def ratio(a: str, b: str) -> List[float]:
+        per_round = sorted(x / y for x, y in zip(times[a], times[b]))
+        return [statistics.median(per_round), per_round[0], per_round[-1]]
+
+    report: Dict[str, Any] = dict(ranks=n, arrays=arrays, bytes_each=nbytes, rounds=rounds)
+    for name in names:
+        report[f"{name}_us"] = statistics.median(times[name]) * 1e6
+    for a in ("coalesced", "fused", "fused_packed_mpi", "fused_views"):
+        report[f"{a}_over_one_call"] = ratio(a, "one_call")
+    report["one_call_over_mpi4py"] = ratio("one_call", "one_call_mpi4py")
+    report["separate_over_fused"] = ratio("separate", "fused")
+    report["wrong"] = wrong
+    return report
 
 
 def overlap(comm: Any, nbytes: int = 16 << 20, repeats: int = 5) -> Dict[str, Any]:

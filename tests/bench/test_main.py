@@ -75,7 +75,8 @@ def test_plans_column(uninitialized, capsys):
     "flag,keys",
     [
         (["--kernels"], {"copy_GBps", "rows", "f16c", "threads_per_rank"}),
-        (["--fusion", "50"], {"fused_us", "separate_us", "one_call_us", "fused_over_one_call"}),
+        # 300 KiB in all: FusedAllReduce's shared-window path (from 256 KiB)
+        (["--fusion", "300"], {"fused_us", "fused_packed_mpi_us", "coalesced_over_one_call"}),
         (["--overlap"], {"all_reduce_ms", "compute_ms", "pair_ms", "ratio"}),
     ],
 )
@@ -93,6 +94,7 @@ def test_extra_measurements_as_json(uninitialized, capsys, monkeypatch, flag, ke
     assert code == 0
     if doc is not None:
         assert keys <= set(doc)
+        assert doc.get("wrong", 0) == 0
         if "rows" in doc:
             assert {r["dtype"] for r in doc["rows"]} == {
                 "float16",
