@@ -28,7 +28,6 @@ from .arrays import check_list, check_output, check_same_dtype
 from .collectives import shm
 from .collectives._common import run
 from .groups import ProcessGroup, resolve
-from .kernels import threads
 from .ops import ReduceOp, plan
 from .work import Work
 
@@ -45,10 +44,10 @@ SHM_BYTES = 256 << 10
 SHM_BYTES_CROWDED = 768 << 10
 
 
-def _window_from(ranks: int) -> int:
-    """The size from which a group of ``ranks`` takes the shared window."""
-    crowded = ranks > threads.cores()
-    return max(SHM_BYTES, SHM_BYTES_CROWDED) if crowded else SHM_BYTES
+def _window_from(win: Any) -> int:
+    """The size from which calls take the shared window ``win`` (the same on
+    every rank: ``win.crowded`` is agreed when the window is made)."""
+    return max(SHM_BYTES, SHM_BYTES_CROWDED) if win.crowded else SHM_BYTES
 
 
 class FusedAllReduce:
@@ -197,13 +196,13 @@ class FusedAllReduce:
         described to DETAIL's check by ``describe`` (pycoll.all_reduce_coalesced
         runs the lists it has seen before through here, described as its
         other calls are)."""
-        from .kernels import pack
+        from .kernels import pack, threads
 
         how, n = self._plan, pg.size()
         buf, nbytes, views = self.buffer, self.buffer.nbytes, self._views
-        if not views and SHM_BYTES > 0 and nbytes >= _window_from(n):
+        if not views and nbytes >= SHM_BYTES > 0:
             win = shm.usable(pg, how, self.dtype)
-            if win is not None:
+            if win is not None and nbytes >= _window_from(win):
                 return self._run_shm(pg, win, name, async_op, describe)
         table = (self._addresses, self._sizes, self._offsets)
         if not views:

@@ -234,3 +234,22 @@ def test_views_into_the_buffer_keep_mpis_call(shared, rank, world_size):
     for a in fused.arrays:
         assert_equal(a, np.full(a.shape, float(sum(range(world_size)))))
     assert shared.attached("shm.window") is None
+
+
+def test_crowded_ranks_take_the_window_from_a_larger_size(shared, monkeypatch, rank, world_size):
+    """Whether ranks outnumber cores is agreed when the window is made (each
+    rank's affinity may differ), so every rank takes the same path."""
+    from pycoll import fusion
+    from pycoll.kernels import threads
+
+    monkeypatch.setattr(fusion, "SHM_BYTES_CROWDED", 1 << 40)
+    mine = [np.full(10, rank + 1.0) for _ in range(3)]  # 240 bytes
+    fused = FusedAllReduce(mine, group=shared)
+    fused.all_reduce()
+    everyone = [None] * world_size
+    pycoll.all_gather_object(everyone, world_size > threads.cores())
+    crowded = any(everyone)
+    assert shared.attached("shm.window").crowded == crowded
+    assert (fused._scattered is not None) == (not crowded)
+    for a in mine:
+        assert_equal(a, np.full(10, world_size * (world_size + 1) / 2))

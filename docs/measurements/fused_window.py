@@ -39,12 +39,16 @@ counts = [
 
 
 def through(threshold, fused):
+    """``fused``'s call with the window's thresholds (crowded or not) set to
+    ``threshold`` bytes (0: never the window)."""
+
     def call():
-        fusion.SHM_BYTES, was = threshold, fusion.SHM_BYTES
+        was = fusion.SHM_BYTES, fusion.SHM_BYTES_CROWDED
+        fusion.SHM_BYTES = fusion.SHM_BYTES_CROWDED = threshold
         try:
             fused.all_reduce()
         finally:
-            fusion.SHM_BYTES = was
+            fusion.SHM_BYTES, fusion.SHM_BYTES_CROWDED = was
 
     return call
 
