@@ -44,7 +44,7 @@ from .rref import Owners, RRef
 
 TAG = 0x7C0
 LARGE = 256 << 10  # bytes out of band from which the sender drives its message through
-CALL, REMOTE, REPLY, FORK, CONFIRM, DELETE, BEAT, LEAVING = range(8)
+CALL, REMOTE, REPLY, FORK, CONFIRM, DELETE, BEAT, LEAVING, GOODBYE = range(9)
 
 
 class WorkerInfo:
@@ -178,6 +178,7 @@ class Agent:
         # and local work that may make calls: Future callbacks, remote() on itself
         self.begun = self.ended = 0
         self.leaving: Set[int] = set()
+        self._goodbyes: Set[int] = set()  # peers whose last message has come (farewell)
         self.owners = Owners()
         self.users: weakref.WeakValueDictionary[Any, Any] = weakref.WeakValueDictionary()
         self._early_confirms: Set[Any] = set()
@@ -457,6 +458,8 @@ class Agent:
             self.owners.delete(message[1], message[2])
         elif kind == LEAVING:
             self.leaving.add(source)
+        elif kind == GOODBYE:
+            self._goodbyes.add(source)
         # BEAT: hearing from the peer was the point
 
     def _pin(self, pins: List[Any]) -> None:
@@ -662,6 +665,37 @@ class Agent:
         with self._lock:
             self._sends.extend(pending)
             return not self._sends
+
+    def farewell(self, deadline: float) -> bool:
+        """After :meth:`stop`: whether no message of a peer's can still come,
+        so that the communicator may be freed.
+
+        The shutdown's count covers calls, not every message: a heartbeat, a
+        DELETE of a reference dropped while the workers stopped, a fork's
+        CONFIRM may still be on its way. A message that arrives after its
+        communicator was freed is kept for the next communicator given the
+        same context id (Open MPI then aborts if that one is too small for
+        its source, or matches it there). So each worker sends every peer a
+        GOODBYE, its last message here, and takes in messages until every
+        peer's GOODBYE has come, dropping what came before it (the agent has
+        stopped); MPI keeps each pair's messages in order. False if one did
+        not come by ``deadline`` (the communicator must then be left alone).
+        """
+        others = [w.id for w in self.workers if w.id != self.rank]
+        for peer in others:
+            self._post(peer, (GOODBYE,))
+        waiting = set(others) - self._goodbyes
+        while waiting:
+            message = self._improbe(self._any_source, TAG, self._status)
+            if message is None:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(1e-4)
+                continue
+            source = self._status.Get_source()
+            if message.recv()[0] == GOODBYE:
+                waiting.discard(source)
+        return self.drain_sends(deadline)
 
     def drain_sends(self, deadline: float) -> bool:
         """Wait for the sends in flight, at most until ``deadline``."""

@@ -258,9 +258,11 @@ def shutdown(graceful: bool = True, timeout: float = -1) -> None:
             _BROKEN = str(exc)
             _current.AGENT = None
             raise
-        agent.stop(deadline)
-        agent.drain_sends(deadline)
-        agent.comm.Free()
+        stopped = agent.stop(deadline)
+        if stopped and agent.farewell(deadline):
+            agent.comm.Free()
+        else:  # a message may still come: the communicator's context id stays taken
+            keep_alive([agent.comm])
         _current.AGENT = None
 
 
