@@ -10,6 +10,12 @@ operation, and unpacks, so 1,000 arrays of 1 KiB cost about what one 1 MiB
 all_reduce costs. Make one FusedAllReduce per bucket of arrays to overlap
 buckets with computation, as DDP does.
 
+Where every rank of the group shares one node and the arrays are large
+enough together (``SHM_BYTES``), a call skips the fusion buffer: the arrays
+are copied straight into the group's shared window, each rank reduces its
+slice there, and each array is copied straight out of the ranks' reduced
+slices (pycoll.collectives.shm), which also spares MPI's own copies.
+
 Where the caller can allocate the arrays, :meth:`FusedAllReduce.empty` makes
 them views into the fusion buffer (DDP's ``gradient_as_bucket_view``): then
 nothing is packed or unpacked at all, and a call costs one all_reduce. Arrays
@@ -151,7 +157,9 @@ class FusedAllReduce:
         return self.buffer.nbytes
 
     def all_reduce(self, async_op: bool = False) -> Optional[Work]:
-        """Pack, reduce across the group, unpack into the arrays.
+        """Reduce the arrays across the group, in place: packed into the
+        fusion buffer for one MPI operation, or through the node's shared
+        window (see the module docstring).
 
         Returns:
             A Work if ``async_op`` (the arrays hold the result once it is

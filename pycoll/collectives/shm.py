@@ -1,4 +1,5 @@
-"""all_reduce through the node's shared memory, for large arrays on one node.
+"""all_reduce through the node's shared memory: large arrays, and
+FusedAllReduce's many small ones, on one node.
 
 MPI's all_reduce on one node moves a large array several times through main
 memory: at 64 MiB on two ranks MPICH reached 2.1 GB/s here, where one core
@@ -21,6 +22,12 @@ call is one collective: one sequence number, one DETAIL check, waits bounded
 by the group's timeout, synchronous or async alike. Calls in flight on one
 group use the window one after the other (an earlier one is finished before
 the next starts), in issue order on every rank.
+
+What is reduced is one array (:class:`Contiguous`), or a FusedAllReduce's
+many arrays as if packed back to back (:class:`Scattered`): then step 1
+copies each array's pieces straight into the window and step 3 copies each
+array straight out of the ranks' slices, so no fusion buffer is packed or
+unpacked (pycoll.fusion).
 
 The window is made on a group's first eligible call, on every rank alike,
 and only where every rank of the group shares one node; it is freed with the

@@ -1,4 +1,6 @@
-"""Copying many arrays into one buffer and back (fusion's pack and unpack).
+"""Copying many arrays into one buffer and back (fusion's pack and unpack),
+or pieces of them between any two addresses (copy: into a shared window and
+out of it, pycoll.collectives.shm).
 
 The arrays arrive as a table of addresses and byte counts, so one compiled
 call copies all of them (in parallel over arrays when the rank has threads),
