@@ -106,6 +106,7 @@ class ProcessGroup:
         "_fwait",
         "_plans",
         "_aliases",
+        "_strays",
         "__weakref__",  # the flight recorder's registry of groups holds them weakly
     )
 
@@ -171,6 +172,11 @@ class ProcessGroup:
         # Its persistent collectives (pycoll.persistent), where they are on.
         self._plans: Any = PLANS() if PLANS is not None else None
         self._aliases = False  # its calls' arrays alias device memory (_common.device_aliases)
+        # A peer's message may still come on comm outside any call (a
+        # monitored_barrier gave up waiting for it): destroy_process_group
+        # then leaves the communicator to MPI_Finalize, as a freed one's
+        # context id, taken by a later communicator, would receive it.
+        self._strays = False
         recorder.attach(self)
 
     def rank(self) -> int:

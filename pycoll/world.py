@@ -219,7 +219,10 @@ def _free(pg: ProcessGroup) -> None:
         side_free = crosscheck.free(pg)
         if pg._broken is None:  # a timed-out operation may still use the communicator
             persistent.free(pg)
-            pg.comm.Free()
+            if pg._strays:
+                progress.keep_alive([pg.comm])
+            else:
+                pg.comm.Free()
             side = pg._side
             if isinstance(side, tuple):  # MPI_Comm_idup still under way
                 progress.keep_alive(list(side))

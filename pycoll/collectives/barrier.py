@@ -124,6 +124,7 @@ def _collect_arrivals(pg: ProcessGroup, seq: int, seconds: float, wait_all: bool
     if not _poll_until(all_arrived, seconds):
         for listener in waiting.values():
             listener.cancel()
+        pg._strays = True  # their tokens may still come
         missing = [pg._ranks[r] for r in sorted(waiting)]
         named = missing if wait_all else missing[:1]
         who = f"Rank {named[0]}" if len(named) == 1 else f"Ranks {', '.join(map(str, named))}"
@@ -150,6 +151,7 @@ def _arrive(pg: ProcessGroup, seq: int, seconds: float) -> None:
     confirmation = _Listener(pg.comm, 0, seq)
     if not _poll_until(confirmation.arrived, seconds):
         confirmation.cancel()
+        pg._strays = True  # the first rank's confirmation may still come
         raise DistTimeoutError(
             f"monitored_barrier: rank {pg._ranks[pg.rank()]} waited "
             f"{round(seconds * 1000)} ms for rank {pg._ranks[0]} to confirm that every "

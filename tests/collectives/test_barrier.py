@@ -99,3 +99,41 @@ def test_monitored_barrier_names_every_missing_rank(pg, rank, world_size):
             else:  # only the first is named
                 assert str(err).startswith(f"Rank {missing[0]} failed to pass monitoredBarrier")
         destroy_out_of_step(g, missing, world_size)
+
+
+def test_a_late_token_is_never_left_for_another_communicator(rank, world_size):
+    """A rank that reaches monitored_barrier after the first rank gave up
+    sends its token anyway. Ranks that gave up keep the group's communicator
+    when it is destroyed: freed, its context id would go to a later
+    communicator, which would receive the token (Open MPI aborts when that
+    one is a single rank's; a larger one would hold a stray message)."""
+    if world_size == 1:
+        pytest.skip("needs a late rank")
+    world = MPI.COMM_WORLD
+    g = pycoll.new_group(timeout=timedelta(seconds=1))
+    last = world_size - 1
+    if rank != last:
+        with pytest.raises(DistTimeoutError):
+            pycoll.monitored_barrier(g, timeout=timedelta(milliseconds=300))
+        pycoll.destroy_process_group(g)  # gives up on the last rank's exchange
+        if rank == 0:
+            world.send("destroyed", dest=last, tag=79)
+    else:  # late: only once rank 0 has destroyed the group
+        assert world.recv(source=0, tag=79) == "destroyed"
+        with pytest.raises(DistTimeoutError):
+            pycoll.monitored_barrier(g, timeout=timedelta(milliseconds=300))
+        pycoll.destroy_process_group(g)
+    world.Barrier()
+    mine = world.Get_group().Incl([rank])
+    alone = world.Create_group(mine, tag=12)  # takes the lowest free context id
+    mine.Free()
+    pair = world.Dup()
+    world.Barrier()
+    strays = 0
+    for _ in range(2000):  # a stray token would be waiting on one of them
+        strays += bool(alone.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG))
+        strays += bool(pair.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG))
+    world.Barrier()
+    alone.Free()
+    pair.Free()
+    assert strays == 0
