@@ -45,6 +45,7 @@ torch's ReduceOp, or torch's names: ``"sum"``, ``"avg"``, ``"product"``,
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -169,7 +170,7 @@ class AsyncArray(NDArrayOperatorsMixin):
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -699,10 +700,10 @@ def _offsets(arrays: List[Any]) -> List[int]:
     starts, at = [], 0
     for x in arrays:
         starts.append(at)
-        at += int(np.prod(x.shape, dtype=np.int64))
+        at += math.prod(x.shape)
     return starts
 
 
 def _view(start: int, shape: Tuple[int, ...]) -> Callable[[Any], Any]:
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     return lambda flat: flat[start : start + count].reshape(shape)
