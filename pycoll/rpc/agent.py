@@ -689,6 +689,7 @@ class Agent:
             message = self._improbe(self._any_source, TAG, self._status)
             if message is None:
                 if time.monotonic() > deadline:
+                    keep_alive(list(self._sends))  # (MPI may still read their buffers)
                     return False
                 time.sleep(1e-4)
                 continue
