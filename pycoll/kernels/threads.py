@@ -22,19 +22,15 @@ LOCK = threading.Lock()
 # more than one thread): below it, waking the pool costs more than it saves.
 PARALLEL_BYTES = 1 << 20
 _COUNT: Optional[int] = None
-_CORES: Optional[int] = None
 _VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
 
 
 def cores() -> int:
-    """The cores this process may run on (worked out once per process)."""
-    global _CORES
-    if _CORES is None:
-        try:
-            _CORES = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            _CORES = os.cpu_count() or 1
-    return _CORES
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def _ranks_here() -> int:
