@@ -106,7 +106,9 @@ class FusedAllReduce:
         if shared is None:
             shared = np.empty(int(sizes.sum()) // self.dtype.itemsize, self.dtype)
         self.buffer = shared
-        self._bytes = shared.view(np.uint8)
+        # Where each array lies in the fusion buffer: packing copies it there,
+        # unpacking back (pycoll.kernels.copy_pieces).
+        self._places = shared.__array_interface__["data"][0] + self._offsets
         self._work: Optional[Work] = None
         self._scattered: Any = None  # the copy tables into the group's shared window
 
@@ -204,23 +206,21 @@ class FusedAllReduce:
         described to DETAIL's check by ``describe`` (pycoll.all_reduce_coalesced
         runs the lists it has seen before through here, described as its
         other calls are)."""
-        from .kernels import pack, threads
-
         how, n = self._plan, pg.size()
         buf, nbytes, views = self.buffer, self.buffer.nbytes, self._views
         if not views and nbytes >= SHM_BYTES > 0:
             win = shm.usable(pg, how, self.dtype)
             if win is not None and nbytes >= _window_from(win):
                 return self._run_shm(pg, win, name, async_op, describe)
-        table = (self._addresses, self._sizes, self._offsets)
+        arrays, places, sizes = self._addresses, self._places, self._sizes
         if not views:
-            threads.run(pack.pack_kernel, nbytes, *table, self._bytes)
+            kernels.copy_pieces(places, arrays, sizes, nbytes)
 
         def finish() -> None:
             if how.average:
                 kernels.divide(buf, n, out=buf)
             if not views:
-                threads.run(pack.unpack_kernel, nbytes, self._bytes, *table)
+                kernels.copy_pieces(arrays, places, sizes, nbytes)
 
         prepare = None
         if how.prescale is not None:

@@ -75,7 +75,6 @@ LATE = {
     ("pycoll/dispatch.py", "pycoll.gpu.collectives"),
     # numba compiles on first use
     ("pycoll/ops.py", "."),
-    ("pycoll/fusion.py", ".kernels"),
     ("pycoll/kernels/__init__.py", ".elementwise"),
     ("pycoll/kernels/__init__.py", "."),
     # the pytest plugin is loaded by every pytest run: pycoll only when used

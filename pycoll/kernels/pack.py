@@ -1,10 +1,11 @@
-"""Copying many arrays into one buffer and back (fusion's pack and unpack),
-or pieces of them between any two addresses (copy: into a shared window and
-out of it, pycoll.collectives.shm).
+"""Copying many pieces of memory at once: fusion's packing of many arrays
+into one buffer and back, and their copies into a shared window and out of
+it (pycoll.collectives.shm).
 
-The arrays arrive as a table of addresses and byte counts, so one compiled
-call copies all of them (in parallel over arrays when the rank has threads),
-instead of one Python-level copy per array. Each copy is LLVM's memcpy.
+The pieces arrive as a table of (target address, source address, bytes), so
+one compiled call copies all of them (in parallel over pieces when the rank
+has threads), instead of one Python-level copy per array. Each copy is
+LLVM's memcpy.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["pack_kernel", "unpack_kernel", "copy_kernel"]
+__all__ = ["copy_kernel"]
 
 
 @intrinsic
@@ -31,18 +32,6 @@ def _memcpy(typingctx, target, source, nbytes):
         return context.get_dummy_value()
 
     return types.none(types.int64, types.int64, types.int64), codegen
-
-
-def _pack(addresses, sizes, offsets, buffer):
-    base = buffer.ctypes.data
-    for k in prange(addresses.size):
-        _memcpy(base + offsets[k], addresses[k], sizes[k])
-
-
-def _unpack(buffer, addresses, sizes, offsets):
-    base = buffer.ctypes.data
-    for k in prange(addresses.size):
-        _memcpy(addresses[k], base + offsets[k], sizes[k])
 
 
 def _copy(targets, sources, sizes):
@@ -62,18 +51,7 @@ def _kernel(template: Callable, parallel: bool) -> Callable:
     return kernel
 
 
-def pack_kernel(parallel: bool) -> Callable:
-    """``k(addresses, sizes, offsets, buffer)``: copy each array's bytes to its offset."""
-    return _kernel(_pack, parallel)
-
-
-def unpack_kernel(parallel: bool) -> Callable:
-    """``k(buffer, addresses, sizes, offsets)``: copy each slice of the buffer back."""
-    return _kernel(_unpack, parallel)
-
-
 def copy_kernel(parallel: bool) -> Callable:
     """``k(targets, sources, sizes)``: copy ``sizes[k]`` bytes from address
-    ``sources[k]`` to address ``targets[k]``, for every k (pieces of arrays
-    into a shared window and back: pycoll.collectives.shm)."""
+    ``sources[k]`` to address ``targets[k]``, for every k."""
     return _kernel(_copy, parallel)
