@@ -204,7 +204,7 @@ class Contiguous:
             self.data[lo + part.start : lo + part.stop] = halves[r][part]
 
 
-_Table = Tuple[np.ndarray, np.ndarray, np.ndarray]  # (targets, sources, sizes) of pieces
+_Table = Tuple[np.ndarray, np.ndarray, np.ndarray]  # three int64 columns, one row a piece
 
 
 class Scattered:
@@ -243,27 +243,24 @@ class Scattered:
         self._in: Dict[int, _Table] = {}  # chunk -> its copy-in table
         self._out: Dict[int, _Table] = {}  # chunk -> its copy-out table
 
-    def _pieces(self, a: int, b: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The arrays that bytes [a, b) of the packed order fall in: their
-        indices, and each piece's packed start and end."""
+    def _pieces(self, a: int, b: int, base: int) -> _Table:
+        """Bytes [a, b) of the packed order, where packed byte p lies at
+        address ``base + p`` (in a window half): for each array they fall in,
+        one piece, as (its address there, its address in the array, bytes)."""
         first = int(np.searchsorted(self.ends, a, "right"))
         last = int(np.searchsorted(self.offsets, b, "left"))
-        i = np.arange(first, last)
         starts = np.maximum(self.offsets[first:last], a)
         ends = np.minimum(self.ends[first:last], b)
         keep = ends > starts  # (empty arrays have no bytes to copy)
-        return i[keep], starts[keep], ends[keep]
+        starts, ends = starts[keep], ends[keep]
+        inside = self.addresses[first:last][keep] + (starts - self.offsets[first:last][keep])
+        return base + starts, inside, ends - starts
 
     def copy_in(self, k: int, lo: int, size: int, mine: np.ndarray) -> None:
         table = self._in.get(k)
         if table is None:
-            i, starts, ends = self._pieces(lo, lo + size)
-            base = int(mine.ctypes.data)
-            table = self._in[k] = (
-                base + (starts - lo),
-                self.addresses[i] + (starts - self.offsets[i]),
-                ends - starts,
-            )
+            window, arrays, sizes = self._pieces(lo, lo + size, int(mine.ctypes.data) - lo)
+            table = self._in[k] = (window, arrays, sizes)
         targets, sources, sizes = table
         kernels.copy_pieces(targets, sources, sizes, size)
         if self.scale is not None:
@@ -273,19 +270,12 @@ class Scattered:
     def copy_out(self, k: int, lo: int, halves: List[np.ndarray], slices: List[slice]) -> None:
         table = self._out.get(k)
         if table is None:
-            pieces = []
-            for r, part in enumerate(slices):
-                i, starts, ends = self._pieces(lo + part.start, lo + part.stop)
-                base = int(halves[r].ctypes.data)
-                pieces.append(
-                    (
-                        self.addresses[i] + (starts - self.offsets[i]),
-                        base + (starts - lo),
-                        ends - starts,
-                    )
-                )
-            targets, sources, sizes = (np.concatenate(column) for column in zip(*pieces))
-            table = self._out[k] = (targets, sources, sizes)
+            pieces = [
+                self._pieces(lo + part.start, lo + part.stop, int(halves[r].ctypes.data) - lo)
+                for r, part in enumerate(slices)
+            ]
+            window, arrays, sizes = (np.concatenate(column) for column in zip(*pieces))
+            table = self._out[k] = (arrays, window, sizes)
         targets, sources, sizes = table
         kernels.copy_pieces(targets, sources, sizes, slices[-1].stop)
 
