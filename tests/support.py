@@ -199,3 +199,26 @@ def run_mpiexec(n: int, argv: List[str], env: dict, timeout: float, cwd=None, **
         if proc.returncode == 0 or not family.transient_start_failure(said):
             break
     return proc
+
+
+def stray_messages(world, tag: int) -> int:
+    """Messages waiting on the next two communicators made from ``world``
+    (this rank alone, by MPI_Comm_create_group with ``tag``, then a
+    duplicate), which take the lowest free context ids: a message sent on a
+    communicator after this rank freed it lands there (Open MPI aborts at the
+    single-rank one). Collective over ``world``; both are freed after."""
+    from mpi4py import MPI
+
+    mine = world.Get_group().Incl([world.Get_rank()])
+    alone = world.Create_group(mine, tag=tag)
+    mine.Free()
+    pair = world.Dup()
+    world.Barrier()
+    strays = 0
+    for _ in range(2000):
+        strays += bool(alone.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG))
+        strays += bool(pair.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG))
+    world.Barrier()
+    alone.Free()
+    pair.Free()
+    return strays
