@@ -20,6 +20,10 @@ from typing import List as _List
 if _TYPE_CHECKING:  # the names, for type checkers; at run time they load on first use
     from .collectives.alltoall import all_to_all, all_to_all_single
     from .collectives.barrier import barrier, monitored_barrier
+    from .collectives.coalesced import (
+        all_gather_into_tensor_coalesced,
+        reduce_scatter_tensor_coalesced,
+    )
     from .collectives.gather import all_gather, all_gather_coalesced, all_gather_into_tensor, gather
     from .collectives.objects import (
         all_gather_object,
@@ -92,10 +96,12 @@ __all__ = [
     "all_gather",
     "all_gather_into_tensor",
     "all_gather_coalesced",
+    "all_gather_into_tensor_coalesced",
     "gather",
     "scatter",
     "reduce_scatter",
     "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced",
     "all_to_all",
     "all_to_all_single",
     "barrier",
@@ -141,6 +147,8 @@ _EXPORTS = {
     "all_to_all_single": "collectives.alltoall",
     "barrier": "collectives.barrier",
     "monitored_barrier": "collectives.barrier",
+    "all_gather_into_tensor_coalesced": "collectives.coalesced",
+    "reduce_scatter_tensor_coalesced": "collectives.coalesced",
     "all_gather": "collectives.gather",
     "all_gather_coalesced": "collectives.gather",
     "all_gather_into_tensor": "collectives.gather",

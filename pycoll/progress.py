@@ -57,6 +57,8 @@ OPS = (
     "recv_object_list",
     "fused_all_reduce",
     "trace_start",
+    "all_gather_into_tensor_coalesced",
+    "reduce_scatter_tensor_coalesced",
 )
 CODE = {name: i for i, name in enumerate(OPS)}
 

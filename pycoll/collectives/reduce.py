@@ -478,11 +478,13 @@ def _reduce_scatter_block(
     async_op: bool,
     call: Callable[[], str],
     into: Optional[np.ndarray] = None,
+    then: Optional[Callable[[], None]] = None,
 ) -> Optional[Work]:
     """Reduce ``send`` (group size x output.size elements, already scaled if
     need be) and leave this rank's part in ``output``; through ``into`` (an
     array shaped like ``output``, copied into it at the end) where ``output``
-    is part of ``send``, since MPI's buffers must not overlap."""
+    is part of ``send``, since MPI's buffers must not overlap. ``then`` runs
+    last, once ``output`` holds the result (a coalesced call copies out)."""
     comm = pg.comm
     n = pg._size
     finish: Optional[Callable[[], None]] = _averager(output, n) if how.average else None
@@ -494,6 +496,14 @@ def _reduce_scatter_block(
             else:
                 np.copyto(output, into)
             scratch.give(pg, into)
+
+    if then is not None:
+        first = finish
+
+        def finish() -> None:
+            if first is not None:
+                first()
+            then()
 
     recv = output if into is None else into
     start, _, args = _mpi_reduce_scatter(comm, n, how, send, recv)
