@@ -23,7 +23,7 @@ from ..dispatch import IN, LIST, LISTS, OUT, Array, collective
 from ..groups import STATE, ProcessGroup, resolve
 from ..persistent import LIMIT as PLAN_LIMIT
 from ..work import Work
-from . import scratch
+from . import coalesced, scratch
 from ._common import DETAIL, group_rank, plain, run, sig
 
 __all__ = ["all_gather", "all_gather_into_tensor", "all_gather_coalesced", "gather"]
@@ -215,20 +215,17 @@ def all_gather_coalesced(
     if pg is None:
         return None
     n = pg._size
-    inputs = [
-        check_input(func, f"input_tensor_list[{i}]", x)
-        for i, x in enumerate(check_list(func, "input_tensor_list", input_tensor_list))
-    ]
+    inputs = coalesced.checked(func, "input_tensor_list", input_tensor_list, check_input)
     per_rank = check_list(func, "output_tensor_lists", output_tensor_lists, n)
     outputs = []
     for r, outs in enumerate(per_rank):
-        outs = [
-            check_output(func, f"output_tensor_lists[{r}][{i}]", x)
-            for i, x in enumerate(check_list(func, f"output_tensor_lists[{r}]", outs, len(inputs)))
-        ]
+        name = f"output_tensor_lists[{r}]"
+        outs = coalesced.checked(
+            func, name, check_list(func, name, outs, len(inputs)), check_output
+        )
         for i, (out, x) in enumerate(zip(outs, inputs)):
-            check_same_dtype(func, [x, out])
-            if out.shape != x.shape:
+            if out.dtype != x.dtype or out.shape != x.shape:
+                check_same_dtype(func, [x, out])
                 raise ValueError(
                     f"{func}: output_tensor_lists[{r}][{i}] has shape "
                     f"{out.shape} but input_tensor_list[{i}] has {x.shape}"
@@ -237,31 +234,12 @@ def all_gather_coalesced(
     desc = None
     if debug.LEVEL >= DETAIL:
         desc = f"{func}(inputs={[(x.shape, str(x.dtype)) for x in inputs]})"
-    # Pack as bytes so arrays of different dtypes travel in one message.
-    send = np.concatenate([x.reshape(-1).view(np.uint8) for x in inputs] or [np.empty(0, np.uint8)])
-    recv = np.empty((n, send.size), np.uint8)
-
-    def finish() -> None:
-        for r, outs in enumerate(outputs):
-            offset = 0
-            for out in outs:
-                out.reshape(-1).view(np.uint8)[...] = recv[r, offset : offset + out.nbytes]
-                offset += out.nbytes
-
-    byte = _mpi.MPI.BYTE
-    comm = pg.comm
-    return run(
-        pg,
-        func,
-        recv.nbytes,
-        comm.Iallgather,
-        ([send, byte], [recv, byte]),
-        async_op,
-        finish,
-        outputs,
-        call=desc,
-        key=crosscheck.key(func, None, send.size),
-    )
+    # One MPI all-gather of every array's bytes, so arrays of different dtypes
+    # travel in one message (pycoll.collectives.coalesced); rank r's array i
+    # is copied straight to output_tensor_lists[r][i].
+    targets = np.array([coalesced.addresses(outs) for outs in outputs], np.int64)
+    targets = targets.reshape(n, len(inputs))
+    return coalesced.all_gather_bytes(pg, func, inputs, targets, outputs, async_op, desc)
 
 
 @collective(Array("tensor", IN), Array("gather_list", OUT, LIST))
