@@ -54,6 +54,8 @@ import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from . import groups, torchcompat
+from .arrays import check_input
+from .collectives import coalesced
 from .collectives.alltoall import all_to_all_single as _all_to_all_single
 from .collectives.gather import all_gather_into_tensor as _all_gather_into_tensor
 from .collectives.reduce import all_reduce as _all_reduce
@@ -80,6 +82,55 @@ _FINISH = threading.Lock()  # one finisher per result; held only to run `finish`
 _ABANDONED: List[Any] = []  # buffers of operations on groups that timed out
 
 
+class _Pending:
+    """The operations behind one or more results (a coalesced call's results
+    share one), waited for once: at the first read of any of them, or when
+    the last of them is dropped unread, so the buffers MPI writes into
+    (``keep``) outlive the operations and staged operations reach the peers.
+    Its error is raised again on every later read."""
+
+    __slots__ = ("works", "group", "keep", "failed")
+
+    def __init__(self, works: Sequence[Any], group: Any, keep: Any) -> None:
+        self.works: Optional[Sequence[Any]] = works
+        self.group = group
+        self.keep = keep
+        self.failed: Optional[BaseException] = None
+
+    def wait(self) -> None:
+        works = self.works
+        if works is None:
+            return
+        if self.failed is not None:
+            raise self.failed
+        try:
+            for work in works:
+                work.wait()  # thread-safe; raises the operation's error
+        except BaseException as exc:
+            self.failed = exc  # raised again on every read, without waiting again
+            raise
+        self.works = None
+
+    def done(self) -> bool:
+        works = self.works
+        return works is None or all(w.is_completed() for w in works)
+
+    def __del__(self) -> None:
+        try:
+            works = self.works
+        except AttributeError:  # __init__ did not get that far
+            return
+        if works is None or sys.is_finalizing():
+            return
+        if self.failed is not None or self.group.is_broken():
+            # A timed-out operation never completes and MPI may still write
+            # into its buffers: keep them for good rather than wait again.
+            _ABANDONED.append((works, self.keep))
+            return
+        for work in works:
+            work.wait()
+
+
 class AsyncArray(NDArrayOperatorsMixin):
     """The result of a functional collective, waited for on first read.
 
@@ -90,16 +141,7 @@ class AsyncArray(NDArrayOperatorsMixin):
     array itself.
     """
 
-    __slots__ = (
-        "_works",
-        "_value",
-        "_finish",
-        "_group",
-        "_failed",
-        "shape",
-        "dtype",
-        "__weakref__",
-    )
+    __slots__ = ("_pending", "_value", "_finish", "shape", "dtype", "__weakref__")
 
     def __init__(
         self,
@@ -108,60 +150,37 @@ class AsyncArray(NDArrayOperatorsMixin):
         shape: Tuple[int, ...],
         group: Any,
         finish: Optional[Callable[[Any], Any]] = None,
+        pending: Optional[_Pending] = None,
     ) -> None:
-        self._works: Optional[Sequence[Any]] = works or None
-        self._group = group
-        self._failed: Optional[BaseException] = None
+        if pending is None and works:
+            pending = _Pending(works, group, value)
+        self._pending = pending
         self._value = value
         self._finish = finish
         self.shape = shape if type(shape) is tuple else tuple(shape)
         self.dtype = value.dtype
-        if not works and finish is not None:
+        if pending is None and finish is not None:
             self._value, self._finish = finish(value), None
 
     # -- waiting ---------------------------------------------------------------
     def wait(self) -> Any:
         """Wait for the operation (within its group's timeout) and return the
         plain array. Raises the operation's error, on every call."""
-        works = self._works
-        if works is not None:
-            if self._failed is not None:
-                raise self._failed
-            try:
-                for work in works:
-                    work.wait()  # thread-safe; raises the operation's error
-            except BaseException as exc:
-                self._failed = exc  # raised again on every read, without waiting again
-                raise
+        pending = self._pending
+        if pending is not None:
+            pending.wait()
             with _FINISH:
-                if self._works is not None:
+                if self._pending is not None:
                     if self._finish is not None:
                         self._value = self._finish(self._value)
                         self._finish = None
-                    self._works = None
+                    self._pending = None
         return self._value
 
     def done(self) -> bool:
         """Whether the data is there (a read would not wait). Never blocks."""
-        works = self._works
-        return works is None or all(w.is_completed() for w in works)
-
-    def __del__(self) -> None:
-        # A result nobody read: finish its operation so the buffers MPI
-        # writes into outlive it and staged operations reach the peers.
-        try:
-            works = self._works
-        except AttributeError:  # __init__ did not get that far
-            return
-        if works is None or sys.is_finalizing():
-            return
-        if self._failed is not None or self._group.is_broken():
-            # A timed-out operation never completes and MPI may still write
-            # into its buffers: keep them for good rather than wait again.
-            _ABANDONED.append((works, self._value))
-            return
-        for work in works:
-            work.wait()
+        pending = self._pending
+        return pending is None or pending.done()
 
     # -- metadata, known at once ---------------------------------------------
     @property
@@ -633,32 +652,49 @@ def all_reduce_coalesced(
     found = [_arrays(func, x, f"self[{i}]") for i, x in enumerate(_list(func, self))]
     xs = found[0][0]
     arrays = [x for _, x in found]
+    dtype = arrays[0].dtype
     for i, x in enumerate(arrays):
-        if x.dtype != arrays[0].dtype:
+        if x.dtype != dtype:
             raise ValueError(
-                f"{func}: self[{i}] has dtype {x.dtype} but self[0] has {arrays[0].dtype}; "
+                f"{func}: self[{i}] has dtype {x.dtype} but self[0] has {dtype}; "
                 f"the arrays must share one dtype"
             )
     op = _op(func, reduceOp)
     pg = _group(func, group)
     flat = xs.concat([x.reshape(-1) for x in arrays], axis=0)
-    works = [_all_reduce(flat, op=op, group=pg, async_op=True)]
-    return [
-        AsyncArray(works, flat, tuple(x.shape), pg, _view(start, tuple(x.shape)))
-        for x, start in zip(arrays, _offsets(arrays))
-    ]
+    work = _all_reduce(flat, op=op, group=pg, async_op=True)
+    shapes = [tuple(x.shape) for x in arrays]
+    return _results([work], flat, pg, [flat[a:b].reshape(s) for a, b, s in _spans(shapes)])
 
 
 def all_gather_into_tensor_coalesced(
     self: List[Any], group: Any = None, tag: str = ""
 ) -> List[AsyncArray]:
-    """:func:`all_gather_tensor` along dimension 0 of several arrays."""
+    """:func:`all_gather_tensor` along dimension 0 of several arrays. numpy
+    arrays (of any dtypes) go in one MPI operation
+    (pycoll.collectives.coalesced); device arrays one operation each."""
     func = "all_gather_into_tensor_coalesced"
-    arrays = [_arrays(func, x, f"self[{i}]")[1] for i, x in enumerate(_list(func, self))]
+    found = [_arrays(func, x, f"self[{i}]") for i, x in enumerate(_list(func, self))]
+    arrays = [x for _, x in found]
     for i, x in enumerate(arrays):
         _at_least_1d(func, x, f"self[{i}]")
     pg = _group(func, group)
-    return [all_gather_tensor(x, 0, pg) for x in arrays]
+    if any(xs is not _HOST for xs, _ in found):
+        return [all_gather_tensor(x, 0, pg) for x in arrays]
+    n = pg.size()
+    ins = [check_input(func, f"self[{i}]", x) for i, x in enumerate(arrays)]
+    sizes = np.array([x.nbytes for x in ins], np.int64)
+    out = np.empty(n * int(sizes.sum()), np.uint8)
+    starts = n * np.cumsum(sizes) - n * sizes  # output i's first byte in out
+    targets = coalesced.addresses([out]) + starts + np.arange(n, dtype=np.int64)[:, None] * sizes
+    shapes = [(n * x.shape[0],) + tuple(x.shape[1:]) for x in ins]
+    work = coalesced.all_gather_bytes(
+        pg, func, ins, targets, None, True, lambda: f"{func}({len(ins)} arrays)"
+    )
+    views = [
+        np.ndarray(shape, x.dtype, out, int(start)) for shape, x, start in zip(shapes, ins, starts)
+    ]
+    return _results([work], out, pg, views)
 
 
 def reduce_scatter_tensor_coalesced(
@@ -669,23 +705,43 @@ def reduce_scatter_tensor_coalesced(
     tag: str = "",
 ) -> List[AsyncArray]:
     """:func:`reduce_scatter_tensor` of several arrays, ``scatter_dim[i]``
-    for ``inputs[i]``."""
+    for ``inputs[i]``. numpy arrays of one dtype, all split along dimension
+    0, go in one MPI operation (pycoll.collectives.coalesced), the results
+    views of one buffer; otherwise one operation each."""
     func = "reduce_scatter_tensor_coalesced"
-    arrays = _list(func, inputs, "inputs")
+    given = _list(func, inputs, "inputs")
     dims = list(scatter_dim)
-    if len(dims) != len(arrays):
+    if len(dims) != len(given):
         raise ValueError(
-            f"{func}: scatter_dim has {len(dims)} entries for {len(arrays)} inputs; "
+            f"{func}: scatter_dim has {len(dims)} entries for {len(given)} inputs; "
             f"give one dimension per input"
         )
     op = _op(func, reduceOp)
     pg = _group(func, group)
     n = pg.size()
-    arrays = [_arrays(func, x, f"inputs[{i}]")[1] for i, x in enumerate(arrays)]
+    found = [_arrays(func, x, f"inputs[{i}]") for i, x in enumerate(given)]
+    arrays = [x for _, x in found]
     for i, (x, d) in enumerate(zip(arrays, dims)):  # every check before anything starts
         _at_least_1d(func, x, f"inputs[{i}]")
-        _divisible(func, x, _dim(func, f"scatter_dim[{i}]", d, len(x.shape)), f"inputs[{i}]", n)
-    return [reduce_scatter_tensor(x, op, d, pg) for x, d in zip(arrays, dims)]
+        dims[i] = _dim(func, f"scatter_dim[{i}]", d, len(x.shape))
+        _divisible(func, x, dims[i], f"inputs[{i}]", n)
+    dtype = arrays[0].dtype
+    if any(d or xs is not _HOST or x.dtype != dtype for (xs, x), d in zip(found, dims)):
+        return [reduce_scatter_tensor(x, op, d, pg) for x, d in zip(arrays, dims)]
+    ins = [check_input(func, f"inputs[{i}]", x) for i, x in enumerate(arrays)]
+    work, recv = coalesced.reduce_scatter_parts(
+        pg, func, ins, None, dtype, op, True, lambda: f"{func}({op.name}, {len(ins)} arrays)"
+    )
+    shapes = [(x.shape[0] // n,) + tuple(x.shape[1:]) for x in ins]
+    return _results([work], recv, pg, [recv[a:b].reshape(s) for a, b, s in _spans(shapes)])
+
+
+def _results(works: List[Any], keep: Any, pg: Any, views: List[Any]) -> List[AsyncArray]:
+    """One result per view (of ``keep``, the buffer the operations write),
+    all waiting on the same operations: the first read waits for them, and
+    they are waited for once the last result is dropped unread."""
+    pending = _Pending(works, pg, keep)
+    return [AsyncArray(works, v, v.shape, pg, None, pending) for v in views]
 
 
 def _list(func: str, arrays: Any, name: str = "self") -> List[Any]:
@@ -696,14 +752,11 @@ def _list(func: str, arrays: Any, name: str = "self") -> List[Any]:
     return list(arrays)
 
 
-def _offsets(arrays: List[Any]) -> List[int]:
-    starts, at = [], 0
-    for x in arrays:
-        starts.append(at)
-        at += math.prod(x.shape)
-    return starts
-
-
-def _view(start: int, shape: Tuple[int, ...]) -> Callable[[Any], Any]:
-    count = math.prod(shape)
-    return lambda flat: flat[start : start + count].reshape(shape)
+def _spans(shapes: List[Tuple[int, ...]]) -> List[Tuple[int, int, Tuple[int, ...]]]:
+    """(start, end, shape) of arrays of ``shapes`` back to back in a flat buffer."""
+    spans, at = [], 0
+    for shape in shapes:
+        end = at + math.prod(shape)
+        spans.append((at, end, shape))
+        at = end
+    return spans
