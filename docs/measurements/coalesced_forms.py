@@ -39,11 +39,13 @@ C = 256  # float32 elements per array: 1 KiB
 
 xs = [np.full(C, me + 1 + i % 7, np.float32) for i in range(K)]
 outs = [[np.empty(C, np.float32) for _ in range(K)] for _ in range(n)]
+gathered_outs = [np.empty(C * n, np.float32) for _ in range(K)]
 one = np.concatenate(xs)
 one_out = np.empty(C * K * n, np.float32)
 rs_in = [np.full(C * n, me + 1 + i % 7, np.float32) for i in range(K)]
 rs_one_in = np.concatenate(rs_in)
 rs_one_out = np.empty(C * K, np.float32)
+rs_outs = [np.empty(C, np.float32) for _ in range(K)]
 total = n * (n + 1) // 2  # sum over ranks of (rank + 1)
 
 
@@ -90,6 +92,11 @@ cases = {
         ),
         "one all_gather_into_tensor",
     ),
+    "all_gather_into_tensor_coalesced": (
+        lambda: pycoll.all_gather_into_tensor_coalesced(gathered_outs, xs),
+        lambda _: all(np.array_equal(y, gathered(i)) for i, y in enumerate(gathered_outs)),
+        "one all_gather_into_tensor",
+    ),
     "functional all_gather_into_tensor_coalesced": (
         lambda: read(F.all_gather_into_tensor_coalesced(xs)),
         lambda got: all(np.array_equal(y, gathered(i)) for i, y in enumerate(got)),
@@ -107,6 +114,11 @@ cases = {
             ),  # fmt: skip
         ),
         None,
+    ),
+    "reduce_scatter_tensor_coalesced": (
+        lambda: pycoll.reduce_scatter_tensor_coalesced(rs_outs, rs_in),
+        lambda _: all(np.array_equal(y, sum_of(i)) for i, y in enumerate(rs_outs)),
+        "one reduce_scatter_tensor",
     ),
     "functional reduce_scatter_tensor_coalesced": (
         lambda: read(F.reduce_scatter_tensor_coalesced(rs_in, "sum", [0] * K)),

@@ -83,6 +83,13 @@ def _arrays(tensors: List[Any], func: str, name: str) -> List[Any]:
     return [_array(t, func, f"{name}[{i}]") for i, t in enumerate(tensors)]
 
 
+def _all_cpu(outputs: List[Any], inputs: List[Any]) -> bool:
+    """Whether a coalesced call's tensors are all on the CPU: then it is one
+    pycoll call (pycoll.collectives.coalesced); CUDA tensors go one pair at a
+    time, through the device layer."""
+    return all(t.is_cpu for t in outputs) and all(t.is_cpu for t in inputs)
+
+
 def _seconds(opts: Any) -> Optional[float]:
     """The call's own timeout in seconds; None when it has none (torch's
     options carry a negative one then)."""
@@ -265,6 +272,17 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     ) -> TorchWork:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         op = _op(opts.reduceOp, "reduce_scatter_tensor")
+        if len(inputs) > 1 and _all_cpu(outputs, inputs):
+            func = "reduce_scatter_tensor_coalesced"
+            outs = _arrays(outputs, func, "outputs")
+            ins = _arrays(inputs, func, "inputs")
+            return self._run(
+                opts,
+                outputs,
+                lambda g, a: pycoll.reduce_scatter_tensor_coalesced(
+                    outs, ins, op=op, group=g, async_op=a
+                ),
+            )
         return self._each(
             opts,
             outputs,
@@ -324,6 +342,17 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
     ) -> TorchWork:
         opts = opts if opts is not None else dist.AllgatherOptions()
+        if len(inputs) > 1 and _all_cpu(outputs, inputs):
+            func = "all_gather_into_tensor_coalesced"
+            outs = _arrays(outputs, func, "outputs")
+            ins = _arrays(inputs, func, "inputs")
+            return self._run(
+                opts,
+                outputs,
+                lambda g, a: pycoll.all_gather_into_tensor_coalesced(
+                    outs, ins, group=g, async_op=a
+                ),
+            )
         return self._each(
             opts,
             outputs,
