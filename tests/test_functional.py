@@ -148,6 +148,62 @@ def test_reduce_scatter_tensor_coalesced(rank, world_size):
         assert_equal(F.wait_tensor(y), np.split(total, n, axis=d)[rank])
 
 
+def test_numpy_lists_take_one_operation(pg, rank, world_size):
+    """A list of numpy arrays is one MPI operation (pycoll.collectives.coalesced):
+    every dtype mixed in one all-gather; a reduce-scatter of one dtype along
+    dimension 0 for every op and dtype; one along another dimension goes
+    array by array, as before."""
+    n = world_size
+    shapes = [(2,), (1, 3), (3, 1), (4,)]
+    specs = [(d, shapes[i % len(shapes)]) for i, d in enumerate(ALL_DTYPES)]
+    xs = [frozen(data(rank, d, s, salt=i)) for i, (d, s) in enumerate(specs)]
+    before = pg.sequence_number()
+    ys = F.all_gather_into_tensor_coalesced(xs, None)
+    assert pg.sequence_number() == before + 1
+    for i, ((d, s), y) in enumerate(zip(specs, ys)):
+        assert y.shape == (n * s[0],) + s[1:] and y.dtype == d
+        expected = np.concatenate([data(r, d, s, salt=i) for r in range(n)])
+        assert_equal(F.wait_tensor(y), expected)
+    for op, dtype in valid_pairs():
+        rs_shapes = [(2 * n, 3), (n,), (3 * n, 1, 2)]
+        xs = [frozen(data(rank, dtype, s, salt=i)) for i, s in enumerate(rs_shapes)]
+        before = pg.sequence_number()
+        ys = F.reduce_scatter_tensor_coalesced(xs, rop(op), [0, 0, -3], None)
+        assert pg.sequence_number() == before + 1
+        for i, (y, s) in enumerate(zip(ys, rs_shapes)):
+            total = reduce_all(op, [data(r, dtype, s, salt=i) for r in range(n)], n)
+            assert_equal(F.wait_tensor(y), np.split(total, n)[rank])
+    before = pg.sequence_number()
+    ys = F.reduce_scatter_tensor_coalesced([np.ones((2, n)), np.ones(n)], "sum", [1, 0])
+    assert pg.sequence_number() == before + 2
+    assert_equal(F.wait_tensor(ys[0]), np.full((2, 1), float(n)))
+
+
+def test_results_of_one_list_read_in_any_order_or_dropped(pg, rank, world_size):
+    """The results of a list share one operation: reading any one waits for
+    it; dropping some (or all) unread still completes it, on every rank."""
+    n = world_size
+    xs = [data(rank, F32, (k,), salt=k) for k in range(1, 9)]
+    sums = [
+        reduce_all("SUM", [data(r, F32, (k,), salt=k) for r in range(n)], 1) for k in range(1, 9)
+    ]
+    before = pg.sequence_number()
+    kept = F.all_reduce_coalesced(xs, "sum")
+    F.all_gather_into_tensor_coalesced(xs)  # every result dropped at once
+    gathered = F.all_gather_into_tensor_coalesced(xs)
+    del gathered[:-1]  # all but the last dropped unread
+    assert_equal(F.wait_tensor(kept[-1]), sums[-1])  # the last read first
+    del kept[2:5]
+    for y, k in zip(kept, [1, 2, 6, 7, 8]):
+        assert_equal(F.wait_tensor(y), sums[k - 1])
+    expected = np.concatenate([data(r, F32, (8,), salt=8) for r in range(n)])
+    assert_equal(F.wait_tensor(gathered[0]), expected)
+    assert pg.sequence_number() == before + 3
+    x = np.ones(4)
+    pycoll.all_reduce(x)
+    assert_equal(x, np.full(4, float(n)))
+
+
 def test_non_contiguous_input(rank, world_size):
     """A strided view is gathered as its values (torch's
     test_allgather_contiguous_input)."""

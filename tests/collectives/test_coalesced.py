@@ -1,0 +1,176 @@
+"""all_gather_into_tensor_coalesced and reduce_scatter_tensor_coalesced: a
+list of arrays in one MPI operation (pycoll.collectives.coalesced)."""
+
+import numpy as np
+import pytest
+
+import pycoll
+from pycoll import DebugLevel, ReduceOp, make_premul_sum
+from pycoll.errors import CollectiveMismatchError
+from support import ALL_DTYPES, PREMUL_SCALE, assert_equal, data, reduce_all, valid_pairs
+
+ASYNC = pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+PAIRS = valid_pairs()
+# Uneven sizes, empty and 0-d arrays among them, so pieces start anywhere.
+SHAPES = [(3,), (2, 2), (), (0,), (5,), (1, 3)]
+
+
+def rop(name):
+    return make_premul_sum(PREMUL_SCALE) if name == "PREMUL_SUM" else getattr(ReduceOp, name)
+
+
+def settle(work, async_op):
+    if async_op:
+        assert isinstance(work, pycoll.Work)
+        assert work.wait() is True
+        assert work.is_completed() and work.is_success()
+    else:
+        assert work is None
+
+
+def gathered(dtype, shape, n, salt):
+    """What an output of the all-gather holds: every rank's input, rank by rank."""
+    return np.concatenate([data(r, dtype, shape, salt).reshape(-1) for r in range(n)])
+
+
+@ASYNC
+def test_all_gather_every_dtype_in_one_call(async_op, rank, world_size):
+    n = world_size
+    cases = [(dt, SHAPES[i % len(SHAPES)]) for i, dt in enumerate(ALL_DTYPES)]
+    ins = [data(rank, dt, s, salt=i) for i, (dt, s) in enumerate(cases)]
+    before = [x.copy() for x in ins]
+    outs = [np.zeros(n * x.size, x.dtype) for x in ins]
+    seq = pycoll.group.WORLD.sequence_number()
+    settle(pycoll.all_gather_into_tensor_coalesced(outs, ins, async_op=async_op), async_op)
+    assert pycoll.group.WORLD.sequence_number() == seq + 1  # one operation for the list
+    for i, ((dt, s), out) in enumerate(zip(cases, outs)):
+        assert_equal(out, gathered(dt, s, n, i))
+    for x, b in zip(ins, before):
+        assert_equal(x, b)
+
+
+@ASYNC
+@pytest.mark.parametrize("op,dtype", PAIRS, ids=str)
+def test_reduce_scatter_every_op_and_dtype(op, dtype, async_op, rank, world_size):
+    n = world_size
+    shapes = [(n * 2, 2), (n * 3,), (n,), (0,), (n * 5, 1)]
+    ins = [data(rank, dtype, s, salt=i) for i, s in enumerate(shapes)]
+    before = [x.copy() for x in ins]
+    outs = [np.zeros((s[0] // n,) + s[1:], dtype) for s in shapes]
+    seq = pycoll.group.WORLD.sequence_number()
+    work = pycoll.reduce_scatter_tensor_coalesced(outs, ins, op=rop(op), async_op=async_op)
+    settle(work, async_op)
+    assert pycoll.group.WORLD.sequence_number() == seq + 1
+    for i, (s, out) in enumerate(zip(shapes, outs)):
+        total = reduce_all(op, [data(r, dtype, s, salt=i) for r in range(n)], n)
+        part = s[0] // n
+        assert_equal(out, total[rank * part : (rank + 1) * part])
+    for x, b in zip(ins, before):  # the inputs are read only, PREMUL_SUM's too
+        assert_equal(x, b)
+
+
+@pytest.mark.parametrize("op", ["SUM", "AVG"])
+def test_in_place_forms(op, rank, world_size):
+    """torch's in-place idioms: the input is this rank's part of the output
+    (all-gather), the output this rank's part of the input (reduce-scatter)."""
+    n = world_size
+    outs = [np.zeros(n * k, np.float64) for k in (2, 3)]
+    for k, out in zip((2, 3), outs):
+        out[rank * k : (rank + 1) * k] = data(rank, np.dtype(np.float64), (k,))
+    ins = [out[rank * k : (rank + 1) * k] for k, out in zip((2, 3), outs)]
+    pycoll.all_gather_into_tensor_coalesced(outs, ins)
+    for k, out in zip((2, 3), outs):
+        assert_equal(out, gathered(np.dtype(np.float64), (k,), n, 0))
+    xs = [data(rank, np.dtype(np.float32), (n * k,), salt=k) for k in (4, 1)]
+    originals = [x.copy() for x in xs]
+    mine = [x[rank * k : (rank + 1) * k] for k, x in zip((4, 1), xs)]
+    pycoll.reduce_scatter_tensor_coalesced(mine, xs, op=getattr(ReduceOp, op))
+    for k, x, original in zip((4, 1), xs, originals):
+        total = reduce_all(op, [data(r, np.dtype(np.float32), (n * k,), k) for r in range(n)], n)
+        part = slice(rank * k, (rank + 1) * k)
+        assert_equal(x[part], total[part])
+        original[part] = total[part]
+        assert_equal(x, original)  # the other ranks' parts are left as they were
+
+
+def test_many_arrays_and_kept_buffers(rank, world_size):
+    """1,000 arrays, 1 MiB in all (the parallel copies, the group's kept
+    buffers), then a shorter list and the first again: every call right,
+    whatever buffer it was given."""
+    n = world_size
+    big = [np.full(256, rank * 1000 + i, np.float32) for i in range(1000)]
+    small = [np.full(7, rank - i, np.int64) for i in range(30)]
+    for xs in (big, small, big):
+        outs = [np.empty(n * x.size, x.dtype) for x in xs]
+        pycoll.all_gather_into_tensor_coalesced(outs, xs)
+        for x, out in zip(xs, outs):
+            want = np.concatenate([x - (rank - r) * (1000 if x.dtype == np.float32 else 1)
+                                   for r in range(n)])  # fmt: skip
+            assert_equal(out, want.astype(x.dtype))
+        parts = [np.empty(x.size // n if x.size % n == 0 else 0, x.dtype) for x in xs]
+        ins = [x if x.size % n == 0 else x[:0] for x in xs]
+        pycoll.reduce_scatter_tensor_coalesced(parts, ins)
+        for x, part in zip(ins, parts):
+            k = part.size
+            total = sum(x[rank * k : (rank + 1) * k] - (rank - r) * (1000 if x.dtype == np.float32 else 1)
+                        for r in range(n))  # fmt: skip
+            assert_equal(part, np.asarray(total, x.dtype).reshape(part.shape))
+
+
+def test_bad_lists_are_refused_before_anything_is_sent(unsent, world_size, rank):
+    n = world_size
+    ag, rs = pycoll.all_gather_into_tensor_coalesced, pycoll.reduce_scatter_tensor_coalesced
+    with pytest.raises(ValueError, match=r"output_tensors has 1 arrays for 2 in input_tensors"):
+        ag([np.zeros(n)], [np.zeros(1), np.zeros(1)])
+    with pytest.raises(ValueError, match="input_tensors is empty"):
+        rs([], [])
+    with pytest.raises(TypeError, match="input_tensors must be a list"):
+        ag([np.zeros(n)], np.zeros(1))
+    with pytest.raises(
+        ValueError,
+        match=r"output_tensors\[1\] holds 3 elements but must hold "
+        rf"{2 * n} \(input_tensors\[1\].size x group size\)",
+    ):
+        ag([np.zeros(n), np.zeros(3)], [np.zeros(1), np.zeros(2)])
+    with pytest.raises(
+        ValueError,
+        match=r"output_tensors\[0\] has dtype int32 but input_tensors\[0\] has float64",
+    ):
+        ag([np.zeros(n, np.int32)], [np.zeros(1)])
+    with pytest.raises(ValueError, match=r"output_tensors\[1\] is not C-contiguous"):
+        ag([np.zeros(n), np.zeros(4 * n)[::2]], [np.zeros(1), np.zeros(2)])
+    with pytest.raises(ValueError, match=r"output_tensors\[0\] is read-only"):
+        frozen = np.zeros(n)
+        frozen.flags.writeable = False
+        ag([frozen], [np.zeros(1)])
+    with pytest.raises(ValueError, match=r"different dtypes \(found float32, float64\)"):
+        rs([np.zeros(1), np.zeros(1, np.float32)], [np.zeros(n), np.zeros(n, np.float32)])
+    with pytest.raises(
+        ValueError, match=rf"input_tensors\[0\] holds {n + 1} elements but must hold {n}"
+    ):
+        rs([np.zeros(1)], [np.zeros(n + 1)])
+    with pytest.raises(TypeError, match=r"input_tensors\[1\]"):
+        rs([np.zeros(1), np.zeros(1)], [np.zeros(n), "no array"])
+    with pytest.raises(ValueError, match="ReduceOp.BAND is not defined for dtype float64"):
+        rs([np.zeros(1)], [np.zeros(n)], op=ReduceOp.BAND)
+
+
+def test_detail_names_the_lists_that_differ(pg, rank, world_size):
+    if world_size == 1:
+        pytest.skip("needs two ranks to disagree")
+    before = pycoll.get_debug_level()
+    pycoll.set_debug_level(DebugLevel.DETAIL)
+    try:
+        k = 3 if rank == world_size - 1 else 2
+        ins = [np.zeros(k, np.float32), np.zeros(1, np.int8)]
+        outs = [np.zeros(world_size * x.size, x.dtype) for x in ins]
+        with pytest.raises(CollectiveMismatchError) as info:
+            pycoll.all_gather_into_tensor_coalesced(outs, ins)
+    finally:
+        pycoll.set_debug_level(before)
+    msg = str(info.value)
+    assert "all_gather_into_tensor_coalesced(inputs=[((3,), 'float32'), ((1,), 'int8')])" in msg
+    assert "all_gather_into_tensor_coalesced(inputs=[((2,), 'float32'), ((1,), 'int8')])" in msg
+    x = np.ones(1)
+    pycoll.all_reduce(x)
+    assert x[0] == world_size
