@@ -30,19 +30,19 @@ Layouts, for a group of n ranks:
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from .. import _mpi, crosscheck, kernels
 from ..arrays import check_input, check_list, check_output, check_same_dtype, check_size
-from ..dispatch import IN, LIST, OUT, Array, collective
+from ..dispatch import IN, LIST, OUT, UNKNOWN, Array, collective
 from ..groups import ProcessGroup, resolve
 from ..ops import ReduceOp
 from ..work import Work
 from . import scratch
 from ._common import run
-from .reduce import _plan, _reduce_scatter_block
+from .reduce import _plan, _reduce_scatter_block, _same
 
 __all__ = [
     "all_gather_into_tensor_coalesced",
@@ -79,6 +79,58 @@ def _ranks(n: int) -> np.ndarray:
     return np.arange(n, dtype=np.int64)[:, None]
 
 
+class Gather:
+    """One list's all-gather: the tables its calls copy by, made once from
+    its checked arrays. ``inputs`` are C-contiguous host arrays of any
+    dtypes; rank r's ``inputs[i]`` goes to address ``targets[r, i]`` (an
+    (n, K) int64 table)."""
+
+    def __init__(self, n: int, inputs: List[np.ndarray], targets: np.ndarray) -> None:
+        sizes = np.array([x.nbytes for x in inputs], np.int64)
+        self.sizes = sizes
+        self.offsets, self.total = _offsets(sizes)
+        self.sources = addresses(inputs)
+        self.targets = targets.reshape(-1)
+        self.received = (self.total * _ranks(n) + self.offsets).reshape(-1)  # in the buffer
+        self.every = np.tile(sizes, n)
+        self.n = n
+
+    def run(
+        self,
+        pg: ProcessGroup,
+        func: str,
+        result: Any,
+        async_op: bool,
+        desc: Union[str, Callable[[], str], None],
+    ) -> Optional[Work]:
+        """One call, as the collective ``func``; ``result`` is what its Work
+        hands back."""
+        total = self.total
+        send = scratch.take(pg, total, _BYTE, KEEP_FROM)
+        kernels.copy_pieces(addresses([send]) + self.offsets, self.sources, self.sizes, total)
+        recv = scratch.take(pg, self.n * total, _BYTE, KEEP_FROM)
+        sources = addresses([recv]) + self.received
+
+        def finish() -> None:
+            kernels.copy_pieces(self.targets, sources, self.every, recv.nbytes)
+            scratch.give(pg, send)
+            scratch.give(pg, recv)
+
+        byte = _mpi.MPI.BYTE
+        return run(
+            pg,
+            func,
+            recv.nbytes,
+            pg.comm.Iallgather,
+            ([send, byte], [recv, byte]),
+            async_op,
+            finish,
+            result,
+            desc,
+            key=crosscheck.key(func, None, total),
+        )
+
+
 def all_gather_bytes(
     pg: ProcessGroup,
     func: str,
@@ -88,37 +140,64 @@ def all_gather_bytes(
     async_op: bool,
     desc: Union[str, Callable[[], str], None],
 ) -> Optional[Work]:
-    """Every rank's ``inputs`` (checked C-contiguous host arrays, any dtypes)
-    gathered in one MPI operation, as the collective ``func``: rank r's
-    ``inputs[i]`` is copied to address ``targets[r, i]`` (an (n, K) int64
-    table) once it is complete. ``result`` is what the Work hands back."""
-    n = pg._size
-    sizes = np.array([x.nbytes for x in inputs], np.int64)
-    offsets, total = _offsets(sizes)
-    send = scratch.take(pg, total, _BYTE, KEEP_FROM)
-    kernels.copy_pieces(addresses([send]) + offsets, addresses(inputs), sizes, total)
-    recv = scratch.take(pg, n * total, _BYTE, KEEP_FROM)
-    sources = (addresses([recv]) + total * _ranks(n) + offsets).reshape(-1)
-    every = np.tile(sizes, n)
+    """:class:`Gather` of ``inputs`` into ``targets``, one call."""
+    return Gather(pg._size, inputs, targets).run(pg, func, result, async_op, desc)
 
-    def finish() -> None:
-        kernels.copy_pieces(targets.reshape(-1), sources, every, recv.nbytes)
-        scratch.give(pg, send)
-        scratch.give(pg, recv)
 
-    byte = _mpi.MPI.BYTE
-    return run(
-        pg,
-        func,
-        recv.nbytes,
-        pg.comm.Iallgather,
-        ([send, byte], [recv, byte]),
-        async_op,
-        finish,
-        result,
-        desc,
-        key=crosscheck.key(func, None, total),
-    )
+class Scatter:
+    """One list's reduce-scatter: the tables its calls copy by, made once
+    from its checked arrays. ``inputs`` are C-contiguous host arrays of
+    ``dtype``, each of n equal parts; this rank's part of input i goes to
+    ``outputs[i]`` (None: the caller reads it from the returned buffer)."""
+
+    def __init__(
+        self,
+        n: int,
+        inputs: List[np.ndarray],
+        outputs: Optional[List[np.ndarray]],
+        dtype: np.dtype,
+        op: ReduceOp,
+        func: str,
+    ) -> None:
+        self.how = _plan(op, dtype, func)  # raises for an undefined (op, dtype)
+        self.dtype = dtype
+        parts = np.array([x.nbytes for x in inputs], np.int64) // n
+        self.parts = parts
+        self.offsets, self.total = _offsets(parts)
+        self.sources = (addresses(inputs) + _ranks(n) * parts).reshape(-1)
+        self.packed = (self.total * _ranks(n) + self.offsets).reshape(-1)  # in the buffer
+        self.every = np.tile(parts, n)
+        self.places = addresses(outputs) if outputs is not None else None
+        self.n = n
+
+    def run(
+        self, pg: ProcessGroup, func: str, async_op: bool, desc: Callable[[], str]
+    ) -> Tuple[Optional[Work], np.ndarray]:
+        """One call, as the collective ``func``: its Work (None if
+        synchronous) and the buffer receiving this rank's parts back to back
+        (the results, where there are no outputs)."""
+        how, dtype, total = self.how, self.dtype, self.total
+        send = scratch.take(pg, self.n * total, _BYTE, KEEP_FROM)
+        targets = addresses([send]) + self.packed
+        kernels.copy_pieces(targets, self.sources, self.every, send.nbytes)
+        data = send.view(dtype)
+        if how.prescale is not None:
+            kernels.scale(data, how.prescale, out=data)
+        places = self.places
+        if places is None:  # the results are views of it: the caller's for good
+            recv = np.empty(total // dtype.itemsize, dtype)
+        else:
+            recv = scratch.take(pg, total, dtype, KEEP_FROM)
+            mine = addresses([recv]) + self.offsets
+
+        def then() -> None:
+            scratch.give(pg, send)
+            if places is not None:
+                kernels.copy_pieces(places, mine, self.parts, total)
+                scratch.give(pg, recv)
+
+        work = _reduce_scatter_block(pg, func, data, recv, how, async_op, desc, then=then)
+        return work, recv
 
 
 def reduce_scatter_parts(
@@ -131,37 +210,88 @@ def reduce_scatter_parts(
     async_op: bool,
     desc: Callable[[], str],
 ) -> Tuple[Optional[Work], np.ndarray]:
-    """Every ``inputs[i]`` (checked C-contiguous host arrays of ``dtype``,
-    each of n equal parts) reduced over the group in one operation, as the
-    collective ``func``; this rank's part of input i goes to ``outputs[i]``
-    once it is complete. Returns the Work (None if synchronous) and the
-    buffer receiving this rank's parts back to back: with ``outputs`` None,
-    the caller's results are views of it."""
-    n = pg._size
-    how = _plan(op, dtype, func)
-    parts = np.array([x.nbytes for x in inputs], np.int64) // n
-    offsets, total = _offsets(parts)
-    send = scratch.take(pg, n * total, _BYTE, KEEP_FROM)
-    targets = addresses([send]) + total * _ranks(n) + offsets
-    sources = addresses(inputs) + _ranks(n) * parts
-    kernels.copy_pieces(targets.reshape(-1), sources.reshape(-1), np.tile(parts, n), send.nbytes)
-    data = send.view(dtype)
-    if how.prescale is not None:
-        kernels.scale(data, how.prescale, out=data)
-    if outputs is None:  # the results are views of it: the caller's for good
-        recv = np.empty(total // dtype.itemsize, dtype)
+    """:class:`Scatter` of ``inputs`` into ``outputs``, one call."""
+    return Scatter(pg._size, inputs, outputs, dtype, op, func).run(pg, func, async_op, desc)
+
+
+# A list given again (the very same array objects, in the same order: a
+# training step's gradients or parameters) skips the checks of its arrays and
+# the making of its tables, which cost about 1 us an array: from its second
+# call the group keeps its plan, for its last KEPT such lists (and so their
+# arrays), as all_reduce_coalesced keeps a FusedAllReduce. Keep the arrays
+# and update them in place between calls.
+_KEPT = "collectives.coalesced.kept"
+KEPT = 4
+
+
+class _Kept:
+    """A group's plans for its last KEPT lists seen twice, newest first, as
+    entries (func, op, inputs, outputs, plan, description, result), the
+    lists as tuples (outputs a tuple of tuples where nested); and, for each
+    collective, the last list seen without one."""
+
+    def __init__(self) -> None:
+        self.plans: List[Tuple[Any, ...]] = []
+        self.last: Dict[str, Tuple[Any, ...]] = {}  # func -> its last list without one
+
+    def find(self, func: str, op: Any, inputs: Any, outputs: Any) -> Any:
+        """The entry for exactly these array objects, or None."""
+        if type(inputs) not in (list, tuple) or type(outputs) not in (list, tuple):
+            return None
+        for i, entry in enumerate(self.plans):
+            if _matches(entry, func, op, inputs, outputs):
+                if i:
+                    self.plans.insert(0, self.plans.pop(i))
+                return entry
+        return None
+
+    def remember(self, entry: Tuple[Any, ...]) -> None:
+        """Keep ``entry``'s plan if the last list seen was this one, else
+        remember this one as the last."""
+        func = entry[0]
+        last = self.last.pop(func, None)
+        if last is not None and _matches(last, func, entry[1], entry[2], entry[3]):
+            self.plans.insert(0, entry)
+            del self.plans[KEPT:]
+        else:
+            self.last[func] = entry[:4]
+
+
+def _matches(entry: Tuple[Any, ...], func: str, op: Any, inputs: Any, outputs: Any) -> bool:
+    if entry[0] != func or entry[1] is not op or not _same(entry[2], inputs):
+        return False
+    kept = entry[3]
+    if kept and type(kept[0]) is tuple:  # (all_gather_coalesced's list per rank)
+        return len(kept) == len(outputs) and all(map(_same, kept, outputs))
+    return _same(kept, outputs)
+
+
+def kept(pg: ProcessGroup, func: str, op: Any, inputs: Any, outputs: Any) -> Any:
+    """The group's kept entry for this call's lists, or None."""
+    plans = pg.attached(_KEPT)
+    return plans.find(func, op, inputs, outputs) if plans is not None else None
+
+
+def remember(
+    pg: ProcessGroup,
+    func: str,
+    op: Any,
+    inputs: List[Any],
+    outputs: List[Any],
+    plan: Any,
+    desc: Any,
+    result: Any,
+) -> None:
+    """:meth:`_Kept.remember` this call's lists and plan, for the group.
+    ``outputs`` may be a list of lists (one per rank)."""
+    plans = pg.attached(_KEPT)
+    if plans is None:
+        plans = pg.attach(_KEPT, _Kept())
+    if outputs and isinstance(outputs[0], list):
+        outs: Tuple[Any, ...] = tuple(tuple(o) for o in outputs)
     else:
-        recv = scratch.take(pg, total, dtype, KEEP_FROM)
-        places, mine = addresses(outputs), addresses([recv]) + offsets
-
-    def then() -> None:
-        scratch.give(pg, send)
-        if outputs is not None:
-            kernels.copy_pieces(places, mine, parts, total)
-            scratch.give(pg, recv)
-
-    work = _reduce_scatter_block(pg, func, data, recv, how, async_op, desc, then=then)
-    return work, recv
+        outs = tuple(outputs)
+    plans.remember((func, op, tuple(inputs), outs, plan, desc, result))
 
 
 def checked(
@@ -218,7 +348,26 @@ def _shapes(arrays: List[np.ndarray]) -> str:
     return str([(tuple(a.shape), str(a.dtype)) for a in arrays])
 
 
-@collective(Array("output_tensors", OUT, LIST), Array("input_tensors", IN, LIST))
+def _kept_gather(
+    output_tensors: Any,
+    input_tensors: Any,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+    stream: Any = None,
+) -> Any:
+    """all_gather_into_tensor_coalesced's shortcut (pycoll.dispatch.Spec.known):
+    lists the group keeps a plan for run at once; UNKNOWN for any other call."""
+    func = "all_gather_into_tensor_coalesced"
+    pg = resolve(group, func)
+    entry = kept(pg, func, None, input_tensors, output_tensors) if pg is not None else None
+    if entry is None:
+        return UNKNOWN
+    return entry[4].run(pg, func, entry[6], async_op, entry[5])
+
+
+@collective(
+    Array("output_tensors", OUT, LIST), Array("input_tensors", IN, LIST), known=_kept_gather
+)
 def all_gather_into_tensor_coalesced(
     output_tensors: List[np.ndarray],
     input_tensors: List[np.ndarray],
@@ -229,6 +378,8 @@ def all_gather_into_tensor_coalesced(
     """:func:`all_gather_into_tensor` of each pair (``output_tensors[i]``,
     ``input_tensors[i]``), all in one MPI operation (c10d's
     ``allgather_into_tensor_coalesced``). The arrays may differ in dtype.
+    The group keeps what it worked out for its last few lists: the same
+    array objects given again skip the checks (update them in place).
 
     Args:
         output_tensors: ``output_tensors[i]`` receives every rank's
@@ -244,13 +395,32 @@ def all_gather_into_tensor_coalesced(
     outs, ins = _pairs(func, output_tensors, input_tensors, "output_tensors", "input_tensors")
     _sizes(func, outs, ins, n, "output_tensors", "input_tensors[{i}].size x group size")
     sizes = np.array([x.nbytes for x in ins], np.int64)
-    targets = addresses(outs) + _ranks(n) * sizes
-    return all_gather_bytes(
-        pg, func, ins, targets, outs, async_op, lambda: f"{func}(inputs={_shapes(ins)})"
-    )
+    plan = Gather(n, ins, addresses(outs) + _ranks(n) * sizes)
+    desc = lambda: f"{func}(inputs={_shapes(ins)})"  # noqa: E731
+    remember(pg, func, None, ins, outs, plan, desc, outs)
+    return plan.run(pg, func, outs, async_op, desc)
 
 
-@collective(Array("output_tensors", OUT, LIST), Array("input_tensors", IN, LIST))
+def _kept_scatter(
+    output_tensors: Any,
+    input_tensors: Any,
+    op: ReduceOp = ReduceOp.SUM,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+    stream: Any = None,
+) -> Any:
+    """reduce_scatter_tensor_coalesced's shortcut, as :func:`_kept_gather`."""
+    func = "reduce_scatter_tensor_coalesced"
+    pg = resolve(group, func)
+    entry = kept(pg, func, op, input_tensors, output_tensors) if pg is not None else None
+    if entry is None:
+        return UNKNOWN
+    return entry[4].run(pg, func, async_op, entry[5])[0]
+
+
+@collective(
+    Array("output_tensors", OUT, LIST), Array("input_tensors", IN, LIST), known=_kept_scatter
+)
 def reduce_scatter_tensor_coalesced(
     output_tensors: List[np.ndarray],
     input_tensors: List[np.ndarray],
@@ -261,7 +431,9 @@ def reduce_scatter_tensor_coalesced(
 ) -> Optional[Work]:
     """:func:`reduce_scatter_tensor` of each pair (``output_tensors[i]``,
     ``input_tensors[i]``), all in one MPI operation (c10d's
-    ``reduce_scatter_tensor_coalesced``). The arrays share one dtype.
+    ``reduce_scatter_tensor_coalesced``). The arrays share one dtype. The
+    group keeps what it worked out for its last few lists, as
+    :func:`all_gather_into_tensor_coalesced` does.
 
     Args:
         output_tensors: ``output_tensors[i]`` receives this rank's part of
@@ -278,6 +450,8 @@ def reduce_scatter_tensor_coalesced(
     outs, ins = _pairs(func, output_tensors, input_tensors, "output_tensors", "input_tensors")
     dtype = check_same_dtype(func, ins)
     _sizes(func, ins, outs, n, "input_tensors", "output_tensors[{i}].size x group size")
+    plan = Scatter(n, ins, outs, dtype, op, func)
     desc = lambda: f"{func}({op.name}, inputs={_shapes(ins)})"  # noqa: E731
-    work, _ = reduce_scatter_parts(pg, func, ins, outs, dtype, op, async_op, desc)
+    remember(pg, func, op, ins, outs, plan, desc, outs)
+    work, _ = plan.run(pg, func, async_op, desc)
     return work

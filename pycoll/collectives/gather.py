@@ -19,7 +19,7 @@ from ..arrays import (
     is_slot,
     mpi_datatype,
 )
-from ..dispatch import IN, LIST, LISTS, OUT, Array, collective
+from ..dispatch import IN, LIST, LISTS, OUT, UNKNOWN, Array, collective
 from ..groups import STATE, ProcessGroup, resolve
 from ..persistent import LIMIT as PLAN_LIMIT
 from ..work import Work
@@ -194,7 +194,31 @@ def _own_part(inp: np.ndarray, out: np.ndarray, index: int) -> bool:
     )
 
 
-@collective(Array("output_tensor_lists", OUT, LISTS), Array("input_tensor_list", IN, LIST))
+def _kept_lists(
+    output_tensor_lists: Any,
+    input_tensor_list: Any,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+    stream: Any = None,
+) -> Any:
+    """all_gather_coalesced's shortcut (pycoll.dispatch.Spec.known): lists the
+    group keeps a plan for (pycoll.collectives.coalesced) run at once; UNKNOWN
+    for any other call."""
+    func = "all_gather_coalesced"
+    pg = resolve(group, func)
+    found = None
+    if pg is not None:
+        found = coalesced.kept(pg, func, None, input_tensor_list, output_tensor_lists)
+    if found is None:
+        return UNKNOWN
+    return found[4].run(pg, func, found[6], async_op, found[5])
+
+
+@collective(
+    Array("output_tensor_lists", OUT, LISTS),
+    Array("input_tensor_list", IN, LIST),
+    known=_kept_lists,
+)
 def all_gather_coalesced(
     output_tensor_lists: List[List[np.ndarray]],
     input_tensor_list: List[np.ndarray],
@@ -203,6 +227,8 @@ def all_gather_coalesced(
     stream: Any = None,
 ) -> Optional[Work]:
     """All-gather several arrays (of any dtypes) in a single MPI operation.
+    The group keeps what it worked out for its last few lists: the same
+    array objects given again skip the checks (update them in place).
 
     Args:
         output_tensor_lists: one list per rank of the group;
@@ -238,8 +264,9 @@ def all_gather_coalesced(
     # travel in one message (pycoll.collectives.coalesced); rank r's array i
     # is copied straight to output_tensor_lists[r][i].
     targets = np.array([coalesced.addresses(outs) for outs in outputs], np.int64)
-    targets = targets.reshape(n, len(inputs))
-    return coalesced.all_gather_bytes(pg, func, inputs, targets, outputs, async_op, desc)
+    plan = coalesced.Gather(n, inputs, targets.reshape(n, len(inputs)))
+    coalesced.remember(pg, func, None, inputs, outputs, plan, desc, outputs)
+    return plan.run(pg, func, outputs, async_op, desc)
 
 
 @collective(Array("tensor", IN), Array("gather_list", OUT, LIST))

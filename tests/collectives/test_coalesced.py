@@ -98,23 +98,24 @@ def test_many_arrays_and_kept_buffers(rank, world_size):
     buffers), then a shorter list and the first again: every call right,
     whatever buffer it was given."""
     n = world_size
-    big = [np.full(256, rank * 1000 + i, np.float32) for i in range(1000)]
-    small = [np.full(7, rank - i, np.int64) for i in range(30)]
+    big = [np.full(n * (256 // n), rank * 1000 + i, np.float32) for i in range(1000)]
+    small = [np.full(7 * n, rank * 10 - i, np.int64) for i in range(30)]
+
+    def of(x, r):
+        """Rank r's version of this rank's array x."""
+        return x + (r - rank) * (1000 if x.dtype == np.float32 else 10)
+
     for xs in (big, small, big):
         outs = [np.empty(n * x.size, x.dtype) for x in xs]
         pycoll.all_gather_into_tensor_coalesced(outs, xs)
         for x, out in zip(xs, outs):
-            want = np.concatenate([x - (rank - r) * (1000 if x.dtype == np.float32 else 1)
-                                   for r in range(n)])  # fmt: skip
-            assert_equal(out, want.astype(x.dtype))
-        parts = [np.empty(x.size // n if x.size % n == 0 else 0, x.dtype) for x in xs]
-        ins = [x if x.size % n == 0 else x[:0] for x in xs]
-        pycoll.reduce_scatter_tensor_coalesced(parts, ins)
-        for x, part in zip(ins, parts):
+            assert_equal(out, np.concatenate([of(x, r) for r in range(n)]))
+        parts = [np.empty(x.size // n, x.dtype) for x in xs]
+        pycoll.reduce_scatter_tensor_coalesced(parts, xs)
+        for x, part in zip(xs, parts):
             k = part.size
-            total = sum(x[rank * k : (rank + 1) * k] - (rank - r) * (1000 if x.dtype == np.float32 else 1)
-                        for r in range(n))  # fmt: skip
-            assert_equal(part, np.asarray(total, x.dtype).reshape(part.shape))
+            total = sum(of(x, r) for r in range(n))
+            assert_equal(part, total[rank * k : (rank + 1) * k])
 
 
 def test_bad_lists_are_refused_before_anything_is_sent(unsent, world_size, rank):
@@ -171,6 +172,97 @@ def test_detail_names_the_lists_that_differ(pg, rank, world_size):
     msg = str(info.value)
     assert "all_gather_into_tensor_coalesced(inputs=[((3,), 'float32'), ((1,), 'int8')])" in msg
     assert "all_gather_into_tensor_coalesced(inputs=[((2,), 'float32'), ((1,), 'int8')])" in msg
+    x = np.ones(1)
+    pycoll.all_reduce(x)
+    assert x[0] == world_size
+
+
+def kept_plans(pg):
+    kept = pg.attached("collectives.coalesced.kept")
+    return [] if kept is None else kept.plans
+
+
+@ASYNC
+def test_a_list_given_again_is_kept_and_stays_right(pg, async_op, rank, world_size):
+    """From its second call a list runs on the plan the group kept: the
+    arrays' new contents every time, and a list that differs in one array
+    is not taken for it (its checks run again, and refuse it)."""
+    n = world_size
+    ins = [np.zeros(k, np.float32) for k in (3, 1, 4)] + [np.zeros(2, np.int16)]
+    outs = [np.zeros(n * x.size, x.dtype) for x in ins]
+    parts = [np.zeros(x.size, x.dtype) for x in ins]
+    wide = [np.zeros(n * x.size, x.dtype) for x in ins]
+    lists = [[np.zeros(x.shape, x.dtype) for x in ins] for _ in range(n)]
+    for step in range(4):
+        for i, x in enumerate(ins):
+            x[...] = rank + 10 * step + i
+            wide[i][...] = np.arange(wide[i].size) + step
+        ag = pycoll.all_gather_into_tensor_coalesced(outs, ins, async_op=async_op)
+        co = pycoll.all_gather_coalesced(lists, ins, async_op=async_op)
+        rs = pycoll.reduce_scatter_tensor_coalesced(
+            parts[:3], wide[:3], op=ReduceOp.MAX, async_op=async_op
+        )
+        for work in (ag, co, rs):
+            settle(work, async_op)
+        for i, (x, out) in enumerate(zip(ins, outs)):
+            want = np.concatenate([np.full(x.size, r + 10 * step + i, x.dtype) for r in range(n)])
+            assert_equal(out, want)
+            for r in range(n):
+                assert_equal(lists[r][i], np.full(x.shape, r + 10 * step + i, x.dtype))
+        for i in range(3):
+            k = parts[i].size
+            assert_equal(parts[i], (np.arange(rank * k, (rank + 1) * k) + step).astype(np.float32))
+    funcs = {entry[0] for entry in kept_plans(pg)}
+    assert funcs >= {
+        "all_gather_into_tensor_coalesced",
+        "all_gather_coalesced",
+        "reduce_scatter_tensor_coalesced",
+    }
+    changed = outs[:1] + [np.zeros(n * 2, np.float32)] + outs[2:]  # one output replaced
+    with pytest.raises(ValueError, match=r"output_tensors\[1\] holds"):
+        pycoll.all_gather_into_tensor_coalesced(changed, ins)
+    with pytest.raises(TypeError, match="async_op must be True or False"):
+        pycoll.all_gather_into_tensor_coalesced(outs, ins, async_op=1)
+    x = np.ones(1)
+    pycoll.all_reduce(x)  # nothing was sent by the refused calls
+    assert x[0] == n
+
+
+def test_more_lists_than_the_group_keeps(pg, rank, world_size):
+    """Lists taken in turn, more of them than KEPT: each right every time."""
+    from pycoll.collectives import coalesced
+
+    n = world_size
+    lists = [
+        [np.full(k + j, rank * 100 + j, np.int32) for k in range(1, 4)]
+        for j in range(coalesced.KEPT + 2)
+    ]
+    outs = [[np.zeros(n * x.size, np.int32) for x in xs] for xs in lists]
+    for _ in range(3):
+        for j, (xs, os_) in enumerate(zip(lists, outs)):
+            os_[0][...] = -1
+            pycoll.all_gather_into_tensor_coalesced(os_, xs)
+            for x, out in zip(xs, os_):
+                assert_equal(out, np.repeat(np.arange(n, dtype=np.int32) * 100 + j, x.size))
+    assert len(kept_plans(pg)) <= coalesced.KEPT
+
+
+def test_detail_checks_a_kept_list(pg, rank, world_size):
+    if world_size == 1:
+        pytest.skip("needs two ranks to disagree")
+    mine = [np.zeros(2, np.float32), np.zeros(3, np.float64)]
+    other = [np.zeros(3, np.float32), np.zeros(3, np.float64)]
+    ins = other if rank == world_size - 1 else mine
+    outs = [np.zeros(world_size * x.size, x.dtype) for x in ins]
+    before = pycoll.get_debug_level()
+    pycoll.set_debug_level(DebugLevel.DETAIL)
+    try:
+        for _ in range(2):  # agreeing on the count of bytes would not do: shapes differ
+            with pytest.raises(CollectiveMismatchError, match=r"\(3,\), 'float32'"):
+                pycoll.all_gather_into_tensor_coalesced(outs, ins)
+        assert any(entry[0] == "all_gather_into_tensor_coalesced" for entry in kept_plans(pg))
+    finally:
+        pycoll.set_debug_level(before)
     x = np.ones(1)
     pycoll.all_reduce(x)
     assert x[0] == world_size
