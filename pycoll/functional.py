@@ -649,7 +649,7 @@ def all_reduce_coalesced(
     """:func:`all_reduce` of several arrays of one dtype in one MPI operation:
     they are packed into one new buffer and the results are views of it."""
     func = "all_reduce_coalesced"
-    found = [_arrays(func, x, f"self[{i}]") for i, x in enumerate(_list(func, self))]
+    found = _each(_list(func, self), lambda x, at: _arrays(func, x, f"self{at}"))
     xs = found[0][0]
     arrays = [x for _, x in found]
     dtype = arrays[0].dtype
@@ -674,22 +674,21 @@ def all_gather_into_tensor_coalesced(
     arrays (of any dtypes) go in one MPI operation
     (pycoll.collectives.coalesced); device arrays one operation each."""
     func = "all_gather_into_tensor_coalesced"
-    found = [_arrays(func, x, f"self[{i}]") for i, x in enumerate(_list(func, self))]
+    found = _each(_list(func, self), lambda x, at: _arrays(func, x, f"self{at}"))
     arrays = [x for _, x in found]
-    for i, x in enumerate(arrays):
-        _at_least_1d(func, x, f"self[{i}]")
+    _each(arrays, lambda x, at: _at_least_1d(func, x, f"self{at}"))
     pg = _group(func, group)
     if any(xs is not _HOST for xs, _ in found):
         return [all_gather_tensor(x, 0, pg) for x in arrays]
     n = pg.size()
-    ins = [check_input(func, f"self[{i}]", x) for i, x in enumerate(arrays)]
+    ins = _each(arrays, lambda x, at: check_input(func, f"self{at}", x))
     sizes = np.array([x.nbytes for x in ins], np.int64)
     out = np.empty(n * int(sizes.sum()), np.uint8)
     starts = n * np.cumsum(sizes) - n * sizes  # output i's first byte in out
     targets = coalesced.addresses([out]) + starts + np.arange(n, dtype=np.int64)[:, None] * sizes
     shapes = [(n * x.shape[0],) + tuple(x.shape[1:]) for x in ins]
     work = coalesced.all_gather_bytes(
-        pg, func, ins, targets, None, True, lambda: f"{func}({len(ins)} arrays)"
+        pg, func, ins, targets, None, True, lambda: f"{func}(inputs={coalesced.signature(ins)})"
     )
     views = [
         np.ndarray(shape, x.dtype, out, int(start)) for shape, x, start in zip(shapes, ins, starts)
@@ -719,18 +718,30 @@ def reduce_scatter_tensor_coalesced(
     op = _op(func, reduceOp)
     pg = _group(func, group)
     n = pg.size()
-    found = [_arrays(func, x, f"inputs[{i}]") for i, x in enumerate(given)]
+    found = _each(given, lambda x, at: _arrays(func, x, f"inputs{at}"))
     arrays = [x for _, x in found]
-    for i, (x, d) in enumerate(zip(arrays, dims)):  # every check before anything starts
-        _at_least_1d(func, x, f"inputs[{i}]")
-        dims[i] = _dim(func, f"scatter_dim[{i}]", d, len(x.shape))
-        _divisible(func, x, dims[i], f"inputs[{i}]", n)
+
+    def dim_of(pair: Tuple[Any, Any], at: str) -> int:
+        x, d = pair
+        _at_least_1d(func, x, f"inputs{at}")
+        d = _dim(func, f"scatter_dim{at}", d, len(x.shape))
+        _divisible(func, x, d, f"inputs{at}", n)
+        return d
+
+    dims = _each(list(zip(arrays, dims)), dim_of)  # every check before anything starts
     dtype = arrays[0].dtype
     if any(d or xs is not _HOST or x.dtype != dtype for (xs, x), d in zip(found, dims)):
         return [reduce_scatter_tensor(x, op, d, pg) for x, d in zip(arrays, dims)]
-    ins = [check_input(func, f"inputs[{i}]", x) for i, x in enumerate(arrays)]
+    ins = _each(arrays, lambda x, at: check_input(func, f"inputs{at}", x))
     work, recv = coalesced.reduce_scatter_parts(
-        pg, func, ins, None, dtype, op, True, lambda: f"{func}({op.name}, {len(ins)} arrays)"
+        pg,
+        func,
+        ins,
+        None,
+        dtype,
+        op,
+        True,
+        lambda: f"{func}({op.name}, inputs={coalesced.signature(ins)})",
     )
     shapes = [(x.shape[0] // n,) + tuple(x.shape[1:]) for x in ins]
     return _results([work], recv, pg, [recv[a:b].reshape(s) for a, b, s in _spans(shapes)])
@@ -742,6 +753,19 @@ def _results(works: List[Any], keep: Any, pg: Any, views: List[Any]) -> List[Asy
     they are waited for once the last result is dropped unread."""
     pending = _Pending(works, pg, keep)
     return [AsyncArray(works, v, v.shape, pg, None, pending) for v in views]
+
+
+def _each(items: List[Any], check: Callable[[Any, str], Any]) -> List[Any]:
+    """``check(item, at)`` of every item, ``at`` its index as ``"[i]"``: first
+    with ``at`` empty (a label formatted per item costs more than the checks
+    of 1,000 arrays), and again with the indices where one fails, to say
+    which."""
+    try:
+        return [check(x, "") for x in items]
+    except (TypeError, ValueError):
+        for i, x in enumerate(items):
+            check(x, f"[{i}]")
+        raise
 
 
 def _list(func: str, arrays: Any, name: str = "self") -> List[Any]:

@@ -396,6 +396,30 @@ def test_bad_arguments(unsent, rank, world_size):
             "one dimension per input",
             lambda: F.reduce_scatter_tensor_coalesced([x], "sum", [0, 1]),
         ),
+        (  # the item at fault is named by its index
+            TypeError,
+            r"self\[2\] must be a numpy array",
+            lambda: F.all_gather_into_tensor_coalesced([x, x, "x"]),
+        ),
+        (
+            ValueError,
+            r"self\[1\] is a 0-d array",
+            lambda: F.all_gather_into_tensor_coalesced([x, np.zeros(())]),
+        ),
+        (
+            ValueError,
+            r"scatter_dim\[1\]=5 is out of range",
+            lambda: F.reduce_scatter_tensor_coalesced([np.zeros(n)] * 2, "sum", [0, 5]),
+        ),
+        (
+            ValueError,
+            r"dimension 0 of inputs\[1\] has size",
+            lambda: F.reduce_scatter_tensor_coalesced(
+                [np.zeros(n), np.zeros(n + 1)], "sum", [0, 0]
+            ),
+        )
+        if n > 1
+        else (ValueError, "is empty", lambda: F.all_reduce_coalesced([], "sum")),
         (ValueError, "must list distinct ranks", lambda: F.all_reduce(x, "sum", [rank, rank])),
         (ValueError, "must list distinct ranks", lambda: F.all_reduce(x, "sum", [rank, n])),
         (TypeError, "must hold global ranks", lambda: F.all_reduce(x, "sum", ["0"])),

@@ -51,6 +51,7 @@ __all__ = [
     "all_gather_bytes",
     "reduce_scatter_parts",
     "checked",
+    "signature",
 ]
 
 
@@ -344,7 +345,8 @@ def _sizes(
         check_size(func, f"{name}[{i}]", larger[i], int(want[i]), why.format(i=i))
 
 
-def _shapes(arrays: List[np.ndarray]) -> str:
+def signature(arrays: List[np.ndarray]) -> str:
+    """The arrays' shapes and dtypes, as DETAIL's check compares them."""
     return str([(tuple(a.shape), str(a.dtype)) for a in arrays])
 
 
@@ -396,7 +398,7 @@ def all_gather_into_tensor_coalesced(
     _sizes(func, outs, ins, n, "output_tensors", "input_tensors[{i}].size x group size")
     sizes = np.array([x.nbytes for x in ins], np.int64)
     plan = Gather(n, ins, addresses(outs) + _ranks(n) * sizes)
-    desc = lambda: f"{func}(inputs={_shapes(ins)})"  # noqa: E731
+    desc = lambda: f"{func}(inputs={signature(ins)})"  # noqa: E731
     remember(pg, func, None, ins, outs, plan, desc, outs)
     return plan.run(pg, func, outs, async_op, desc)
 
@@ -451,7 +453,7 @@ def reduce_scatter_tensor_coalesced(
     dtype = check_same_dtype(func, ins)
     _sizes(func, ins, outs, n, "input_tensors", "output_tensors[{i}].size x group size")
     plan = Scatter(n, ins, outs, dtype, op, func)
-    desc = lambda: f"{func}({op.name}, inputs={_shapes(ins)})"  # noqa: E731
+    desc = lambda: f"{func}({op.name}, inputs={signature(ins)})"  # noqa: E731
     remember(pg, func, op, ins, outs, plan, desc, outs)
     work, _ = plan.run(pg, func, async_op, desc)
     return work
