@@ -4,11 +4,16 @@ issue 23's goal 4 (within 2x that one call).
 
 - all_reduce_coalesced (pycoll's) and functional all_reduce_coalesced,
   against one 1 MiB all_reduce;
-- all_gather_coalesced (pycoll's) and functional
-  all_gather_into_tensor_coalesced, against one all_gather_into_tensor of
-  1 MiB per rank;
-- functional reduce_scatter_tensor_coalesced, against one
-  reduce_scatter_tensor of 1 MiB per rank's part.
+- all_gather_coalesced, all_gather_into_tensor_coalesced (pycoll's) and
+  functional all_gather_into_tensor_coalesced, against one
+  all_gather_into_tensor of 1 MiB per rank;
+- reduce_scatter_tensor_coalesced (pycoll's) and functional
+  reduce_scatter_tensor_coalesced, against one reduce_scatter_tensor of
+  1 MiB per rank's part.
+
+pycoll's imperative forms get the same array objects every call, as a
+training loop gives them, so from the second call they run on the plan the
+group keeps; the functional forms make new results every call.
 
 The functional forms' every result is read (waited for). Every case's result
 is checked once on every rank first; then rounds of a block of 3 calls each,
