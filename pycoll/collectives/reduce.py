@@ -20,7 +20,6 @@ from ..arrays import (
     check_same_dtype,
     check_same_shape,
     check_size,
-    is_slot,
     may_alias,
 )
 from ..crosscheck import COUNT, OP_BITS
@@ -591,9 +590,6 @@ def reduce_scatter_tensor(
         made = persistent.for_reduce_scatter(pg, key, output, how.datatype, how.mpi_op)
         if made is not None:
             return made.call(pg, func, input, output, async_op, desc)
-    if input.nbytes >= SHM_RS_BYTES > 0 and (win := shm.usable(pg, how, dtype)) is not None:
-        if not may_alias(input, output) or is_slot(output, input, pg._rank):
-            return _reduce_scatter_shm(pg, win, output, input, op, how, async_op, desc)
     if how.plain and not async_op and debug.PLAIN:
         # The common case, straight to MPI (pycoll.collectives._common.plain):
         # the generic path's bookkeeping was a third of this call's cost at 8 B.
@@ -619,53 +615,6 @@ def reduce_scatter_tensor(
         # input cost 1.3-1.9x a raw in-place call from 2 MiB.
         into = scratch.take(pg, output.nbytes, output.dtype).reshape(output.shape)
     return _reduce_scatter_block(pg, func, send, output, how, async_op, desc, into)
-
-
-# From this input size a reduce_scatter_tensor whose ranks share one node goes
-# through the node's shared memory (pycoll.collectives.shm.Parted), as a large
-# all_reduce does: MPICH's own falls to about 1 GB/s at 64 MiB on 2 ranks
-# (docs/benchmarks.md). 0 turns it off.
-SHM_RS_BYTES = 32 << 20
-
-
-def _reduce_scatter_shm(
-    pg: ProcessGroup,
-    win: Any,
-    output: np.ndarray,
-    input: np.ndarray,
-    op: ReduceOp,
-    how: Plan,
-    async_op: bool,
-    desc: Callable[[], str],
-) -> Optional[Work]:
-    """reduce_scatter_tensor through the node's shared window: each chunk one
-    piece of every rank's region, each rank reducing (and copying out) the
-    piece of its own."""
-    data = shm.Parted(
-        win,
-        input.reshape(-1).view(np.uint8),
-        output.reshape(-1).view(np.uint8),
-        pg._size,
-        pg._rank,
-        input.dtype.itemsize,
-        input.dtype,
-        how.prescale,
-    )
-    key = how.key | OP_BITS["reduce_scatter_tensor"] | output.size & COUNT
-    return shm.all_reduce(
-        pg,
-        win,
-        "reduce_scatter_tensor",
-        data,
-        input.dtype,
-        op,
-        how,
-        async_op,
-        [output],
-        desc,
-        None,  # (a PREMUL_SUM scales in the window: Parted's scale)
-        key,
-    )
 
 
 def _same(arrays: Any, tensors: Any) -> bool:

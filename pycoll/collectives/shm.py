@@ -59,7 +59,6 @@ __all__ = [
     "all_reduce",
     "Contiguous",
     "Scattered",
-    "Parted",
     "ShmAllReduce",
 ]
 
@@ -281,56 +280,6 @@ class Scattered:
         kernels.copy_pieces(targets, sources, sizes, slices[-1].stop)
 
 
-class Parted:
-    """What :class:`ShmAllReduce` reduces for a reduce-scatter: an input of n
-    equal regions (region r what rank r keeps), each chunk made of the next
-    piece of every region, so that the chunk's slice each rank reduces is a
-    piece of its own region; only that slice is copied out, to the output.
-
-    Args:
-        win: the window (its chunk size sets the pieces').
-        data: the input's bytes (a uint8 view), n regions.
-        out: the output's bytes (a uint8 view), one region long; may be this
-            rank's region of ``data`` (torch's in-place form): each piece is
-            written only after it was copied in.
-        n, me: the group's size and this rank.
-        itemsize: bytes per element (pieces are cut on element boundaries).
-        dtype, scale: as :class:`Scattered`'s (a PREMUL_SUM scales in the
-            window, so the input is never written).
-    """
-
-    def __init__(
-        self,
-        win: Window,
-        data: np.ndarray,
-        out: np.ndarray,
-        n: int,
-        me: int,
-        itemsize: int,
-        dtype: Any,
-        scale: Any = None,
-    ) -> None:
-        self.data, self.out, self.n, self.me = data, out, n, me
-        self.dtype, self.scale = dtype, scale
-        self.region = len(out)
-        self.nbytes = len(data)
-        piece = max(itemsize, win.chunk // n // 16 * 16)  # a multiple of 16 fits any itemsize
-        self.step = n * piece  # bytes of one chunk: one piece of every region
-
-    def copy_in(self, k: int, lo: int, size: int, mine: np.ndarray) -> None:
-        at, piece, region = lo // self.n, size // self.n, self.region
-        for r in range(self.n):
-            mine[r * piece : (r + 1) * piece] = self.data[r * region + at : r * region + at + piece]
-        if self.scale is not None:
-            part = mine[:size].view(self.dtype)
-            kernels.scale(part, self.scale, out=part)
-
-    def copy_out(self, k: int, lo: int, halves: List[np.ndarray], slices: List[slice]) -> None:
-        own = slices[self.me]
-        at = lo // self.n
-        self.out[at : at + own.stop - own.start] = halves[self.me][own]
-
-
 class ShmAllReduce:
     """One all_reduce through ``win``: :meth:`start` and :attr:`stages`, for
     pycoll.collectives._common.run.
@@ -349,7 +298,7 @@ class ShmAllReduce:
         self.win, self.data, self.itemsize, self.name = win, data, itemsize, name
         self.average, self.dtype = average, dtype
         self.n, self.me = win.comm.Get_size(), win.comm.Get_rank()
-        step = getattr(data, "step", win.chunk)
+        step = win.chunk
         self.chunks = [(lo, min(step, data.nbytes - lo)) for lo in range(0, data.nbytes, step)]
         self.stages: List[Callable[[], List[Any]]] = []
         for k in range(len(self.chunks)):
