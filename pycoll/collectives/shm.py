@@ -60,6 +60,10 @@ __all__ = [
     "Contiguous",
     "Scattered",
     "ShmAllReduce",
+    "for_copies",
+    "all_gather",
+    "Gathered",
+    "ShmAllGather",
 ]
 
 # Bytes of one rank's copy of a chunk: a multiple of 16, so chunks end on an
@@ -207,6 +211,24 @@ class Contiguous:
 _Table = Tuple[np.ndarray, np.ndarray, np.ndarray]  # three int64 columns, one row a piece
 
 
+def _pieces(
+    offsets: np.ndarray, ends: np.ndarray, addresses: np.ndarray, a: int, b: int, base: int
+) -> _Table:
+    """Bytes [a, b) of arrays packed back to back (array i at bytes
+    ``[offsets[i], ends[i])``, its own memory at ``addresses[i]``), where
+    packed byte p lies at address ``base + p`` (in a window half): for each
+    array they fall in, one piece, as (its address there, its address in the
+    array, bytes)."""
+    first = int(np.searchsorted(ends, a, "right"))
+    last = int(np.searchsorted(offsets, b, "left"))
+    starts = np.maximum(offsets[first:last], a)
+    stops = np.minimum(ends[first:last], b)
+    keep = stops > starts  # (empty arrays have no bytes to copy)
+    starts, stops = starts[keep], stops[keep]
+    inside = addresses[first:last][keep] + (starts - offsets[first:last][keep])
+    return base + starts, inside, stops - starts
+
+
 class Scattered:
     """What :class:`ShmAllReduce` reduces: many arrays as if packed back to
     back (a FusedAllReduce's), copied straight into the window and straight
@@ -244,17 +266,7 @@ class Scattered:
         self._out: Dict[int, _Table] = {}  # chunk -> its copy-out table
 
     def _pieces(self, a: int, b: int, base: int) -> _Table:
-        """Bytes [a, b) of the packed order, where packed byte p lies at
-        address ``base + p`` (in a window half): for each array they fall in,
-        one piece, as (its address there, its address in the array, bytes)."""
-        first = int(np.searchsorted(self.ends, a, "right"))
-        last = int(np.searchsorted(self.offsets, b, "left"))
-        starts = np.maximum(self.offsets[first:last], a)
-        ends = np.minimum(self.ends[first:last], b)
-        keep = ends > starts  # (empty arrays have no bytes to copy)
-        starts, ends = starts[keep], ends[keep]
-        inside = self.addresses[first:last][keep] + (starts - self.offsets[first:last][keep])
-        return base + starts, inside, ends - starts
+        return _pieces(self.offsets, self.ends, self.addresses, a, b, base)
 
     def copy_in(self, k: int, lo: int, size: int, mine: np.ndarray) -> None:
         table = self._in.get(k)
@@ -345,4 +357,140 @@ class ShmAllReduce:
         self.data.copy_out(k, lo, self.win.halves[k % 2], self._slices(k))
         if k + 1 < len(self.chunks):
             self._copy_in(k + 1)
+        return [self._barrier()]
+
+
+def for_copies(pg: ProcessGroup) -> Optional[Window]:
+    """The group's window, where a call that only copies (an all-gather) can
+    go through it: more than one rank, no aliased device buffers in flight on
+    the group, every rank on one node (see :func:`window`). None otherwise."""
+    if pg._size < 2 or pg._aliases:
+        return None
+    return window(pg)
+
+
+def all_gather(
+    pg: ProcessGroup,
+    win: Window,
+    func: str,
+    data: Gathered,
+    async_op: bool,
+    result: Any,
+    desc: Any,
+    key: int,
+) -> Optional[Work]:
+    """Every rank's packed bytes (``data``: :class:`Gathered`) gathered
+    through ``win`` as the collective ``func``, by pycoll's pipeline. One call
+    at a time uses the window, as in :func:`all_reduce`."""
+    if win.work is not None:
+        earlier, win.work = win.work, None
+        earlier.wait()
+    job = ShmAllGather(win, data)
+    n = win.comm.Get_size()
+    work = run(
+        pg,
+        func,
+        n * data.nbytes,
+        job.start,
+        (),
+        async_op,
+        None,
+        result,
+        desc,
+        None,
+        job.stages,
+        key,
+    )
+    if async_op:
+        win.work = work
+    return work
+
+
+class Gathered:
+    """What :class:`ShmAllGather` gathers: this rank's arrays as if packed back
+    to back, copied straight into its half of the window, and every rank's
+    copied straight out to where the caller wants them, with no buffer
+    between. The copies of a chunk are one compiled call over a table of
+    pieces, made once per chunk and kept (the caller keeps one Gathered per
+    window, as :class:`Scattered`).
+
+    Args:
+        win: the window the tables point into.
+        addresses, sizes, offsets: each of this rank's arrays' address, byte
+            count and offset in the packed order (int64 arrays).
+        targets: an (n, K) int64 table: where rank r's array i goes.
+    """
+
+    def __init__(
+        self,
+        win: Window,
+        addresses: np.ndarray,
+        sizes: np.ndarray,
+        offsets: np.ndarray,
+        targets: np.ndarray,
+    ) -> None:
+        self.win = win
+        self.addresses, self.offsets, self.targets = addresses, offsets, targets
+        self.ends = offsets + sizes
+        self.nbytes = int(self.ends[-1]) if len(sizes) else 0
+        self._in: Dict[int, _Table] = {}
+        self._out: Dict[int, _Table] = {}
+
+    def copy_in(self, k: int, lo: int, size: int, mine: np.ndarray) -> None:
+        table = self._in.get(k)
+        if table is None:
+            base = int(mine.ctypes.data) - lo
+            table = self._in[k] = _pieces(
+                self.offsets, self.ends, self.addresses, lo, lo + size, base
+            )
+        kernels.copy_pieces(*table, size)
+
+    def copy_out(self, k: int, lo: int, size: int, halves: List[np.ndarray]) -> None:
+        table = self._out.get(k)
+        if table is None:
+            pieces = [
+                _pieces(self.offsets, self.ends, self.targets[r], lo, lo + size,
+                        int(halves[r].ctypes.data) - lo)
+                for r in range(len(halves))
+            ]  # fmt: skip
+            window, arrays, sizes = (np.concatenate(column) for column in zip(*pieces))
+            table = self._out[k] = (arrays, window, sizes)
+        kernels.copy_pieces(*table, size * len(halves))
+
+
+class ShmAllGather:
+    """One all-gather through ``win``: :meth:`start` and :attr:`stages`, for
+    pycoll.collectives._common.run. Chunk by chunk, each rank copies its next
+    chunk into its half of the window; once every rank has (a barrier), each
+    copies every rank's chunk out, then its chunk after into the other half,
+    and a barrier again, so a half is written only after every rank has read
+    it: one barrier per chunk."""
+
+    def __init__(self, win: Window, data: Gathered) -> None:
+        self.win, self.data = win, data
+        self.me = win.comm.Get_rank()
+        step = win.chunk
+        self.chunks = [(lo, min(step, data.nbytes - lo)) for lo in range(0, data.nbytes, step)]
+        self.stages: List[Callable[[], List[Any]]] = [
+            functools.partial(self._out, k) for k in range(len(self.chunks))
+        ]
+
+    def start(self) -> Any:
+        self._in(0)
+        return self._barrier()
+
+    def _barrier(self) -> Any:
+        self.win.win.Sync()  # this rank's stores, visible before the barrier ends
+        return self.win.comm.Ibarrier()
+
+    def _in(self, k: int) -> None:
+        lo, size = self.chunks[k]
+        self.data.copy_in(k, lo, size, self.win.halves[k % 2][self.me])
+
+    def _out(self, k: int) -> List[Any]:
+        self.win.win.Sync()
+        lo, size = self.chunks[k]
+        self.data.copy_out(k, lo, size, self.win.halves[k % 2])
+        if k + 1 < len(self.chunks):
+            self._in(k + 1)
         return [self._barrier()]

@@ -266,3 +266,91 @@ def test_detail_checks_a_kept_list(pg, rank, world_size):
     x = np.ones(1)
     pycoll.all_reduce(x)
     assert x[0] == world_size
+
+
+# -- through the node's shared window (pycoll.collectives.shm.Gathered) ---------------
+
+
+@pytest.fixture
+def shared(monkeypatch, world_size):
+    """A group whose all-gathers of 16 bytes a rank or more take the window, in
+    chunks of 32 bytes (so arrays span chunks and chunks hold many arrays)."""
+    if world_size == 1:
+        pytest.skip("one rank gathers nothing through a window")
+    from pycoll.collectives import coalesced, shm
+
+    monkeypatch.setattr(coalesced, "SHM_FROM", 16)
+    monkeypatch.setattr(shm, "CHUNK", 32)
+    g = pycoll.new_group()
+    yield g
+    if g._broken is None:
+        pycoll.destroy_process_group(g)
+
+
+def through_window(g) -> bool:
+    made = g.attached("shm.window")
+    return bool(made) and made.chunk == 32
+
+
+@ASYNC
+def test_every_dtype_through_the_window(shared, async_op, rank, world_size):
+    n = world_size
+    shapes = [(3,), (2, 5), (), (0,), (17,), (1, 3)]
+    cases = [(dt, shapes[i % len(shapes)]) for i, dt in enumerate(ALL_DTYPES)]
+    ins = [data(rank, dt, s, salt=i) for i, (dt, s) in enumerate(cases)]
+    outs = [np.zeros(n * x.size, x.dtype) for x in ins]
+    lists = [[np.zeros(x.shape, x.dtype) for x in ins] for _ in range(n)]
+    for step in range(3):  # new, seen once, kept: each time the arrays' new contents
+        for i, ((dt, s), x, out) in enumerate(zip(cases, ins, outs)):
+            x[...] = data(rank, dt, s, salt=i + step)
+            out[...] = 0
+        w1 = pycoll.all_gather_into_tensor_coalesced(outs, ins, group=shared, async_op=async_op)
+        w2 = pycoll.all_gather_coalesced(lists, ins, group=shared, async_op=async_op)
+        settle(w1, async_op)
+        settle(w2, async_op)
+        for i, ((dt, s), out) in enumerate(zip(cases, outs)):
+            assert_equal(out, gathered(dt, s, n, i + step))
+            for r in range(n):
+                assert_equal(lists[r][i], data(r, dt, s, salt=i + step))
+    assert through_window(shared)
+
+
+def test_window_calls_take_turns_with_the_window_all_reduce(shared, monkeypatch, rank, world_size):
+    """Async all-gathers and an all_reduce through the same window, in flight
+    together: each waits for the one before, on every rank alike."""
+    from pycoll.collectives import reduce as reduce_mod
+
+    monkeypatch.setattr(reduce_mod, "SHM_BYTES", 16)
+    n = world_size
+    ins = [np.full(k, rank * 10 + k, np.int64) for k in (5, 1, 9)]
+    outs = [np.zeros(n * x.size, np.int64) for x in ins]
+    y = np.full(20, rank + 1.0)
+    w1 = pycoll.all_gather_into_tensor_coalesced(outs, ins, group=shared, async_op=True)
+    w2 = pycoll.all_reduce(y, group=shared, async_op=True)
+    more = [np.zeros(n * x.size, np.int64) for x in ins]
+    w3 = pycoll.all_gather_into_tensor_coalesced(more, ins, group=shared, async_op=True)
+    assert w3.wait() and w2.wait() and w1.wait()
+    for x, out, again in zip(ins, outs, more):
+        want = np.repeat(np.arange(n, dtype=np.int64) * 10 + x.size, x.size)
+        assert_equal(out, want)
+        assert_equal(again, want)
+    assert_equal(y, np.full(20, n * (n + 1) / 2))
+    assert through_window(shared)
+
+
+def test_detail_checks_calls_through_the_window(shared, rank, world_size):
+    before = pycoll.get_debug_level()
+    pycoll.set_debug_level(DebugLevel.DETAIL)
+    try:
+        ins = [np.full(7, rank, np.float32), np.full(3, -rank, np.int8)]
+        outs = [np.zeros(world_size * x.size, x.dtype) for x in ins]
+        pycoll.all_gather_into_tensor_coalesced(outs, ins, group=shared)
+        last = world_size - 1
+        odd = [np.zeros(8 if rank == last else 7, np.float32), ins[1]]
+        odd_outs = [np.zeros(world_size * x.size, x.dtype) for x in odd]
+        with pytest.raises(CollectiveMismatchError, match=r"\(8,\), 'float32'"):
+            pycoll.all_gather_into_tensor_coalesced(odd_outs, odd, group=shared)
+    finally:
+        pycoll.set_debug_level(before)
+    assert_equal(outs[0], np.repeat(np.arange(world_size, dtype=np.float32), 7))
+    assert through_window(shared)
