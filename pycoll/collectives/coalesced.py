@@ -280,7 +280,11 @@ def _matches(entry: Tuple[Any, ...], func: str, op: Any, inputs: Any, outputs: A
         return False
     kept = entry[3]
     if kept and type(kept[0]) is tuple:  # (all_gather_coalesced's list per rank)
-        return len(kept) == len(outputs) and all(map(_same, kept, outputs))
+        return (
+            len(kept) == len(outputs)
+            and all(type(o) in (list, tuple) for o in outputs)
+            and all(map(_same, kept, outputs))
+        )
     return _same(kept, outputs)
 
 
