@@ -112,6 +112,40 @@ def test_coalesced_forms(tdist, rank, world_size):
     assert parts[1].tolist() == [n * float(rank)]
 
 
+@pytest.mark.parametrize("op,dtype", PAIRS, ids=[f"{o}-{d}" for o, d in PAIRS])
+def test_a_coalesced_block_of_cpu_tensors_is_one_operation(tdist, op, dtype, rank, world_size):
+    """What _coalescing_manager issues for CPU tensors is one pycoll call (one
+    sequence number) per block: all-gathers of mixed dtypes, reduce-scatters
+    of every op and dtype."""
+    n = world_size
+    pg = dist.group.WORLD.pycoll_group
+    mixed = [dtype, F32, np.dtype(np.int64)]
+    ins = [tensor(data(rank, dt, (3 + i,), salt=i)) for i, dt in enumerate(mixed)]
+    outs = [tensor(np.zeros(n * (3 + i), dt)) for i, dt in enumerate(mixed)]
+    before = pg.sequence_number()
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for out, x in zip(outs, ins):
+            dist.all_gather_into_tensor(out, x)
+    cm.wait()
+    assert pg.sequence_number() == before + 1
+    for i, (dt, out) in enumerate(zip(mixed, outs)):
+        want = np.concatenate([data(r, dt, (3 + i,), salt=i) for r in range(n)])
+        assert_equal(values(out), want)
+    shapes = [(n * 2,), (n * 3, 2), (n,)]
+    xs = [tensor(data(rank, dtype, s, salt=i)) for i, s in enumerate(shapes)]
+    parts = [tensor(np.zeros((s[0] // n,) + s[1:], dtype)) for s in shapes]
+    before = pg.sequence_number()
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for part, x in zip(parts, xs):
+            dist.reduce_scatter_tensor(part, x, op=torch_op(op))
+    cm.wait()
+    assert pg.sequence_number() == before + 1
+    for i, (s, part) in enumerate(zip(shapes, parts)):
+        total = reduce_all(op, [data(r, dtype, s, salt=i) for r in range(n)], n)
+        k = s[0] // n
+        assert_equal(values(part), total[rank * k : (rank + 1) * k])
+
+
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16, np.dtype(np.int64)], ids=str)
 def test_every_collective(tdist, dtype, rank, world_size):
     n = world_size
