@@ -16,6 +16,12 @@ their total size (docs/benchmarks.md). Here a list is one operation:
    included) moves it;
 3. once it is complete, the results are copied out the same way.
 
+On one node an all-gather of SHM_FROM bytes a rank or more skips all three:
+each rank copies its arrays straight into its half of the group's shared
+window and every rank's straight out to the outputs
+(pycoll.collectives.shm.Gathered), so neither pycoll nor MPI copies through
+a buffer between.
+
 Layouts, for a group of n ranks:
 
 - all-gather: each rank packs its inputs back to back (S bytes) and
