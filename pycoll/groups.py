@@ -164,7 +164,7 @@ class ProcessGroup:
         self._uid = uid_of(group_name)
         board = self._board = STATE.board
         self._rec: Any = board.rec if board is not None else None
-        self._word = board.claim(self._uid) if board is not None else 0
+        self._word = board.claim(self._uid, self) if board is not None else 0
         # Its flight recorder (pycoll.trace.recorder): a ring of its last
         # operations (None when off), and the fast path's long wait (seq, since).
         self._flight: Any = None

@@ -21,8 +21,9 @@ import os
 import socket
 import sys
 import time
+import weakref
 import zlib
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -62,19 +63,29 @@ OPS = (
 )
 CODE = {name: i for i, name in enumerate(OPS)}
 
-SLOTS = 64  # groups a rank can be followed on at once (the oldest slot is reused)
+# Groups a rank can be followed on at once. A destroyed group's slot is free
+# again; with every slot held by a live group, a new group takes the oldest
+# one but the default group's, and the group it was taken from writes to
+# SINK from then on (a word no diagnosis reads), so neither reads the other's.
+SLOTS = 64
 # BEAT counts up while this rank waits in pycoll (slowly: a waiting rank
 # bumps it every few milliseconds, the blocking-mode watchdog every tick), so
 # a reader can tell a rank that waits inside an operation from one that is
 # stopped, or stuck in code outside pycoll's waits.
 PID, HOST, LAST, BEAT = 0, 1, 2, 3
 HEADER = 4
-WORDS = HEADER + 2 * SLOTS
+SINK = HEADER + 2 * SLOTS
+WORDS = SINK + 1
 BUSY = 1
 GAVE_UP = 0x80  # the operation timed out on this rank (bits 1-6 are the op code)
 OP_MASK = 0x3F
 # An operation's low byte while it runs: pack(seq, op, True) is seq << 8 | BUSY_CODE[op].
 BUSY_CODE = {name: code << 1 | BUSY for name, code in CODE.items()}
+# A rank's line where its record holds no slot for the group (it was taken).
+UNFOLLOWED = (
+    f"its progress record no longer follows this group (more than {SLOTS} groups "
+    f"alive on that rank took its slot), so what it does there is unknown"
+)
 READ_TIMEOUT = 2.0  # seconds to wait for one peer's record
 # How long a diagnosis watches the heartbeats of ranks that started the
 # operation: longer than the blocking-mode watchdog's tick (watch.py).
@@ -115,7 +126,10 @@ class Board:
             self.rec[i] = 0
         self.rec[PID] = os.getpid()
         self.rec[HOST] = _host_id()
-        self._next = 0
+        # The slots claimed, oldest first, each with its group (weakly: its
+        # word is moved to SINK if the slot is taken from it); the first
+        # claim's (the default group's) is never taken.
+        self._claims: List[Tuple[int, Any]] = []
         self.closed = False
         # Set once an operation timed out on this rank, or the call check
         # found a group's ranks disagreeing (pycoll.crosscheck): what happened,
@@ -129,17 +143,39 @@ class Board:
         window left to MPI_Finalize), else leave it."""
         self.close(EXIT_WAIT)
 
-    def claim(self, uid: int) -> int:
-        """A slot for a new group; returns the index of its state word."""
+    def claim(self, uid: int, group: Any = None) -> int:
+        """A slot for a new group (``group``: the object whose ``_word`` it
+        sets, moved to SINK should the slot be taken from it); returns the
+        index of its state word."""
         rec = self.rec
         for i in range(SLOTS):  # forget an earlier group of the same name
             if rec[HEADER + 2 * i] == uid:
-                rec[HEADER + 2 * i] = 0
-        i = self._next % SLOTS
-        self._next += 1
+                self.release(HEADER + 2 * i + 1)
+        held = {i for i, _ in self._claims}
+        free = [i for i in range(SLOTS) if i not in held]
+        if free:
+            i = free[0]
+        else:  # every slot a live group's: the oldest but the default group's
+            i, owner = self._claims.pop(1)
+            taken = owner() if owner is not None else None
+            if taken is not None:
+                taken._word = SINK
+        self._claims.append((i, weakref.ref(group) if group is not None else None))
         rec[HEADER + 2 * i] = uid
         rec[HEADER + 2 * i + 1] = 0
         return HEADER + 2 * i + 1
+
+    def release(self, word: int) -> None:
+        """Free the slot whose state word is ``word`` (its group is destroyed)."""
+        i = (word - HEADER - 1) // 2
+        if word == SINK or not 0 <= i < SLOTS:
+            return
+        self._claims = [(j, owner) for j, owner in self._claims if j != i]
+        if self.rec[LAST] == word:  # its last operation, now of "another group"
+            self.rec[SINK] = self.rec[word]
+            self.rec[LAST] = SINK
+        self.rec[HEADER + 2 * i] = 0
+        self.rec[word] = 0
 
     def read(self, rank: int, timeout: float = READ_TIMEOUT) -> Optional[np.ndarray]:
         """Rank ``rank``'s record (its default-group rank), or None if it
@@ -254,10 +290,13 @@ def describe(
             missing.append(rank)
             lines[rank] = f"rank {rank}: its progress record could not be read (no answer)"
             continue
-        word_here = 0
+        word_here = -1
         for i in range(SLOTS):
             if rec[HEADER + 2 * i] == uid:
                 word_here = int(rec[HEADER + 2 * i + 1])
+        if word_here < 0:
+            lines[rank] = f"rank {rank}: {UNFOLLOWED}"
+            continue
         reached = word_here >> 8
         status = "reached it" if reached >= seq else f"has not reached it (at seq {reached})"
         if reached < seq:

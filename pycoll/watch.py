@@ -429,6 +429,11 @@ def timed_out(
             f"not progressing in it (stopped, or stuck outside pycoll's waits)"
         )
         missing = stalled
+    elif any(progress.UNFOLLOWED in line for line in lines):
+        summary = (
+            f"the progress board cannot tell where the ranks are (more than "
+            f"{progress.SLOTS} groups alive); destroy groups no longer used"
+        )
     else:
         summary = (
             f"every rank of the group has started seq {seq}: a rank is stuck inside it "

@@ -233,6 +233,9 @@ def _free(pg: ProcessGroup) -> None:
                     free(value)
         pg._attached.clear()
         pg._destroyed = True
+        board = pg._board
+        if board is not None and not board.closed:
+            board.release(pg._word)  # the slot is free for a later group
         pg._rec = pg._board = None
 
 

@@ -203,3 +203,69 @@ def test_waits_spin_only_where_each_rank_has_a_core(pg, world_size):
     expected = pycoll.watch.SPIN_TESTS if world_size <= cores else 2
     assert STATE.local_size == world_size
     assert len(pycoll.watch.spin_tests) == expected
+
+
+def _late_barrier(group, rank, world_size):
+    """Rank 0's barrier on ``group`` times out (the others come only after it
+    told them); returns its DistTimeoutError on rank 0, None elsewhere."""
+    signal = MPI.COMM_WORLD
+    if rank == 0:
+        try:
+            with pytest.raises(DistTimeoutError) as info:
+                pycoll.barrier(group=group)
+            return info.value
+        finally:  # release the others even if an assertion failed here
+            for r in range(1, world_size):
+                signal.send("go", dest=r, tag=79)
+    assert signal.recv(source=0, tag=79) == "go"
+    pycoll.barrier(group=group)
+    return None
+
+
+def test_destroyed_groups_give_their_progress_slots_back(debug_off, pg, rank, world_size):
+    """A job that makes and frees many groups: every new group gets a slot of
+    its own on the progress board, never the default group's, and a timeout
+    on it is diagnosed from its own slot (before, the 65th group took the
+    default group's slot, and a diagnosis read the default group's state)."""
+    from pycoll import progress
+
+    board = STATE.board
+    mine = pg._word
+    for _ in range(2 * progress.SLOTS):
+        pycoll.destroy_process_group(pycoll.new_group())
+    group = pycoll.new_group(timeout=timedelta(seconds=0.5), group_desc="after many")
+    assert group._word not in (mine, progress.SINK)
+    assert board.rec[mine - 1] == pg._uid  # the default group still holds its slot
+    pycoll.broadcast(np.zeros(2), src=0)
+    assert board.rec[mine] >> 8 == pg.sequence_number()
+    if world_size > 1:
+        error = _late_barrier(group, rank, world_size)
+        if rank == 0:
+            for r in range(1, world_size):
+                assert f"rank {r}: has not reached it (at seq 0)" in str(error), str(error)
+    pycoll.destroy_process_group(group)
+
+
+def test_more_live_groups_than_slots(debug_off, pg, rank, world_size):
+    """With more live groups than slots the oldest (never the default) lose
+    theirs and write nowhere anyone reads; a timeout on such a group says the
+    board no longer follows it instead of inventing where the ranks are."""
+    from pycoll import progress
+
+    made = [
+        pycoll.new_group(timeout=timedelta(seconds=0.5), group_desc=f"live {i}")
+        for i in range(progress.SLOTS + 2)
+    ]
+    try:
+        words = [g._word for g in made if g._word != progress.SINK]
+        assert len(words) == len(set(words)) and pg._word not in words
+        assert made[0]._word == progress.SINK  # the oldest lost its slot
+        assert STATE.board.rec[pg._word - 1] == pg._uid
+        if world_size > 1:
+            error = _late_barrier(made[0], rank, world_size)
+            if rank == 0:
+                assert "cannot tell where the ranks are" in str(error), str(error)
+                assert "no longer follows this group" in str(error)
+    finally:
+        for g in made:
+            pycoll.destroy_process_group(g)
