@@ -72,8 +72,10 @@ SLOTS = 64
 # bumps it every few milliseconds, the blocking-mode watchdog every tick), so
 # a reader can tell a rank that waits inside an operation from one that is
 # stopped, or stuck in code outside pycoll's waits.
-PID, HOST, LAST, BEAT = 0, 1, 2, 3
-HEADER = 4
+# EVICTED counts the slots this rank took from live groups (see SLOTS): where
+# it is not 0, a group missing from the record may be one of them.
+PID, HOST, LAST, BEAT, EVICTED = 0, 1, 2, 3, 4
+HEADER = 5
 SINK = HEADER + 2 * SLOTS
 WORDS = SINK + 1
 BUSY = 1
@@ -81,10 +83,12 @@ GAVE_UP = 0x80  # the operation timed out on this rank (bits 1-6 are the op code
 OP_MASK = 0x3F
 # An operation's low byte while it runs: pack(seq, op, True) is seq << 8 | BUSY_CODE[op].
 BUSY_CODE = {name: code << 1 | BUSY for name, code in CODE.items()}
-# A rank's line where its record holds no slot for the group (it was taken).
+# A rank's line where its record holds no slot for the group and it has
+# taken slots from live groups: the group's may be one of them.
 UNFOLLOWED = (
-    f"its progress record no longer follows this group (more than {SLOTS} groups "
-    f"alive on that rank took its slot), so what it does there is unknown"
+    f"its progress record does not follow this group (it may be one of those whose "
+    f"slot was taken: more than {SLOTS} groups alive on that rank), so what it does "
+    f"there is unknown"
 )
 READ_TIMEOUT = 2.0  # seconds to wait for one peer's record
 # How long a diagnosis watches the heartbeats of ranks that started the
@@ -150,32 +154,31 @@ class Board:
         rec = self.rec
         for i in range(SLOTS):  # forget an earlier group of the same name
             if rec[HEADER + 2 * i] == uid:
+                rec[HEADER + 2 * i] = 0
                 self.release(HEADER + 2 * i + 1)
         held = {i for i, _ in self._claims}
         free = [i for i in range(SLOTS) if i not in held]
-        if free:
-            i = free[0]
+        if free:  # one never used, else a destroyed group's
+            i = next((j for j in free if not rec[HEADER + 2 * j]), free[0])
         else:  # every slot a live group's: the oldest but the default group's
             i, owner = self._claims.pop(1)
             taken = owner() if owner is not None else None
             if taken is not None:
                 taken._word = SINK
+            rec[EVICTED] += 1
         self._claims.append((i, weakref.ref(group) if group is not None else None))
         rec[HEADER + 2 * i] = uid
         rec[HEADER + 2 * i + 1] = 0
         return HEADER + 2 * i + 1
 
     def release(self, word: int) -> None:
-        """Free the slot whose state word is ``word`` (its group is destroyed)."""
+        """Let a later group take the slot whose state word is ``word`` (its
+        group is destroyed). What it holds stays readable until then: a
+        rank that destroyed a group while others still wait in it is still
+        seen where it left it."""
         i = (word - HEADER - 1) // 2
-        if word == SINK or not 0 <= i < SLOTS:
-            return
-        self._claims = [(j, owner) for j, owner in self._claims if j != i]
-        if self.rec[LAST] == word:  # its last operation, now of "another group"
-            self.rec[SINK] = self.rec[word]
-            self.rec[LAST] = SINK
-        self.rec[HEADER + 2 * i] = 0
-        self.rec[word] = 0
+        if word != SINK and 0 <= i < SLOTS:
+            self._claims = [(j, owner) for j, owner in self._claims if j != i]
 
     def read(self, rank: int, timeout: float = READ_TIMEOUT) -> Optional[np.ndarray]:
         """Rank ``rank``'s record (its default-group rank), or None if it
@@ -295,8 +298,10 @@ def describe(
             if rec[HEADER + 2 * i] == uid:
                 word_here = int(rec[HEADER + 2 * i + 1])
         if word_here < 0:
-            lines[rank] = f"rank {rank}: {UNFOLLOWED}"
-            continue
+            if rec[EVICTED]:  # its slot may have been taken: where it is, unknown
+                lines[rank] = f"rank {rank}: {UNFOLLOWED}"
+                continue
+            word_here = 0  # it has not made the group yet
         reached = word_here >> 8
         status = "reached it" if reached >= seq else f"has not reached it (at seq {reached})"
         if reached < seq:
