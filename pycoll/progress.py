@@ -72,10 +72,12 @@ SLOTS = 64
 # bumps it every few milliseconds, the blocking-mode watchdog every tick), so
 # a reader can tell a rank that waits inside an operation from one that is
 # stopped, or stuck in code outside pycoll's waits.
-# EVICTED counts the slots this rank took from live groups (see SLOTS): where
-# it is not 0, a group missing from the record may be one of them.
+# EVICTED counts the slots this rank took from live groups (see SLOTS), and
+# the LOST_KEPT words from LOST hold the ids of the last such groups (a ring):
+# a group missing from a record is "not reached" there unless it is one of them.
 PID, HOST, LAST, BEAT, EVICTED = 0, 1, 2, 3, 4
-HEADER = 5
+LOST, LOST_KEPT = 5, 16
+HEADER = LOST + LOST_KEPT
 SINK = HEADER + 2 * SLOTS
 WORDS = SINK + 1
 BUSY = 1
@@ -83,12 +85,10 @@ GAVE_UP = 0x80  # the operation timed out on this rank (bits 1-6 are the op code
 OP_MASK = 0x3F
 # An operation's low byte while it runs: pack(seq, op, True) is seq << 8 | BUSY_CODE[op].
 BUSY_CODE = {name: code << 1 | BUSY for name, code in CODE.items()}
-# A rank's line where its record holds no slot for the group and it has
-# taken slots from live groups: the group's may be one of them.
+# A rank's line where its record lost the group's slot to a later group.
 UNFOLLOWED = (
-    f"its progress record does not follow this group (it may be one of those whose "
-    f"slot was taken: more than {SLOTS} groups alive on that rank), so what it does "
-    f"there is unknown"
+    f"its progress record no longer follows this group (a later group took its slot: "
+    f"more than {SLOTS} groups alive on that rank), so what it does there is unknown"
 )
 READ_TIMEOUT = 2.0  # seconds to wait for one peer's record
 # How long a diagnosis watches the heartbeats of ranks that started the
@@ -165,6 +165,7 @@ class Board:
             taken = owner() if owner is not None else None
             if taken is not None:
                 taken._word = SINK
+            rec[LOST + rec[EVICTED] % LOST_KEPT] = rec[HEADER + 2 * i]
             rec[EVICTED] += 1
         self._claims.append((i, weakref.ref(group) if group is not None else None))
         rec[HEADER + 2 * i] = uid
@@ -298,7 +299,7 @@ def describe(
             if rec[HEADER + 2 * i] == uid:
                 word_here = int(rec[HEADER + 2 * i + 1])
         if word_here < 0:
-            if rec[EVICTED]:  # its slot may have been taken: where it is, unknown
+            if uid in rec[LOST : LOST + LOST_KEPT]:  # its slot was taken: where it is, unknown
                 lines[rank] = f"rank {rank}: {UNFOLLOWED}"
                 continue
             word_here = 0  # it has not made the group yet
