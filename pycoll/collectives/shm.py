@@ -179,13 +179,32 @@ def all_reduce(
     through ``win`` as the collective ``func``, by pycoll's pipeline
     (pycoll.collectives._common.run). One call at a time uses the window: an
     earlier async one is finished first, on every rank alike."""
+    name = "SUM" if how.average or how.prescale is not None else op.name
+    job = ShmAllReduce(win, data, dtype.itemsize, name, how.average, dtype)
+    return _alone(pg, win, func, data.nbytes, job, async_op, result, desc, prepare, key)
+
+
+def _alone(
+    pg: ProcessGroup,
+    win: Window,
+    func: str,
+    nbytes: int,
+    job: Any,
+    async_op: bool,
+    result: Any,
+    desc: Any,
+    prepare: Optional[Callable[[], None]],
+    key: int,
+) -> Optional[Work]:
+    """Run ``job`` (a pipeline's start and stages) on ``win`` as the
+    collective ``func``, by pycoll.collectives._common.run, once the call
+    before it on the window is finished: one call at a time uses the window,
+    in issue order on every rank alike."""
     if win.work is not None:
         earlier, win.work = win.work, None
         earlier.wait()
-    name = "SUM" if how.average or how.prescale is not None else op.name
-    job = ShmAllReduce(win, data, dtype.itemsize, name, how.average, dtype)
     work = run(
-        pg, func, data.nbytes, job.start, (), async_op, None, result, desc, prepare, job.stages, key
+        pg, func, nbytes, job.start, (), async_op, None, result, desc, prepare, job.stages, key
     )
     if async_op:
         win.work = work
@@ -229,24 +248,20 @@ def _pieces(
     return base + starts, inside, stops - starts
 
 
-class Scattered:
-    """What :class:`ShmAllReduce` reduces: many arrays as if packed back to
-    back (a FusedAllReduce's), copied straight into the window and straight
-    out of every rank's reduced slice, with no fusion buffer between.
-
-    The copies of a chunk are one compiled call over a table of (target,
-    source, bytes) pieces. The tables depend only on the arrays' addresses
+class _Packed:
+    """Many arrays as if packed back to back, copied straight into a window
+    half chunk by chunk: the copy-in :class:`Scattered` and :class:`Gathered`
+    share. A chunk's copy is one compiled call over a table of (target,
+    source, bytes) pieces; the tables depend only on the arrays' addresses
     and the window's, so they are made once per chunk and kept (the caller
-    keeps one Scattered per window).
+    keeps one per window).
 
     Args:
         win: the window the tables point into.
         addresses, sizes, offsets: each array's address, byte count and
             offset in the packed order (int64 arrays).
-        dtype: the arrays' dtype.
-        scale: a factor every copied-in element is multiplied by (a
-            PREMUL_SUM), in the window, so the arrays are never written
-            before the result.
+        dtype, scale: a factor every copied-in element (of ``dtype``) is
+            multiplied by in the window (a PREMUL_SUM), or None.
     """
 
     def __init__(
@@ -255,7 +270,7 @@ class Scattered:
         addresses: np.ndarray,
         sizes: np.ndarray,
         offsets: np.ndarray,
-        dtype: Any,
+        dtype: Any = None,
         scale: Any = None,
     ) -> None:
         self.win, self.dtype, self.scale = win, dtype, scale
@@ -265,19 +280,28 @@ class Scattered:
         self._in: Dict[int, _Table] = {}  # chunk -> its copy-in table
         self._out: Dict[int, _Table] = {}  # chunk -> its copy-out table
 
-    def _pieces(self, a: int, b: int, base: int) -> _Table:
-        return _pieces(self.offsets, self.ends, self.addresses, a, b, base)
+    def _pieces(self, a: int, b: int, base: int, addresses: Optional[np.ndarray] = None) -> _Table:
+        """:func:`_pieces` of these arrays, or of others laid out as they are
+        (``addresses``: where each one's bytes go instead)."""
+        into = self.addresses if addresses is None else addresses
+        return _pieces(self.offsets, self.ends, into, a, b, base)
 
     def copy_in(self, k: int, lo: int, size: int, mine: np.ndarray) -> None:
         table = self._in.get(k)
         if table is None:
-            window, arrays, sizes = self._pieces(lo, lo + size, int(mine.ctypes.data) - lo)
-            table = self._in[k] = (window, arrays, sizes)
-        targets, sources, sizes = table
-        kernels.copy_pieces(targets, sources, sizes, size)
+            table = self._in[k] = self._pieces(lo, lo + size, int(mine.ctypes.data) - lo)
+        kernels.copy_pieces(*table, size)
         if self.scale is not None:
             part = mine[:size].view(self.dtype)
             kernels.scale(part, self.scale, out=part)
+
+
+class Scattered(_Packed):
+    """What :class:`ShmAllReduce` reduces: many arrays as if packed back to
+    back (a FusedAllReduce's), copied straight into the window and straight
+    out of every rank's reduced slice, with no fusion buffer between
+    (``scale``: a PREMUL_SUM's factor, applied in the window, so the arrays
+    are never written before the result)."""
 
     def copy_out(self, k: int, lo: int, halves: List[np.ndarray], slices: List[slice]) -> None:
         table = self._out.get(k)
@@ -292,7 +316,33 @@ class Scattered:
         kernels.copy_pieces(targets, sources, sizes, slices[-1].stop)
 
 
-class ShmAllReduce:
+class _Pipeline:
+    """A call through ``win`` in chunks of ``data`` (its ``nbytes``), for
+    pycoll.collectives._common.run: :meth:`start` copies the first chunk
+    into this rank's half and starts the barrier after it; the subclass's
+    :attr:`stages` do the rest, each ending on a barrier."""
+
+    def __init__(self, win: Window, data: Any) -> None:
+        self.win, self.data = win, data
+        self.n, self.me = win.comm.Get_size(), win.comm.Get_rank()
+        step = win.chunk
+        self.chunks = [(lo, min(step, data.nbytes - lo)) for lo in range(0, data.nbytes, step)]
+
+    def start(self) -> Any:
+        """Copy the first chunk in; start the barrier after it."""
+        self._copy_in(0)
+        return self._barrier()
+
+    def _barrier(self) -> Any:
+        self.win.win.Sync()  # this rank's stores, visible before the barrier ends
+        return self.win.comm.Ibarrier()
+
+    def _copy_in(self, k: int) -> None:
+        lo, size = self.chunks[k]
+        self.data.copy_in(k, lo, size, self.win.halves[k % 2][self.me])
+
+
+class ShmAllReduce(_Pipeline):
     """One all_reduce through ``win``: :meth:`start` and :attr:`stages`, for
     pycoll.collectives._common.run.
 
@@ -307,28 +357,12 @@ class ShmAllReduce:
     def __init__(
         self, win: Window, data: Any, itemsize: int, name: str, average: bool, dtype: Any
     ) -> None:
-        self.win, self.data, self.itemsize, self.name = win, data, itemsize, name
-        self.average, self.dtype = average, dtype
-        self.n, self.me = win.comm.Get_size(), win.comm.Get_rank()
-        step = win.chunk
-        self.chunks = [(lo, min(step, data.nbytes - lo)) for lo in range(0, data.nbytes, step)]
+        super().__init__(win, data)
+        self.itemsize, self.name, self.average, self.dtype = itemsize, name, average, dtype
         self.stages: List[Callable[[], List[Any]]] = []
         for k in range(len(self.chunks)):
             self.stages.append(functools.partial(self._reduce, k))
             self.stages.append(functools.partial(self._gather, k))
-
-    def start(self) -> Any:
-        """Copy the first chunk in; start the barrier after it."""
-        self._copy_in(0)
-        return self._barrier()
-
-    def _barrier(self) -> Any:
-        self.win.win.Sync()  # this rank's stores, visible before the barrier ends
-        return self.win.comm.Ibarrier()
-
-    def _copy_in(self, k: int) -> None:
-        lo, size = self.chunks[k]
-        self.data.copy_in(k, lo, size, self.win.halves[k % 2][self.me])
 
     def _slices(self, k: int) -> List[slice]:
         count = self.chunks[k][1] // self.itemsize
@@ -382,44 +416,16 @@ def all_gather(
     """Every rank's packed bytes (``data``: :class:`Gathered`) gathered
     through ``win`` as the collective ``func``, by pycoll's pipeline. One call
     at a time uses the window, as in :func:`all_reduce`."""
-    if win.work is not None:
-        earlier, win.work = win.work, None
-        earlier.wait()
     job = ShmAllGather(win, data)
-    n = win.comm.Get_size()
-    work = run(
-        pg,
-        func,
-        n * data.nbytes,
-        job.start,
-        (),
-        async_op,
-        None,
-        result,
-        desc,
-        None,
-        job.stages,
-        key,
-    )
-    if async_op:
-        win.work = work
-    return work
+    return _alone(pg, win, func, job.n * data.nbytes, job, async_op, result, desc, None, key)
 
 
-class Gathered:
+class Gathered(_Packed):
     """What :class:`ShmAllGather` gathers: this rank's arrays as if packed back
     to back, copied straight into its half of the window, and every rank's
-    copied straight out to where the caller wants them, with no buffer
-    between. The copies of a chunk are one compiled call over a table of
-    pieces, made once per chunk and kept (the caller keeps one Gathered per
-    window, as :class:`Scattered`).
-
-    Args:
-        win: the window the tables point into.
-        addresses, sizes, offsets: each of this rank's arrays' address, byte
-            count and offset in the packed order (int64 arrays).
-        targets: an (n, K) int64 table: where rank r's array i goes.
-    """
+    copied straight out to where the caller wants them (``targets``, an
+    (n, K) int64 table: where rank r's array i goes), with no buffer
+    between."""
 
     def __init__(
         self,
@@ -429,36 +435,22 @@ class Gathered:
         offsets: np.ndarray,
         targets: np.ndarray,
     ) -> None:
-        self.win = win
-        self.addresses, self.offsets, self.targets = addresses, offsets, targets
-        self.ends = offsets + sizes
-        self.nbytes = int(self.ends[-1]) if len(sizes) else 0
-        self._in: Dict[int, _Table] = {}
-        self._out: Dict[int, _Table] = {}
-
-    def copy_in(self, k: int, lo: int, size: int, mine: np.ndarray) -> None:
-        table = self._in.get(k)
-        if table is None:
-            base = int(mine.ctypes.data) - lo
-            table = self._in[k] = _pieces(
-                self.offsets, self.ends, self.addresses, lo, lo + size, base
-            )
-        kernels.copy_pieces(*table, size)
+        super().__init__(win, addresses, sizes, offsets)
+        self.targets = targets
 
     def copy_out(self, k: int, lo: int, size: int, halves: List[np.ndarray]) -> None:
         table = self._out.get(k)
         if table is None:
             pieces = [
-                _pieces(self.offsets, self.ends, self.targets[r], lo, lo + size,
-                        int(halves[r].ctypes.data) - lo)
+                self._pieces(lo, lo + size, int(halves[r].ctypes.data) - lo, self.targets[r])
                 for r in range(len(halves))
-            ]  # fmt: skip
+            ]
             window, arrays, sizes = (np.concatenate(column) for column in zip(*pieces))
             table = self._out[k] = (arrays, window, sizes)
         kernels.copy_pieces(*table, size * len(halves))
 
 
-class ShmAllGather:
+class ShmAllGather(_Pipeline):
     """One all-gather through ``win``: :meth:`start` and :attr:`stages`, for
     pycoll.collectives._common.run. Chunk by chunk, each rank copies its next
     chunk into its half of the window; once every rank has (a barrier), each
@@ -467,30 +459,15 @@ class ShmAllGather:
     it: one barrier per chunk."""
 
     def __init__(self, win: Window, data: Gathered) -> None:
-        self.win, self.data = win, data
-        self.me = win.comm.Get_rank()
-        step = win.chunk
-        self.chunks = [(lo, min(step, data.nbytes - lo)) for lo in range(0, data.nbytes, step)]
+        super().__init__(win, data)
         self.stages: List[Callable[[], List[Any]]] = [
             functools.partial(self._out, k) for k in range(len(self.chunks))
         ]
-
-    def start(self) -> Any:
-        self._in(0)
-        return self._barrier()
-
-    def _barrier(self) -> Any:
-        self.win.win.Sync()  # this rank's stores, visible before the barrier ends
-        return self.win.comm.Ibarrier()
-
-    def _in(self, k: int) -> None:
-        lo, size = self.chunks[k]
-        self.data.copy_in(k, lo, size, self.win.halves[k % 2][self.me])
 
     def _out(self, k: int) -> List[Any]:
         self.win.win.Sync()
         lo, size = self.chunks[k]
         self.data.copy_out(k, lo, size, self.win.halves[k % 2])
         if k + 1 < len(self.chunks):
-            self._in(k + 1)
+            self._copy_in(k + 1)
         return [self._barrier()]
