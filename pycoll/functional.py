@@ -54,7 +54,7 @@ import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from . import groups, torchcompat
-from .arrays import check_input
+from .arrays import check_input, each_labelled
 from .collectives import coalesced
 from .collectives.alltoall import all_to_all_single as _all_to_all_single
 from .collectives.gather import all_gather_into_tensor as _all_gather_into_tensor
@@ -649,7 +649,7 @@ def all_reduce_coalesced(
     """:func:`all_reduce` of several arrays of one dtype in one MPI operation:
     they are packed into one new buffer and the results are views of it."""
     func = "all_reduce_coalesced"
-    found = _each(_list(func, self), lambda x, at: _arrays(func, x, f"self{at}"))
+    found = each_labelled(_list(func, self), lambda x, at: _arrays(func, x, f"self{at}"))
     xs = found[0][0]
     arrays = [x for _, x in found]
     dtype = arrays[0].dtype
@@ -674,14 +674,14 @@ def all_gather_into_tensor_coalesced(
     arrays (of any dtypes) go in one MPI operation
     (pycoll.collectives.coalesced); device arrays one operation each."""
     func = "all_gather_into_tensor_coalesced"
-    found = _each(_list(func, self), lambda x, at: _arrays(func, x, f"self{at}"))
+    found = each_labelled(_list(func, self), lambda x, at: _arrays(func, x, f"self{at}"))
     arrays = [x for _, x in found]
-    _each(arrays, lambda x, at: _at_least_1d(func, x, f"self{at}"))
+    each_labelled(arrays, lambda x, at: _at_least_1d(func, x, f"self{at}"))
     pg = _group(func, group)
     if any(xs is not _HOST for xs, _ in found):
         return [all_gather_tensor(x, 0, pg) for x in arrays]
     n = pg.size()
-    ins = _each(arrays, lambda x, at: check_input(func, f"self{at}", x))
+    ins = each_labelled(arrays, lambda x, at: check_input(func, f"self{at}", x))
     sizes = np.array([x.nbytes for x in ins], np.int64)
     out = np.empty(n * int(sizes.sum()), np.uint8)
     starts = n * np.cumsum(sizes) - n * sizes  # output i's first byte in out
@@ -718,7 +718,7 @@ def reduce_scatter_tensor_coalesced(
     op = _op(func, reduceOp)
     pg = _group(func, group)
     n = pg.size()
-    found = _each(given, lambda x, at: _arrays(func, x, f"inputs{at}"))
+    found = each_labelled(given, lambda x, at: _arrays(func, x, f"inputs{at}"))
     arrays = [x for _, x in found]
 
     def dim_of(pair: Tuple[Any, Any], at: str) -> int:
@@ -728,11 +728,11 @@ def reduce_scatter_tensor_coalesced(
         _divisible(func, x, d, f"inputs{at}", n)
         return d
 
-    dims = _each(list(zip(arrays, dims)), dim_of)  # every check before anything starts
+    dims = each_labelled(list(zip(arrays, dims)), dim_of)  # every check before anything starts
     dtype = arrays[0].dtype
     if any(d or xs is not _HOST or x.dtype != dtype for (xs, x), d in zip(found, dims)):
         return [reduce_scatter_tensor(x, op, d, pg) for x, d in zip(arrays, dims)]
-    ins = _each(arrays, lambda x, at: check_input(func, f"inputs{at}", x))
+    ins = each_labelled(arrays, lambda x, at: check_input(func, f"inputs{at}", x))
     work, recv = coalesced.reduce_scatter_parts(
         pg,
         func,
@@ -753,19 +753,6 @@ def _results(works: List[Any], keep: Any, pg: Any, views: List[Any]) -> List[Asy
     they are waited for once the last result is dropped unread."""
     pending = _Pending(works, pg, keep)
     return [AsyncArray(works, v, v.shape, pg, None, pending) for v in views]
-
-
-def _each(items: List[Any], check: Callable[[Any, str], Any]) -> List[Any]:
-    """``check(item, at)`` of every item, ``at`` its index as ``"[i]"``: first
-    with ``at`` empty (a label formatted per item costs more than the checks
-    of 1,000 arrays), and again with the indices where one fails, to say
-    which."""
-    try:
-        return [check(x, "") for x in items]
-    except (TypeError, ValueError):
-        for i, x in enumerate(items):
-            check(x, f"[{i}]")
-        raise
 
 
 def _list(func: str, arrays: Any, name: str = "self") -> List[Any]:

@@ -41,7 +41,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .. import _mpi, crosscheck, kernels
-from ..arrays import check_input, check_list, check_output, check_same_dtype, check_size
+from ..arrays import (
+    check_input,
+    check_list,
+    check_output,
+    check_same_dtype,
+    check_size,
+    each_labelled,
+)
 from ..dispatch import IN, LIST, OUT, UNKNOWN, Array, collective
 from ..groups import ProcessGroup, resolve
 from ..ops import ReduceOp
@@ -325,16 +332,10 @@ def remember(
 def checked(
     func: str, name: str, arrays: Any, check: Callable[[str, str, Any], np.ndarray]
 ) -> List[np.ndarray]:
-    """``check(func, name[i], arrays[i])`` of each item of the list ``arrays``:
-    run without naming the items (a name costs more than the check at 1,000
-    arrays), and again with their names where one fails, to say which."""
+    """``check(func, name[i], arrays[i])`` of each item of the list ``arrays``,
+    the names made only where one fails (pycoll.arrays.each_labelled)."""
     items = check_list(func, name, arrays)
-    try:
-        return [check(func, name, x) for x in items]
-    except (TypeError, ValueError):
-        for i, x in enumerate(items):
-            check(func, f"{name}[{i}]", x)
-        raise
+    return each_labelled(items, lambda x, at: check(func, name + at, x))
 
 
 def _pairs(
