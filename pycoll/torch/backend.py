@@ -201,8 +201,18 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         func: str,
         labels: Any,
         one: Callable[[Any, Any, PycollGroup, bool], Any],
+        together: Optional[Callable[[List[Any], List[Any], PycollGroup, bool], Any]] = None,
     ) -> TorchWork:
-        """A coalesced call as one pycoll call per (output, input) pair, one Work."""
+        """A coalesced call: ``together(outputs, inputs, group, async_op)``,
+        one pycoll call for the whole list (pycoll.collectives.coalesced), where
+        there is one and every tensor is on the CPU; else one pycoll call per
+        (output, input) pair (CUDA tensors go through the device layer). One
+        Work either way."""
+        if together is not None and len(inputs) > 1 and _all_cpu(outputs, inputs):
+            name = f"{func}_coalesced"
+            outs = _arrays(outputs, name, "outputs")
+            ins = _arrays(inputs, name, "inputs")
+            return self._run(opts, outputs, lambda g, a: together(outs, ins, g, a))
         pairs = [
             (_array(o, func, labels[0]), _array(i, func, labels[1]))
             for o, i in zip(outputs, inputs)
@@ -272,17 +282,6 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     ) -> TorchWork:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         op = _op(opts.reduceOp, "reduce_scatter_tensor")
-        if len(inputs) > 1 and _all_cpu(outputs, inputs):
-            func = "reduce_scatter_tensor_coalesced"
-            outs = _arrays(outputs, func, "outputs")
-            ins = _arrays(inputs, func, "inputs")
-            return self._run(
-                opts,
-                outputs,
-                lambda g, a: pycoll.reduce_scatter_tensor_coalesced(
-                    outs, ins, op=op, group=g, async_op=a
-                ),
-            )
         return self._each(
             opts,
             outputs,
@@ -290,6 +289,9 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             "reduce_scatter_tensor",
             ("output", "input"),
             lambda o, i, g, a: pycoll.reduce_scatter_tensor(o, i, op=op, group=g, async_op=a),
+            lambda o, i, g, a: pycoll.reduce_scatter_tensor_coalesced(
+                o, i, op=op, group=g, async_op=a
+            ),
         )
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
@@ -342,17 +344,6 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
     ) -> TorchWork:
         opts = opts if opts is not None else dist.AllgatherOptions()
-        if len(inputs) > 1 and _all_cpu(outputs, inputs):
-            func = "all_gather_into_tensor_coalesced"
-            outs = _arrays(outputs, func, "outputs")
-            ins = _arrays(inputs, func, "inputs")
-            return self._run(
-                opts,
-                outputs,
-                lambda g, a: pycoll.all_gather_into_tensor_coalesced(
-                    outs, ins, group=g, async_op=a
-                ),
-            )
         return self._each(
             opts,
             outputs,
@@ -360,6 +351,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             "all_gather_into_tensor",
             ("output_tensor", "input_tensor"),
             lambda o, i, g, a: pycoll.all_gather_into_tensor(o, i, group=g, async_op=a),
+            lambda o, i, g, a: pycoll.all_gather_into_tensor_coalesced(o, i, group=g, async_op=a),
         )
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
