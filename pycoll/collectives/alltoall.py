@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import _mpi, crosscheck, debug, persistent, watch
 from ..arrays import (
+    MPI_TYPES,
     check_input,
     check_list,
     check_output,
@@ -25,7 +26,7 @@ from ..arrays import (
     mpi_datatype,
 )
 from ..dispatch import IN, LIST, OUT, Array, collective
-from ..groups import ProcessGroup, resolve
+from ..groups import STATE, ProcessGroup, resolve
 from ..persistent import LIMIT as PLAN_LIMIT
 from ..work import Work
 from . import scratch
@@ -195,16 +196,33 @@ def all_to_all_single(
         >>> # after:  rank 0 output [0, 10]; rank 1 output [1, 2, 11]
     """
     func = "all_to_all_single"
-    pg = resolve(group, func)
-    if pg is None:
-        return None
+    pg = STATE.default
+    if group is not None or pg is None:
+        pg = resolve(group, func)  # raises before init; None for a non-member
+        if pg is None:
+            return None
     n = pg._size
-    output = check_output(func, "output", output)
-    input = check_input(func, "input", input)
-    dtype = check_same_dtype(func, [output, input])
-    mpitype = mpi_datatype(dtype)
+    even = output_split_sizes is None and input_split_sizes is None
+    # The common case (even parts of two plain contiguous arrays of one dtype,
+    # the output writeable, sizes that fit) needs no more checks.
+    if not (
+        even
+        and type(output) is np.ndarray
+        and type(input) is np.ndarray
+        and (f := output.flags).c_contiguous
+        and f.writeable
+        and input.flags.c_contiguous
+        and (dtype := output.dtype) == input.dtype
+        and (mpitype := MPI_TYPES.get(dtype)) is not None
+        and input.size == output.size
+        and not input.size % n
+    ):
+        output = check_output(func, "output", output)
+        input = check_input(func, "input", input)
+        dtype = check_same_dtype(func, [output, input])
+        mpitype = mpi_datatype(dtype)
     comm = pg.comm
-    if output_split_sizes is None and input_split_sizes is None:
+    if even:
         if input.size % n:
             raise ValueError(
                 f"{func}: input holds {input.size} elements, which do not "
