@@ -8,13 +8,15 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from .. import _mpi, watch
+from .. import _mpi, crosscheck, debug, watch
 from ..errors import DistTimeoutError
-from ..groups import ProcessGroup, resolve
+from ..groups import STATE, ProcessGroup, resolve
 from ..work import Work, to_seconds
-from ._common import MONITOR_TAG, claim, run
+from ._common import MONITOR_TAG, claim, plain, run
 
 __all__ = ["barrier", "monitored_barrier"]
+
+_KEY = crosscheck.OP_BITS["barrier"]  # the call check's key: a barrier has nothing else
 
 
 def barrier(
@@ -27,10 +29,16 @@ def barrier(
         async_op: return a Work that completes once all ranks have arrived.
         device_ids: accepted for torch.distributed compatibility; unused.
     """
-    pg = resolve(group, "barrier")
-    if pg is None:
+    pg = STATE.default
+    if group is not None or pg is None:
+        pg = resolve(group, "barrier")  # raises before init; None for a non-member
+        if pg is None:
+            return None
+    comm = pg.comm
+    if not async_op and debug.PLAIN:  # the common case, straight to MPI
+        plain(pg, "barrier", _KEY, comm.Ibarrier, comm.Barrier)
         return None
-    return run(pg, "barrier", 0, pg.comm.Ibarrier, (), async_op, call="barrier()")
+    return run(pg, "barrier", 0, comm.Ibarrier, (), async_op, call="barrier()")
 
 
 def monitored_barrier(
