@@ -209,7 +209,7 @@ class FusedAllReduce:
         how, n = self._plan, pg.size()
         buf, nbytes, views = self.buffer, self.buffer.nbytes, self._views
         if not views and nbytes >= SHM_BYTES > 0:
-            win = shm.usable(pg, how, self.dtype)
+            win = shm.usable(pg, how, self.dtype, name)
             if win is not None and nbytes >= _window_from(win):
                 return self._run_shm(pg, win, name, async_op, describe)
         arrays, places, sizes = self._addresses, self._places, self._sizes

@@ -35,7 +35,7 @@ n, me = comm.size, comm.rank
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 9
 sizes = [parse_size(s) for s in (sys.argv[2] if len(sys.argv) > 2 else "8M,32M").split(",")]
 reduce_module.SPLIT_BYTES = reduce_module.SPLIT_BYTES_TWO_RANKS = 1  # the ring at every size
-reduce_module.SHM_BYTES = 1 << 62  # never the shared-memory path
+reduce_module.SHM_BYTES = 0  # never the shared-memory path (0 turns it off)
 KEPT, NEW = scratch.POOL_FROM, 1 << 62
 
 

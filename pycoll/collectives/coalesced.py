@@ -130,7 +130,7 @@ class Gather:
         group's shared window (pycoll.collectives.shm.Gathered)."""
         total = self.total
         key = crosscheck.key(func, None, total)
-        if total >= SHM_FROM > 0 and (win := shm.for_copies(pg)) is not None:
+        if total >= SHM_FROM > 0 and (win := shm.for_copies(pg, func)) is not None:
             data = self._gathered
             if data is None or data.win is not win:  # (tables into this window's memory)
                 targets = self.targets.reshape(self.n, -1)

@@ -27,7 +27,15 @@ from ..crosscheck import COUNT, OP_BITS
 from ..dispatch import IN, INOUT, LIST, OUT, UNKNOWN, Array, collective
 from ..fusion import FusedAllReduce
 from ..groups import STATE, ProcessGroup, resolve
-from ..ops import SPLIT_BYTES, SPLIT_BYTES_TWO_RANKS, Plan, ReduceOp, plan
+from ..ops import (
+    RING_BYTES,
+    RING_BYTES_TWO_RANKS,
+    SPLIT_BYTES,
+    SPLIT_BYTES_TWO_RANKS,
+    Plan,
+    ReduceOp,
+    plan,
+)
 from ..persistent import LIMIT as PLAN_LIMIT
 from ..work import Work
 from . import scratch, shm
@@ -64,6 +72,14 @@ MEAN_OF_TWO_BYTES = 32 << 20
 def _split_from(ranks: int) -> int:
     """The size from which an all_reduce with a Plan.split op is split."""
     return SPLIT_BYTES if ranks > 2 else SPLIT_BYTES_TWO_RANKS
+
+
+def _ring_from(ranks: int) -> int:
+    """The size from which an all_reduce with one of MPI's own ops takes
+    pycoll's ring: on MPICH only (elsewhere never)."""
+    if _mpi.VENDOR != "MPICH":
+        return 1 << 62
+    return RING_BYTES if ranks > 2 else RING_BYTES_TWO_RANKS
 
 
 def _mean_of_two(x: np.ndarray) -> bool:
@@ -143,10 +159,18 @@ def all_reduce(
         if made is not None:
             desc = _desc(op, tensor) if async_op or not debug.PLAIN else None
             return made.call(pg, "all_reduce", tensor, tensor, async_op, desc)
-    if tensor.nbytes >= SHM_BYTES > 0 and (win := shm.usable(pg, how, tensor.dtype)) is not None:
-        return _all_reduce_shm(pg, win, tensor, op, how, async_op, key)
-    if how.split and pg._size > 1 and tensor.nbytes >= _split_from(pg._size):
+    # Large calls on MPICH: pycoll's ring, where it measured faster than MPI's
+    # own and than the shared-memory path; then the shared-memory path.
+    nbytes = tensor.nbytes
+    if pg._size > 1 and (
+        (how.split and nbytes >= _split_from(pg._size))
+        or (nbytes >= RING_BYTES > 0 and not how.average and nbytes >= _ring_from(pg._size))
+    ):
         return _all_reduce_ring(pg, tensor, op, how, async_op, key)
+    if (nbytes >= SHM_BYTES_MPICH or nbytes >= SHM_BYTES) and nbytes >= _shm_least() > 0:
+        win = shm.usable(pg, how, tensor.dtype, "all_reduce")
+        if win is not None and _takes_window(win, pg._size, nbytes):
+            return _all_reduce_shm(pg, win, tensor, op, how, async_op, key)
     mpi_op, plainly, average = how.mpi_op, how.plain, how.average
     if average and pg._size == 2 and _mean_of_two(tensor):
         # Two ranks: each element is combined exactly once, so AVG is one user
@@ -183,8 +207,40 @@ def all_reduce(
 # From this size an all_reduce whose ranks share one node goes through the
 # node's shared memory (pycoll.collectives.shm): on 2-4 ranks it measured
 # 2.2-3.5x MPICH's own from 32 MiB, where MPICH's falls to 0.5-2 GB/s, and
-# 0.7-1.3x below (docs/benchmarks.md). 0 turns it off.
+# 0.7-1.3x below (docs/benchmarks.md). On MPICH pycoll's ring comes first
+# (from RING_BYTES, or SPLIT_BYTES for its ops), faster still. 0 turns the
+# window off.
 SHM_BYTES = 32 << 20
+# On MPICH the window is taken from this size already, up to RING_BYTES,
+# where each rank has a core of its own or the group's size is not a power of
+# two. Measured against MPICH's own all_reduce (docs/benchmarks.md): on 2
+# ranks 0.68-0.89x its time at 1-4 MiB for every dtype and op measured, and
+# 0.70-1.03x at 8 MiB (0.93-1.30x at 16 MiB, so it stops below); on 3, 5 and 6
+# ranks (MPICH takes extra steps for the ranks past a power of two)
+# 0.34-0.71x; on 4 and 8 ranks sharing 2 cores 0.6-1.6x by size and the VM's
+# state, so a crowded power-of-two group keeps SHM_BYTES. Open MPI's
+# nonblocking barriers, which the window waits on, made it slower there at
+# 16 MiB: Open MPI keeps SHM_BYTES.
+SHM_BYTES_MPICH = 1 << 20
+
+
+def _shm_least() -> int:
+    """The least size at which an all_reduce may take the window (its group's
+    window is made, or found, from this size)."""
+    return min(SHM_BYTES, SHM_BYTES_MPICH) if _mpi.VENDOR == "MPICH" else SHM_BYTES
+
+
+def _takes_window(win: Any, ranks: int, nbytes: int) -> bool:
+    """Whether an all_reduce of ``nbytes`` on ``win``'s group of ``ranks``
+    goes through it (``win.crowded``: the group's ranks outnumber their
+    cores somewhere, the same on every rank)."""
+    if nbytes >= SHM_BYTES:
+        return True
+    return (
+        _mpi.VENDOR == "MPICH"
+        and SHM_BYTES_MPICH <= nbytes < RING_BYTES
+        and (not win.crowded or ranks & (ranks - 1) != 0)
+    )
 
 
 def _all_reduce_shm(

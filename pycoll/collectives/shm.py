@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .. import _mpi, kernels, progress
+from .. import _mpi, kernels, progress, watch
 from ..arrays import BFLOAT16
 from ..groups import ProcessGroup
 from ..kernels import threads
@@ -129,12 +129,20 @@ class Window:
         self.freed = True
 
 
-def window(pg: Any) -> Optional[Window]:
+def window(pg: Any, func: str) -> Optional[Window]:
     """The group's window, made on its first eligible call (every rank makes
-    that call); None where the group's ranks do not all share one node."""
+    that call, the collective ``func``); None where the group's ranks do not
+    all share one node.
+
+    Making it takes MPI's blocking calls on the group's communicator, which
+    would wait for good on a rank that never makes the call. So the ranks
+    first meet at a nonblocking barrier, waited for within the group's
+    timeout: a late rank is named (DistTimeoutError, the group broken, as any
+    collective's timeout) instead of hanging the others."""
     made = pg.attached(_KEY)
     if made is None:
         MPI = _mpi.MPI
+        watch.wait(pg, func, pg._seq + 1, [pg.comm.Ibarrier()])
         node = pg.comm.Split_type(MPI.COMM_TYPE_SHARED)
         one_node = node.Get_size() == pg.size()
         node.Free()
@@ -148,7 +156,7 @@ def _free(made: Any) -> None:
         made.free()
 
 
-def usable(pg: ProcessGroup, how: Plan, dtype: np.dtype) -> Optional[Window]:
+def usable(pg: ProcessGroup, how: Plan, dtype: np.dtype, func: str) -> Optional[Window]:
     """The group's window, where an all_reduce large enough for it can go
     through it: more than one rank, pycoll's kernels reduce (an AVG's
     division in its last sum: real floats only), no aliased device buffers
@@ -158,7 +166,7 @@ def usable(pg: ProcessGroup, how: Plan, dtype: np.dtype) -> Optional[Window]:
         return None
     if how.average and not (dtype.kind == "f" or dtype == BFLOAT16):
         return None
-    return window(pg)
+    return window(pg, func)
 
 
 def all_reduce(
@@ -394,13 +402,13 @@ class ShmAllReduce(_Pipeline):
         return [self._barrier()]
 
 
-def for_copies(pg: ProcessGroup) -> Optional[Window]:
+def for_copies(pg: ProcessGroup, func: str) -> Optional[Window]:
     """The group's window, where a call that only copies (an all-gather) can
     go through it: more than one rank, no aliased device buffers in flight on
     the group, every rank on one node (see :func:`window`). None otherwise."""
     if pg._size < 2 or pg._aliases:
         return None
-    return window(pg)
+    return window(pg, func)
 
 
 def all_gather(

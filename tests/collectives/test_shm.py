@@ -121,6 +121,80 @@ def test_a_late_rank_is_named_by_the_timeout(tiny, rank, world_size):
     pycoll.destroy_process_group(g)
 
 
+def test_a_rank_that_never_comes_to_make_the_window_is_named(tiny, rank, world_size):
+    """The window is made with MPI's blocking calls on the group's first
+    eligible call: a rank that never makes that call is named by the group's
+    timeout, as for any collective, instead of leaving the others in MPI."""
+    g = pycoll.new_group(timeout=timedelta(seconds=3))
+    last = world_size - 1
+    if rank != last:
+        started = time.monotonic()
+        with pytest.raises(DistTimeoutError) as exc:
+            pycoll.all_reduce(np.ones(10, np.float64), group=g)
+        assert time.monotonic() - started < 60  # bounded by the 3 s timeout
+        message = str(exc.value)
+        assert "all_reduce (seq 1)" in message and "timed out" in message, message
+        assert f"rank {last}: has not reached it" in message, message
+        assert g.attached("shm.window") is None  # not made
+    pycoll.barrier()
+    pycoll.destroy_process_group(g)
+
+
+class _Window:
+    def __init__(self, crowded):
+        self.crowded = crowded
+
+
+@pytest.mark.parametrize("vendor", ["MPICH", "Open MPI"])
+def test_the_thresholds_by_mpi_group_size_and_cores(monkeypatch, vendor):
+    """From SHM_BYTES anywhere; on MPICH from SHM_BYTES_MPICH already and up
+    to RING_BYTES, unless the group is a power of two whose ranks outnumber
+    their cores; 0 turns the window off."""
+    from pycoll import _mpi
+
+    monkeypatch.setattr(_mpi, "VENDOR", vendor)
+    low, ring, high = reduce_mod.SHM_BYTES_MPICH, reduce_mod.RING_BYTES, reduce_mod.SHM_BYTES
+    assert low < ring < high
+    mpich = vendor == "MPICH"
+    assert reduce_mod._shm_least() == (low if mpich else high)
+    for ranks in (2, 3, 4, 5, 6, 8):
+        even = ranks & (ranks - 1) == 0
+        for crowded in (False, True):
+            band = mpich and not (crowded and even)
+            win = _Window(crowded)
+            assert reduce_mod._takes_window(win, ranks, low - 1) is False
+            assert reduce_mod._takes_window(win, ranks, low) is band, (ranks, crowded)
+            assert reduce_mod._takes_window(win, ranks, ring - 1) is band, (ranks, crowded)
+            assert reduce_mod._takes_window(win, ranks, ring) is False
+            assert reduce_mod._takes_window(win, ranks, high) is True
+    monkeypatch.setattr(reduce_mod, "SHM_BYTES", 0)
+    assert reduce_mod._shm_least() == 0
+
+
+def test_a_1_mib_all_reduce_takes_the_window_where_it_should(monkeypatch, rank, world_size):
+    """At the default thresholds, a 1 MiB all_reduce: through the window on
+    MPICH where each rank has a core or the group's size is not a power of
+    two, else MPI's own; right either way."""
+    from pycoll import _mpi
+
+    taken = []
+    real = reduce_mod._all_reduce_shm
+    monkeypatch.setattr(reduce_mod, "_all_reduce_shm", lambda *a: taken.append(1) or real(*a))
+    x = np.full(1 << 18, rank + 1.0, np.float32)  # 1 MiB
+    g = pycoll.new_group()
+    try:
+        pycoll.all_reduce(x, group=g)
+        assert_equal(x, np.full(x.size, world_size * (world_size + 1) / 2, np.float32))
+        made = g.attached("shm.window")
+        uneven = world_size & (world_size - 1) != 0
+        want = bool(made) and _mpi.VENDOR == "MPICH" and (uneven or not made.crowded)
+        assert bool(taken) == want
+        if _mpi.VENDOR == "MPICH" and world_size > 1:
+            assert made  # one node: the window is made from 1 MiB
+    finally:
+        pycoll.destroy_process_group(g)
+
+
 def test_a_rank_late_to_destroy_the_group_goes_on(tiny, monkeypatch, rank, world_size):
     """A rank that reaches destroy_process_group after the others stopped
     waiting for it (the final call check's wait, then FREE_WAIT for the

@@ -1,8 +1,9 @@
-"""Large all_reduce with one of pycoll's user ops, or a float AVG, on MPICH:
-pycoll's ring (a reduce-scatter, an AVG's division of this rank's part, an
-all-gather). Same answers as numpy's, on every rank, for sizes that do not
-divide by the number of ranks (on 1 rank, and on Open MPI, the same tests
-check the usual path)."""
+"""Large all_reduce on MPICH through pycoll's ring (a reduce-scatter, an AVG's
+division of this rank's part, an all-gather): with one of pycoll's user ops
+or a float AVG from SPLIT_BYTES, with MPI's own ops from RING_BYTES. Same
+answers as numpy's, on every rank, for sizes that do not divide by the
+number of ranks (on 1 rank, and on Open MPI, the same tests check the usual
+path)."""
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import pytest
 import pycoll
 from pycoll import ReduceOp, make_premul_sum
 from pycoll.collectives import reduce as reduce_module
-from support import BF16, assert_equal, count_rings, data, reduce_all
+from support import BF16, PREMUL_SCALE, assert_equal, count_rings, data, reduce_all, valid_pairs
 
 CASES = [
     ("SUM", np.dtype(np.float16)),
@@ -114,3 +115,61 @@ def test_sync_and_async_calls_match(monkeypatch, rank, world_size):
         "MAX", [data(r, np.dtype(np.float16), (257,)) for r in range(world_size)], world_size
     )
     assert_equal(x, expected)
+
+
+# MPI's own ops, every dtype: (op, dtype) pairs pycoll accepts, AVG aside (a
+# float AVG is a split op above; a complex one stays with MPI, below).
+OWN_OPS = [(op, dtype) for op, dtype in valid_pairs() if op != "AVG"]
+
+
+def own_rop(name):
+    return make_premul_sum(PREMUL_SCALE) if name == "PREMUL_SUM" else getattr(ReduceOp, name)
+
+
+def ring_expected(world_size):
+    from pycoll import _mpi
+
+    return _mpi.VENDOR == "MPICH" and world_size > 1
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("op,dtype", OWN_OPS, ids=str)
+def test_mpis_own_ops_take_the_ring_from_ring_bytes(
+    op, dtype, async_op, monkeypatch, rank, world_size
+):
+    monkeypatch.setattr(reduce_module, "RING_BYTES", 1)
+    monkeypatch.setattr(reduce_module, "RING_BYTES_TWO_RANKS", 1)
+    rings = count_rings(monkeypatch)
+    shape = (5, 7)  # 35 elements: parts cut unevenly
+    x = data(rank, dtype, shape)
+    work = pycoll.all_reduce(x, op=own_rop(op), async_op=async_op)
+    if async_op:
+        assert work.wait() is True
+    assert_equal(x, reduce_all(op, [data(r, dtype, shape) for r in range(world_size)], world_size))
+    assert len(rings) == ring_expected(world_size)
+
+
+def test_a_float32_sum_of_ring_bytes_takes_the_ring(monkeypatch, rank, world_size):
+    """At the default threshold: one element under it stays with MPI (or the
+    shared-memory path), the threshold itself takes the ring."""
+    rings = count_rings(monkeypatch)
+    count = reduce_module._ring_from(world_size) // 4
+    for size in (count - 1, count):
+        x = np.full(size, rank + 1.0, np.float32)
+        pycoll.all_reduce(x)
+        assert_equal(x, np.full(size, world_size * (world_size + 1) / 2, np.float32))
+    assert len(rings) == ring_expected(world_size)
+
+
+def test_a_complex_avg_stays_with_mpi(monkeypatch, rank, world_size):
+    """The kernels do not divide complex numbers in their last sum."""
+    monkeypatch.setattr(reduce_module, "RING_BYTES", 1)
+    monkeypatch.setattr(reduce_module, "RING_BYTES_TWO_RANKS", 1)
+    forced(monkeypatch)
+    rings = count_rings(monkeypatch)
+    dtype = np.dtype(np.complex64)
+    x = data(rank, dtype, (9,))
+    pycoll.all_reduce(x, op=ReduceOp.AVG)
+    everyone = [data(r, dtype, (9,)) for r in range(world_size)]
+    assert_equal(x, reduce_all("AVG", everyone, world_size))
+    assert rings == []
