@@ -1,0 +1,93 @@
+"""pycoll's three ways of running a large all_reduce, each forced, against
+each other in one run: MPI's own call (through pycoll), pycoll's ring
+(pycoll.collectives.ring) and the node's shared window
+(pycoll.collectives.shm); and what pycoll chooses by default.
+
+The thresholds of pycoll.collectives.reduce are set per case for the call
+(and put back after it), so every case is pycoll.all_reduce in place. Every
+case's result is checked first on every rank; then rounds of a block of
+calls each, the order rotated every round; each round's figure is the
+case's time over MPI's in that round, and rank 0 prints the median over
+rounds with MPI's algbw. (The timed calls reduce their own results again:
+values grow to infinity, which costs the kernels no more.) A measurement for
+docs/benchmarks.md, not part of pycoll:
+
+    mpiexec -n 2 python docs/measurements/all_reduce_paths.py            # float32 SUM
+    mpiexec -n 3 python docs/measurements/all_reduce_paths.py 5 1M,4M,16M,64M float16 avg
+"""
+
+import sys
+
+import numpy as np
+
+import pycoll
+from pycoll import _mpi
+from pycoll.arrays import BFLOAT16
+from pycoll.bench import parse_size
+from pycoll.bench.table import time_block
+from pycoll.collectives import reduce as R
+
+pycoll.init_process_group()
+MPI = _mpi.MPI
+comm = MPI.COMM_WORLD
+n, me = comm.size, comm.rank
+rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+SIZES = "1M,4M,8M,16M,32M,64M"
+sizes = [parse_size(s) for s in (sys.argv[2] if len(sys.argv) > 2 else SIZES).split(",")]
+name = sys.argv[3] if len(sys.argv) > 3 else "float32"
+dtype = BFLOAT16 if name == "bfloat16" else np.dtype(name)
+op = pycoll.ReduceOp.AVG if len(sys.argv) > 4 and sys.argv[4] == "avg" else pycoll.ReduceOp.SUM
+KNOBS = ("SHM_BYTES", "SHM_BYTES_MPICH", "RING_BYTES", "RING_BYTES_TWO_RANKS",
+         "SPLIT_BYTES", "SPLIT_BYTES_TWO_RANKS")  # fmt: skip
+DEFAULT = {k: getattr(R, k) for k in KNOBS}
+NEVER = 1 << 62
+FORCED = {
+    "mpi": dict.fromkeys(KNOBS, NEVER),
+    "ring": {**dict.fromkeys(KNOBS, NEVER), "RING_BYTES": 1, "RING_BYTES_TWO_RANKS": 1,
+             "SPLIT_BYTES": 1, "SPLIT_BYTES_TWO_RANKS": 1},
+    "window": {**dict.fromkeys(KNOBS, NEVER), "SHM_BYTES": 1},
+    "default": DEFAULT,
+}  # fmt: skip
+
+
+def case(knobs):
+    def call(x):
+        for k, v in knobs.items():
+            setattr(R, k, v)
+        try:
+            pycoll.all_reduce(x, op=op)
+        finally:
+            for k, v in DEFAULT.items():
+                setattr(R, k, v)
+
+    return call
+
+
+cases = {k: case(v) for k, v in FORCED.items()}
+want = 1 if op == pycoll.ReduceOp.AVG else n  # every rank gives ones: exact in any order
+if me == 0:
+    print(f"# {n} ranks, {name} {op.name}, {rounds} rounds: a case's time over MPI's (median)")
+    print(f"{'':>8s} {'MPI GB/s':>9s}" + "".join(f"{k:>9s}" for k in cases if k != "mpi"))
+for nbytes in sizes:
+    x = np.ones(nbytes // dtype.itemsize, dtype)
+    for k, call in cases.items():
+        x[...] = 1
+        call(x)
+        if comm.allreduce(not np.all(x.astype(np.float32) == want), MPI.LOR):
+            raise SystemExit(f"{k} gave a wrong result on some rank at {nbytes} bytes")
+    times = {k: [] for k in cases}
+    blocks = list(cases.items())
+    for r in range(rounds):
+        k = r % len(blocks)
+        for key, call in blocks[k:] + blocks[:k]:
+            iters = max(3, (64 << 20) // nbytes)
+            t = time_block(lambda call=call, x=x: call(x), iters, 1, comm)
+            times[key].append(comm.allreduce(t, MPI.MAX))
+    if me == 0:
+        ref = times["mpi"]
+        row = f"{nbytes >> 20:6d}M {nbytes / np.median(ref) / 1e9:9.2f}"
+        for k in cases:
+            if k != "mpi":
+                row += f"{np.median([b / a for a, b in zip(ref, times[k])]):9.2f}"
+        print(row, flush=True)
+pycoll.destroy_process_group()
