@@ -142,6 +142,8 @@ def window(pg: Any, func: str) -> Optional[Window]:
     made = pg.attached(_KEY)
     if made is None:
         MPI = _mpi.MPI
+        if pg._broken is not None:  # (its calls raise at once: so does this one)
+            raise watch.broken(pg, func)
         watch.wait(pg, func, pg._seq + 1, [pg.comm.Ibarrier()])
         node = pg.comm.Split_type(MPI.COMM_TYPE_SHARED)
         one_node = node.Get_size() == pg.size()

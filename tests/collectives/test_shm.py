@@ -136,6 +136,10 @@ def test_a_rank_that_never_comes_to_make_the_window_is_named(tiny, rank, world_s
         assert "all_reduce (seq 1)" in message and "timed out" in message, message
         assert f"rank {last}: has not reached it" in message, message
         assert g.attached("shm.window") is None  # not made
+        started = time.monotonic()  # the group is broken: the next call raises at once
+        with pytest.raises(DistTimeoutError, match="unusable"):
+            pycoll.all_reduce(np.ones(10, np.float64), group=g)
+        assert time.monotonic() - started < 2
     pycoll.barrier()
     pycoll.destroy_process_group(g)
 
