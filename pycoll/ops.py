@@ -158,7 +158,8 @@ class Plan(NamedTuple):
             every rank reducing the whole buffer, and on one node its
             collectives on large buffers measured 2-4x slower than the same
             bytes exchanged point to point) and for AVG of real floats (the
-            division then runs on this rank's 1/n of the result).
+            division then runs on this rank's 1/n of the result). MPI's own ops
+            take the ring too, from the larger :data:`RING_BYTES`.
         key: the reduction's and dtype's part of a call's key for the call
             check (pycoll.crosscheck.reduction_bits).
     """
