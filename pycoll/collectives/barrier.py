@@ -35,7 +35,10 @@ def barrier(
         if pg is None:
             return None
     comm = pg.comm
-    if not async_op and debug.PLAIN:  # the common case, straight to MPI
+    # The common case, straight to MPI; not under PYCOLL_WAIT=blocking, where
+    # the fast paths' blocking calls end the job on a timeout: a barrier's
+    # timeout raises there as everywhere (it is how programs wait for a peer).
+    if not async_op and debug.PLAIN and not watch.BLOCKING:
         plain(pg, "barrier", _KEY, comm.Ibarrier, comm.Barrier)
         return None
     return run(pg, "barrier", 0, comm.Ibarrier, (), async_op, call="barrier()")
