@@ -221,15 +221,16 @@ def all_to_all_single(
         input = check_input(func, "input", input)
         dtype = check_same_dtype(func, [output, input])
         mpitype = mpi_datatype(dtype)
+        if even:  # (the common case's test above covered these)
+            if input.size % n:
+                raise ValueError(
+                    f"{func}: input holds {input.size} elements, which do not "
+                    f"divide evenly among {n} ranks; pass input_split_sizes and "
+                    f"output_split_sizes"
+                )
+            check_size(func, "output", output, input.size, "the size of input")
     comm = pg.comm
     if even:
-        if input.size % n:
-            raise ValueError(
-                f"{func}: input holds {input.size} elements, which do not "
-                f"divide evenly among {n} ranks; pass input_split_sizes and "
-                f"output_split_sizes"
-            )
-        check_size(func, "output", output, input.size, "the size of input")
         desc = f"{func}(even, {sig(input)})" if debug.LEVEL >= DETAIL else None
         key = crosscheck.key(func, dtype, input.size)
         if pg._plans is not None and input.nbytes <= PLAN_LIMIT:  # a repeated small call?
