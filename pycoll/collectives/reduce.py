@@ -76,9 +76,9 @@ def _split_from(ranks: int) -> int:
 
 def _ring_from(ranks: int) -> int:
     """The size from which an all_reduce with one of MPI's own ops takes
-    pycoll's ring: on MPICH only (elsewhere never)."""
+    pycoll's ring: on MPICH only (0: never)."""
     if _mpi.VENDOR != "MPICH":
-        return 1 << 62
+        return 0
     return RING_BYTES if ranks > 2 else RING_BYTES_TWO_RANKS
 
 
@@ -164,7 +164,7 @@ def all_reduce(
     nbytes = tensor.nbytes
     if pg._size > 1 and (
         (how.split and nbytes >= _split_from(pg._size))
-        or (nbytes >= RING_BYTES > 0 and not how.average and nbytes >= _ring_from(pg._size))
+        or (nbytes >= RING_BYTES > 0 and not how.average and 0 < _ring_from(pg._size) <= nbytes)
     ):
         return _all_reduce_ring(pg, tensor, op, how, async_op, key)
     if (nbytes >= SHM_BYTES_MPICH or nbytes >= SHM_BYTES) and nbytes >= _shm_least() > 0:
