@@ -18,6 +18,29 @@ def test_every_public_name_resolves():
     assert set(pycoll.__all__) <= set(dir(pycoll))
 
 
+def test_setup_cfg_lists_every_package():
+    """A package left out of setup.cfg is missing from the wheel: an
+    editable install (CI's) still imports it, a user's ``pip install`` not."""
+    import configparser
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = configparser.ConfigParser()
+    cfg.read(root / "setup.cfg")
+    listed = set(cfg["options"]["packages"].split())
+    where = {
+        "pycoll": root / "pycoll",
+        "pycoll.gpu": root / "gpu",
+        "pycoll.launch": root / "launch",
+    }
+    found = set()
+    for name, top in where.items():
+        for init in top.rglob("__init__.py"):
+            parts = init.parent.relative_to(top).parts
+            found.add(".".join((name, *parts)))
+    assert found - listed == set(), "add these to setup.cfg's packages"
+    assert listed - found == set(), "setup.cfg lists packages that do not exist"
+
+
 def test_unknown_name_is_an_attribute_error():
     try:
         pycoll.no_such_thing  # noqa: B018
