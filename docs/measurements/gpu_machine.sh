@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Every measurement of docs/benchmarks.md's GPU-machine sections, and the GPU
+# tests, in one run on a lent GPU machine (16 cores, one GPU, Python with
+# torch, cupy and numba-cuda, no network). A measurement script, not part of
+# pycoll: each step has its own time limit, so one that fails or hangs costs
+# only itself, and each writes its own log under $OUT.
+#
+#   bash docs/measurements/gpu_machine.sh WHEELS OUT
+#
+# WHEELS holds the MPICH wheel, mpi4py's and numpy's for that Python, and
+# pycoll's own (python3 -m pip wheel --no-deps -w WHEELS .): the machine's
+# host MPI is then the MPICH wheel's, as on CI, in a virtual environment that
+# sees the machine's torch, cupy and numba-cuda. numpy is CI's version
+# (numba-cuda has not always imported under the image's newer numpy).
+set -u
+WHEELS=$(cd "$1" && pwd)
+OUT=$2
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+PY=${PY:-python3}
+export PYTHONUNBUFFERED=1
+V=/tmp/pycoll-gpu-venv
+
+step() {  # step LOG LIMIT COMMAND...: COMMAND's output to $OUT/LOG, bounded by LIMIT s
+    local log=$OUT/$1 limit=$2 start=$SECONDS
+    shift 2
+    echo "== $* (limit ${limit} s)" >> "$log"
+    timeout --kill-after=5 "$limit" "$@" >> "$log" 2>&1
+    echo "== rc $? after $((SECONDS - start)) s" >> "$log"
+    echo "$log: $((SECONDS - start)) s"
+}
+
+{
+    "$PY" -m venv --system-site-packages "$V" &&
+        "$V/bin/pip" install -q --no-index --no-deps --no-compile "$WHEELS"/*.whl
+} > "$OUT/setup.txt" 2>&1 || { cat "$OUT/setup.txt"; exit 1; }
+export PATH="$V/bin:$PATH"
+# Run from a copy of the tests, where the source tree's pycoll/ does not
+# shadow the installed package.
+T=/tmp/pycoll-gpu-tests
+rm -rf "$T" && mkdir -p "$T" && cp -r "$SRC/tests" "$SRC/setup.cfg" "$T/"
+cd "$T" || exit 1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+{
+    nproc
+    nvidia-smi -L 2>&1
+    "$V/bin/python" -c "import sys, numpy, mpi4py; print(sys.version); print('numpy', numpy.__version__)"
+    "$V/bin/python" -c "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"
+    "$V/bin/python" -c "import numba, numba.cuda; print('numba', numba.__version__, 'cuda', numba.cuda.is_available())"
+    "$V/bin/python" -c "import cupy; print('cupy', cupy.__version__)"
+    "$V/bin/python" -c "import torch; print('torch', torch.__version__, torch.cuda.is_available())"
+    "$V/bin/python" -c "import pycoll, pycoll.gpu; print(pycoll.__file__)"
+} >> "$OUT/setup.txt" 2>&1
+cat "$OUT/setup.txt"
+
+# Goal 6 (issue 23): staged all_reduce of cupy arrays against MPI's host
+# all_reduce and gloo on CUDA tensors, 2 ranks on the one GPU, then 4.
+step gpu_bench.txt 150 mpiexec -n 2 python -m pycoll.bench.gpu -b 1M -e 256M -f 4 \
+    -d float32 float16 --chunks 4M 16M 0 --no-kernels
+step gpu_bench.txt 90 mpiexec -n 4 python -m pycoll.bench.gpu -b 16M -e 256M -f 4 \
+    -d float32 -R 3 --chunks 4M 16M 0 --no-kernels
+# The real-GPU tests (skips become failures).
+step gpu_tests.txt 120 env PYCOLL_TEST_GPU=1 python -m pytest -q -p no:cacheprovider \
+    --mpi-reuse-all --mpi-timeout 100 --suite-ranks 2 tests/gpu/test_real.py
+step gpu_tests.txt 90 env PYCOLL_TEST_GPU=1 python -m pytest -q -p no:cacheprovider -x \
+    tests/gpu/test_kernels.py
+# Goal 3 on 16 cores: the three all_reduce paths forced, and the default.
+for n in 2 4 8; do
+    step paths.txt 60 mpiexec -n "$n" python "$SRC/docs/measurements/all_reduce_paths.py" 5
+done
+# Goals 1-3 on 16 cores: pycoll-bench against mpi4py and the C floor.
+for n in 2 4; do
+    step bench.txt 60 mpiexec -n "$n" python -m pycoll.bench -b 8 -e 128M -f 8 -R 5 \
+        --collectives all_reduce,all_gather,reduce_scatter,all_to_all,broadcast
+done
+# Goal 3's 16-bit targets on 16 cores.
+step bench.txt 60 mpiexec -n 2 python -m pycoll.bench --targets 5 -b 1M -e 64M -f 4
+# Goal 5: pycoll-run's start-up against bare mpiexec.
+for n in 2 4; do
+    step launch.txt 40 python -m pycoll.launch.bench -n "$n" --repeat 10
+done
+step gpu_bench.txt 60 python -m pycoll.bench.gpu --kernels-only
