@@ -159,7 +159,7 @@ class Plan(NamedTuple):
             collectives on large buffers measured 2-4x slower than the same
             bytes exchanged point to point) and for AVG of real floats (the
             division then runs on this rank's 1/n of the result). MPI's own ops
-            take the ring too, from the larger :data:`RING_BYTES`.
+            take the ring too, from :data:`RING_BYTES`.
         key: the reduction's and dtype's part of a call's key for the call
             check (pycoll.crosscheck.reduction_bits).
     """
@@ -235,15 +235,15 @@ def _split_bytes() -> Optional[int]:
 _SET = _split_bytes()
 SPLIT_BYTES = 4 << 20 if _SET is None else _SET
 SPLIT_BYTES_TWO_RANKS = 8 << 20 if _SET is None else _SET
-# And MPI's own ops (float32 SUM...) on MPICH from this many bytes (32 MiB on
-# 2 ranks): there MPICH's all_reduce of a large buffer on one node fell to
-# 0.7-3.2 GB/s, where the ring kept 3.3-11.7 (2.3-5.5x faster, and 1.2-2.2x
-# faster than the shared-memory path); at 16 MiB the ring was 0.43-0.83x
-# MPICH's time on 3 ranks and 0.60-0.95x on 4, but 0.71-1.06x on 2
-# (docs/benchmarks.md). An AVG of complex numbers, whose division the kernels
-# do not do, stays with MPI. PYCOLL_SPLIT_BYTES, where set, is these sizes too.
-RING_BYTES = 16 << 20 if _SET is None else _SET
-RING_BYTES_TWO_RANKS = 32 << 20 if _SET is None else _SET
+# And MPI's own ops (float32 SUM...) on MPICH from this many bytes, on any
+# number of ranks: at 8-16 MiB the ring measured 0.63-0.87x MPICH's time on
+# 2-8 ranks of a 16-core machine and 0.88-1.01x on the 2-core CI VM, where
+# above 16 MiB MPICH's all_reduce of a large buffer on one node falls to
+# 0.7-3.2 GB/s and the ring keeps 3.3-11.7 (0.24-0.5x its time); at 4 MiB the
+# ring was still 1.0-1.2x MPICH's on 2 ranks (docs/benchmarks.md). An AVG of
+# complex numbers, whose division the kernels do not do, stays with MPI.
+# PYCOLL_SPLIT_BYTES, where set, is this size too.
+RING_BYTES = 8 << 20 if _SET is None else _SET
 
 _WHY = {
     "bool": "AVG and PREMUL_SUM have no boolean result; cast to a floating dtype",

@@ -14,8 +14,13 @@ docs/benchmarks.md, not part of pycoll:
 
     mpiexec -n 2 python docs/measurements/all_reduce_paths.py            # float32 SUM
     mpiexec -n 3 python docs/measurements/all_reduce_paths.py 5 1M,4M,16M,64M float16 avg
+
+WINDOW_CHUNKS=256K,512K adds the window forced with those chunk sizes
+(pycoll.collectives.shm.CHUNK), each on a group of its own, since a group's
+window keeps the chunk it was made with.
 """
 
+import os
 import sys
 
 import numpy as np
@@ -26,6 +31,7 @@ from pycoll.arrays import BFLOAT16
 from pycoll.bench import parse_size
 from pycoll.bench.table import time_block
 from pycoll.collectives import reduce as R
+from pycoll.collectives import shm
 
 pycoll.init_process_group()
 MPI = _mpi.MPI
@@ -37,25 +43,25 @@ sizes = [parse_size(s) for s in (sys.argv[2] if len(sys.argv) > 2 else SIZES).sp
 name = sys.argv[3] if len(sys.argv) > 3 else "float32"
 dtype = BFLOAT16 if name == "bfloat16" else np.dtype(name)
 op = pycoll.ReduceOp.AVG if len(sys.argv) > 4 and sys.argv[4] == "avg" else pycoll.ReduceOp.SUM
-KNOBS = ("SHM_BYTES", "SHM_BYTES_MPICH", "RING_BYTES", "RING_BYTES_TWO_RANKS",
-         "SPLIT_BYTES", "SPLIT_BYTES_TWO_RANKS")  # fmt: skip
+KNOBS = ("SHM_BYTES", "SHM_BYTES_MPICH", "RING_BYTES", "SPLIT_BYTES",
+         "SPLIT_BYTES_TWO_RANKS")  # fmt: skip
 DEFAULT = {k: getattr(R, k) for k in KNOBS}
 NEVER = 1 << 62
 FORCED = {
     "mpi": dict.fromkeys(KNOBS, NEVER),
-    "ring": {**dict.fromkeys(KNOBS, NEVER), "RING_BYTES": 1, "RING_BYTES_TWO_RANKS": 1,
-             "SPLIT_BYTES": 1, "SPLIT_BYTES_TWO_RANKS": 1},
+    "ring": {**dict.fromkeys(KNOBS, NEVER), "RING_BYTES": 1, "SPLIT_BYTES": 1,
+             "SPLIT_BYTES_TWO_RANKS": 1},
     "window": {**dict.fromkeys(KNOBS, NEVER), "SHM_BYTES": 1},
     "default": DEFAULT,
 }  # fmt: skip
 
 
 def case(knobs):
-    def call(x):
+    def call(x, group=None):
         for k, v in knobs.items():
             setattr(R, k, v)
         try:
-            pycoll.all_reduce(x, op=op)
+            pycoll.all_reduce(x, op=op, group=group)
         finally:
             for k, v in DEFAULT.items():
                 setattr(R, k, v)
@@ -64,6 +70,14 @@ def case(knobs):
 
 
 cases = {k: case(v) for k, v in FORCED.items()}
+for text in filter(None, os.environ.get("WINDOW_CHUNKS", "").split(",")):
+    chunk, made = parse_size(text), shm.CHUNK
+    group = pycoll.new_group(list(range(n)))
+    shm.CHUNK = chunk  # the group's window is made now, with this chunk
+    shm.window(group, "all_reduce")
+    shm.CHUNK = made
+    window = case(FORCED["window"])
+    cases[f"win@{text}"] = lambda x, window=window, group=group: window(x, group)
 want = 1 if op == pycoll.ReduceOp.AVG else n  # every rank gives ones: exact in any order
 if me == 0:
     print(f"# {n} ranks, {name} {op.name}, {rounds} rounds: a case's time over MPI's (median)")

@@ -29,7 +29,6 @@ from ..fusion import FusedAllReduce
 from ..groups import STATE, ProcessGroup, resolve
 from ..ops import (
     RING_BYTES,
-    RING_BYTES_TWO_RANKS,
     SPLIT_BYTES,
     SPLIT_BYTES_TWO_RANKS,
     Plan,
@@ -74,12 +73,10 @@ def _split_from(ranks: int) -> int:
     return SPLIT_BYTES if ranks > 2 else SPLIT_BYTES_TWO_RANKS
 
 
-def _ring_from(ranks: int) -> int:
+def _ring_from() -> int:
     """The size from which an all_reduce with one of MPI's own ops takes
     pycoll's ring: on MPICH only (0: never)."""
-    if _mpi.VENDOR != "MPICH":
-        return 0
-    return RING_BYTES if ranks > 2 else RING_BYTES_TWO_RANKS
+    return RING_BYTES if _mpi.VENDOR == "MPICH" else 0
 
 
 def _mean_of_two(x: np.ndarray) -> bool:
@@ -164,12 +161,12 @@ def all_reduce(
     nbytes = tensor.nbytes
     if pg._size > 1 and (
         (how.split and nbytes >= _split_from(pg._size))
-        or (nbytes >= RING_BYTES > 0 and not how.average and 0 < _ring_from(pg._size) <= nbytes)
+        or (not how.average and 0 < _ring_from() <= nbytes)
     ):
         return _all_reduce_ring(pg, tensor, op, how, async_op, key)
-    if (nbytes >= SHM_BYTES_MPICH or nbytes >= SHM_BYTES) and nbytes >= _shm_least() > 0:
-        win = shm.usable(pg, how, tensor.dtype, "all_reduce")
-        if win is not None and _takes_window(win, pg._size, nbytes):
+    if nbytes >= _shm_least() > 0 and _takes_window(pg._size, nbytes):
+        win = shm.usable(pg, how, tensor.dtype, "all_reduce")  # (made on its first call)
+        if win is not None:
             return _all_reduce_shm(pg, win, tensor, op, how, async_op, key)
     mpi_op, plainly, average = how.mpi_op, how.plain, how.average
     if average and pg._size == 2 and _mean_of_two(tensor):
@@ -211,16 +208,15 @@ def all_reduce(
 # (from RING_BYTES, or SPLIT_BYTES for its ops), faster still. 0 turns the
 # window off.
 SHM_BYTES = 32 << 20
-# On MPICH the window is taken from this size already, up to RING_BYTES,
-# where each rank has a core of its own or the group's size is not a power of
-# two. Measured against MPICH's own all_reduce (docs/benchmarks.md): on 2
-# ranks 0.68-0.89x its time at 1-4 MiB for every dtype and op measured, and
-# 0.70-1.03x at 8 MiB (0.93-1.30x at 16 MiB, so it stops below); on 3, 5 and 6
-# ranks (MPICH takes extra steps for the ranks past a power of two)
-# 0.34-0.71x; on 4 and 8 ranks sharing 2 cores 0.6-1.6x by size and the VM's
-# state, so a crowded power-of-two group keeps SHM_BYTES. Open MPI's
-# nonblocking barriers, which the window waits on, made it slower there at
-# 16 MiB: Open MPI keeps SHM_BYTES.
+# On MPICH the window is taken from this size already, up to where the ring
+# takes over, in groups whose size is not a power of two: there MPICH adds
+# steps for the ranks past a power of two, and the window measured 0.34-0.71x
+# its time on 3, 5 and 6 ranks (docs/benchmarks.md). On a power of two the
+# window was faster on one machine and slower on another (2 ranks: 0.68-0.92x
+# MPICH's time at 1-8 MiB on the 2-core CI VM, 1.15-1.98x on a 16-core Xeon
+# whatever its chunk size), so MPICH's own call stays. Open MPI's nonblocking
+# barriers, which the window waits on, made it slower there at 16 MiB: Open
+# MPI keeps SHM_BYTES.
 SHM_BYTES_MPICH = 1 << 20
 
 
@@ -230,17 +226,12 @@ def _shm_least() -> int:
     return min(SHM_BYTES, SHM_BYTES_MPICH) if _mpi.VENDOR == "MPICH" else SHM_BYTES
 
 
-def _takes_window(win: Any, ranks: int, nbytes: int) -> bool:
-    """Whether an all_reduce of ``nbytes`` on ``win``'s group of ``ranks``
-    goes through it (``win.crowded``: the group's ranks outnumber their
-    cores somewhere, the same on every rank)."""
+def _takes_window(ranks: int, nbytes: int) -> bool:
+    """Whether an all_reduce of ``nbytes`` on a group of ``ranks`` that has
+    a shared window goes through it."""
     if nbytes >= SHM_BYTES:
         return True
-    return (
-        _mpi.VENDOR == "MPICH"
-        and SHM_BYTES_MPICH <= nbytes < RING_BYTES
-        and (not win.crowded or ranks & (ranks - 1) != 0)
-    )
+    return _mpi.VENDOR == "MPICH" and SHM_BYTES_MPICH <= nbytes and ranks & (ranks - 1) != 0
 
 
 def _all_reduce_shm(

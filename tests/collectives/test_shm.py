@@ -144,16 +144,11 @@ def test_a_rank_that_never_comes_to_make_the_window_is_named(tiny, rank, world_s
     pycoll.destroy_process_group(g)
 
 
-class _Window:
-    def __init__(self, crowded):
-        self.crowded = crowded
-
-
 @pytest.mark.parametrize("vendor", ["MPICH", "Open MPI"])
-def test_the_thresholds_by_mpi_group_size_and_cores(monkeypatch, vendor):
-    """From SHM_BYTES anywhere; on MPICH from SHM_BYTES_MPICH already and up
-    to RING_BYTES, unless the group is a power of two whose ranks outnumber
-    their cores; 0 turns the window off."""
+def test_the_thresholds_by_mpi_and_group_size(monkeypatch, vendor):
+    """From SHM_BYTES anywhere; on MPICH from SHM_BYTES_MPICH already in a
+    group whose size is not a power of two (below RING_BYTES the ring has
+    not taken the call first); 0 turns the window off."""
     from pycoll import _mpi
 
     monkeypatch.setattr(_mpi, "VENDOR", vendor)
@@ -161,24 +156,21 @@ def test_the_thresholds_by_mpi_group_size_and_cores(monkeypatch, vendor):
     assert low < ring < high
     mpich = vendor == "MPICH"
     assert reduce_mod._shm_least() == (low if mpich else high)
-    for ranks in (2, 3, 4, 5, 6, 8):
-        even = ranks & (ranks - 1) == 0
-        for crowded in (False, True):
-            band = mpich and not (crowded and even)
-            win = _Window(crowded)
-            assert reduce_mod._takes_window(win, ranks, low - 1) is False
-            assert reduce_mod._takes_window(win, ranks, low) is band, (ranks, crowded)
-            assert reduce_mod._takes_window(win, ranks, ring - 1) is band, (ranks, crowded)
-            assert reduce_mod._takes_window(win, ranks, ring) is False
-            assert reduce_mod._takes_window(win, ranks, high) is True
+    assert reduce_mod._ring_from() == (ring if mpich else 0)
+    for ranks in (2, 3, 4, 5, 6, 7, 8, 12, 16):
+        band = mpich and ranks not in (2, 4, 8, 16)
+        assert reduce_mod._takes_window(ranks, low - 1) is False
+        assert reduce_mod._takes_window(ranks, low) is band, ranks
+        assert reduce_mod._takes_window(ranks, ring - 1) is band, ranks
+        assert reduce_mod._takes_window(ranks, high) is True
     monkeypatch.setattr(reduce_mod, "SHM_BYTES", 0)
     assert reduce_mod._shm_least() == 0
 
 
 def test_a_1_mib_all_reduce_takes_the_window_where_it_should(monkeypatch, rank, world_size):
     """At the default thresholds, a 1 MiB all_reduce: through the window on
-    MPICH where each rank has a core or the group's size is not a power of
-    two, else MPI's own; right either way."""
+    MPICH where the group's size is not a power of two, else MPI's own, and
+    then no window is made; right either way."""
     from pycoll import _mpi
 
     taken = []
@@ -189,12 +181,10 @@ def test_a_1_mib_all_reduce_takes_the_window_where_it_should(monkeypatch, rank, 
     try:
         pycoll.all_reduce(x, group=g)
         assert_equal(x, np.full(x.size, world_size * (world_size + 1) / 2, np.float32))
-        made = g.attached("shm.window")
         uneven = world_size & (world_size - 1) != 0
-        want = bool(made) and _mpi.VENDOR == "MPICH" and (uneven or not made.crowded)
+        want = _mpi.VENDOR == "MPICH" and uneven  # (one node: every rank shares it)
         assert bool(taken) == want
-        if _mpi.VENDOR == "MPICH" and world_size > 1:
-            assert made  # one node: the window is made from 1 MiB
+        assert (g.attached("shm.window") is not None) == want
     finally:
         pycoll.destroy_process_group(g)
 

@@ -139,7 +139,6 @@ def test_mpis_own_ops_take_the_ring_from_ring_bytes(
     op, dtype, async_op, monkeypatch, rank, world_size
 ):
     monkeypatch.setattr(reduce_module, "RING_BYTES", 1)
-    monkeypatch.setattr(reduce_module, "RING_BYTES_TWO_RANKS", 1)
     rings = count_rings(monkeypatch)
     shape = (5, 7)  # 35 elements: parts cut unevenly
     x = data(rank, dtype, shape)
@@ -155,8 +154,7 @@ def test_a_float32_sum_of_ring_bytes_takes_the_ring(monkeypatch, rank, world_siz
     shared-memory path), the threshold itself takes the ring (on MPICH; on
     other MPIs neither does)."""
     rings = count_rings(monkeypatch)
-    two = world_size <= 2
-    count = (reduce_module.RING_BYTES_TWO_RANKS if two else reduce_module.RING_BYTES) // 4
+    count = reduce_module.RING_BYTES // 4
     for size in (count - 1, count):
         x = np.full(size, rank + 1.0, np.float32)
         pycoll.all_reduce(x)
@@ -167,7 +165,6 @@ def test_a_float32_sum_of_ring_bytes_takes_the_ring(monkeypatch, rank, world_siz
 def test_a_complex_avg_stays_with_mpi(monkeypatch, rank, world_size):
     """The kernels do not divide complex numbers in their last sum."""
     monkeypatch.setattr(reduce_module, "RING_BYTES", 1)
-    monkeypatch.setattr(reduce_module, "RING_BYTES_TWO_RANKS", 1)
     forced(monkeypatch)
     rings = count_rings(monkeypatch)
     dtype = np.dtype(np.complex64)
