@@ -237,8 +237,9 @@ def test_views_into_the_buffer_keep_mpis_call(shared, rank, world_size):
 
 
 def test_crowded_ranks_take_the_window_from_a_larger_size(shared, monkeypatch, rank, world_size):
-    """Whether ranks outnumber cores is agreed when the window is made (each
-    rank's affinity may differ), so every rank takes the same path."""
+    """Whether ranks outnumber the cores they may run on together is agreed
+    when the window is made (each rank's affinity may differ), so every rank
+    takes the same path."""
     from pycoll import fusion
     from pycoll.kernels import threads
 
@@ -247,8 +248,8 @@ def test_crowded_ranks_take_the_window_from_a_larger_size(shared, monkeypatch, r
     fused = FusedAllReduce(mine, group=shared)
     fused.all_reduce()
     everyone = [None] * world_size
-    pycoll.all_gather_object(everyone, world_size > threads.cores())
-    crowded = any(everyone)
+    pycoll.all_gather_object(everyone, threads.cpus())
+    crowded = world_size > len(frozenset().union(*everyone))
     assert shared.attached("shm.window").crowded == crowded
     assert (fused._scattered is not None) == (not crowded)
     for a in mine:

@@ -78,7 +78,7 @@ _KEY = "shm.window"
 class Window:
     """A group's shared window: for each rank two halves of CHUNK bytes, and
     a communicator for the barriers; ``crowded`` says whether its ranks
-    outnumber the cores of any of them (the same on every rank)."""
+    outnumber the cores they may run on together (the same on every rank)."""
 
     def __init__(self, comm: Any, chunk: int, timeout: float) -> None:
         MPI = _mpi.MPI
@@ -95,10 +95,11 @@ class Window:
             self.halves[0].append(seg[:chunk])
             self.halves[1].append(seg[chunk:])
         self.win.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch: Sync orders the stores
-        # Whether the node's ranks outnumber their cores anywhere in the group:
-        # agreed here, so that a choice made from it is the same on every rank
-        # (each rank's own affinity may differ).
-        self.crowded = bool(self.comm.allreduce(n > threads.cores(), op=MPI.LOR))
+        # Whether the node's ranks outnumber the cores they may run on
+        # together (ranks bound to a core each are not crowded): agreed here,
+        # so that a choice made from it is the same on every rank.
+        cpus = frozenset().union(*self.comm.allgather(threads.cpus()))
+        self.crowded = n > len(cpus)
         self.work: Any = None  # the call in flight using it, if any
         self.freed = False
 

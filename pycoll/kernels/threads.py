@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, FrozenSet, Optional
 
 from ..groups import STATE
 
@@ -25,12 +25,17 @@ _COUNT: Optional[int] = None
 _VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
 
 
-def cores() -> int:
-    """The cores this process may run on."""
+def cpus() -> FrozenSet[int]:
+    """The CPUs this process may run on."""
     try:
-        return len(os.sched_getaffinity(0))
+        return frozenset(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return frozenset(range(os.cpu_count() or 1))
+
+
+def cores() -> int:
+    """How many cores this process may run on."""
+    return len(cpus())
 
 
 def _ranks_here() -> int:
