@@ -59,6 +59,19 @@ def test_chunked_all_reduce(op, dtype, sim, monkeypatch, rank, world_size):
     aware.reset()
 
 
+def test_the_stage_chunk_by_default_and_as_set(monkeypatch):
+    from pycoll.gpu import staging
+
+    monkeypatch.delenv("PYCOLL_STAGE_CHUNK", raising=False)
+    assert staging.chunk_bytes() == 4 << 20
+    assert not staging.chunked(4 << 20) and staging.chunked((4 << 20) + 1)
+    monkeypatch.setenv("PYCOLL_STAGE_CHUNK", "0")
+    assert not staging.chunked(1 << 30)  # 0: never in chunks
+    monkeypatch.setenv("PYCOLL_STAGE_CHUNK", "4M")
+    with pytest.raises(ValueError, match="PYCOLL_STAGE_CHUNK='4M': give the chunk size in bytes"):
+        staging.chunk_bytes()
+
+
 def test_chunked_staging_pins_a_few_chunks_not_the_message(sim, monkeypatch, rank, world_size):
     monkeypatch.setenv("PYCOLL_CUDA_AWARE", "0")
     monkeypatch.setenv("PYCOLL_STAGE_CHUNK", str(64 << 10))
