@@ -162,35 +162,45 @@ def test_integer_division_is_refused(on_device):
 
 
 NUMPY_2_5 = """
+import importlib.util
 import numpy as np
 if hasattr(np, "row_stack"):
     del np.row_stack  # as numpy 2.5 has it
 {before}
-import numba.cuda.np.arrayobj  # numba-cuda's numpy support
-x = np.row_stack((np.ones(2), np.zeros(2)))
-assert x.shape == (2, 2) and x[0, 0] == 1 and x[1, 0] == 0
-print("loaded")
+import numba.cuda
+if importlib.util.find_spec("numba.cuda.np") is None:
+    print("no numba.cuda.np")  # a numba-cuda that keeps its numpy support elsewhere
+else:
+    import numba.cuda.np.arrayobj  # numba-cuda's numpy support
+    x = np.row_stack((np.ones(2), np.zeros(2)))
+    assert x.shape == (2, 2) and x[0, 0] == 1 and x[1, 0] == 0
+    print("loaded")
 """
 
 
 def test_numba_cuda_loads_where_numpy_has_no_row_stack():
     """numba-cuda 0.30.4 overloads numpy.row_stack, which numpy 2.5 removed:
     without pycoll's alias its numpy support fails to import (on an H100 52 of
-    53 device-kernel tests failed so). Runs where numba-cuda is installed (with
-    cuda-bindings, cuda-core); it needs no GPU to import."""
+    53 device-kernel tests failed so). With the alias numba.cuda loads under
+    such a numpy whatever its version; without it, the one failure seen is
+    that defect. Runs where
+    numba-cuda is installed (with cuda-bindings, cuda-core); it needs no GPU
+    to import."""
     if importlib.util.find_spec("numba_cuda") is None:
         pytest.skip("numba-cuda is not installed (a GPU machine's image has it)")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    bare = subprocess.run(
-        [sys.executable, "-c", NUMPY_2_5.format(before="")],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
-    assert "has no attribute 'row_stack'" in bare.stderr, bare.stderr  # the defect, reproduced
     fixed = subprocess.run(
         [sys.executable, "-c", NUMPY_2_5.format(before=ALIAS)],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
-    assert fixed.stdout.strip() == "loaded", fixed.stderr
+    assert fixed.stdout.strip() in ("loaded", "no numba.cuda.np"), fixed.stderr
+    if fixed.stdout.strip() == "loaded":
+        bare = subprocess.run(
+            [sys.executable, "-c", NUMPY_2_5.format(before="")],
+            capture_output=True, text=True, env=env, timeout=300,
+        )  # fmt: skip
+        if bare.returncode != 0:  # (a numba-cuda that overloads row_stack: 0.30.4)
+            assert "has no attribute 'row_stack'" in bare.stderr, bare.stderr  # the defect
 
 
 ALIAS = "from pycoll.gpu.kernels import numpy_for_numba_cuda; numpy_for_numba_cuda()"
