@@ -5,7 +5,14 @@
 # pycoll: each step has its own time limit, so one that fails or hangs costs
 # only itself, and each writes its own log under $OUT.
 #
-#   bash docs/measurements/gpu_machine.sh WHEELS OUT
+#   bash docs/measurements/gpu_machine.sh WHEELS OUT [PART...]
+#
+# PARTs (default: gpu tests paths bench launch kernels): gpu (goal 6's
+# staged all_reduce), tests (the real-GPU tests), paths (all_reduce's paths
+# forced, 2/4/8 ranks), bench (pycoll-bench, 2/4 ranks, and the 16-bit
+# targets), allreduce (pycoll-bench's all_reduce from 1 MiB), targets (the
+# 16-bit targets alone), launch (pycoll-run's start-up), kernels (the device kernels),
+# window (the shared window's chunk size, and rank binding).
 #
 # WHEELS holds the MPICH wheel, mpi4py's and numpy's for that Python, and
 # pycoll's own (python3 -m pip wheel --no-deps -w WHEELS .): the machine's
@@ -15,6 +22,8 @@
 set -u
 WHEELS=$(cd "$1" && pwd)
 OUT=$2
+shift 2
+PARTS=${*:-gpu tests paths bench launch kernels}
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
@@ -30,8 +39,12 @@ step() {  # step LOG LIMIT COMMAND...: COMMAND's output to $OUT/LOG, bounded by 
 }
 
 {
-    "$PY" -m venv --system-site-packages "$V" &&
-        "$V/bin/pip" install -q --no-index --no-deps --no-compile "$WHEELS"/*.whl
+    "$PY" -m venv "$V" &&
+        "$V/bin/pip" install -q --no-index --no-deps --no-compile "$WHEELS"/*.whl &&
+        # the image's packages (torch, cupy, numba-cuda), after the venv's own:
+        # its python3 is itself a venv, which --system-site-packages would skip
+        "$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+            > "$("$V/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/image.pth"
 } > "$OUT/setup.txt" 2>&1 || { cat "$OUT/setup.txt"; exit 1; }
 export PATH="$V/bin:$PATH"
 # Run from a copy of the tests, where the source tree's pycoll/ does not
@@ -46,36 +59,73 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     "$V/bin/python" -c "import sys, numpy, mpi4py; print(sys.version); print('numpy', numpy.__version__)"
     "$V/bin/python" -c "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"
     "$V/bin/python" -c "import numba, numba.cuda; print('numba', numba.__version__, 'cuda', numba.cuda.is_available())"
+    "$V/bin/python" -c "import importlib.metadata as m; print('numba-cuda', m.version('numba-cuda'))"
     "$V/bin/python" -c "import cupy; print('cupy', cupy.__version__)"
     "$V/bin/python" -c "import torch; print('torch', torch.__version__, torch.cuda.is_available())"
     "$V/bin/python" -c "import pycoll, pycoll.gpu; print(pycoll.__file__)"
 } >> "$OUT/setup.txt" 2>&1
 cat "$OUT/setup.txt"
 
-# Goal 6 (issue 23): staged all_reduce of cupy arrays against MPI's host
-# all_reduce and gloo on CUDA tensors, 2 ranks on the one GPU, then 4.
-step gpu_bench.txt 150 mpiexec -n 2 python -m pycoll.bench.gpu -b 1M -e 256M -f 4 \
-    -d float32 float16 --chunks 4M 16M 0 --no-kernels
-step gpu_bench.txt 90 mpiexec -n 4 python -m pycoll.bench.gpu -b 16M -e 256M -f 4 \
-    -d float32 -R 3 --chunks 4M 16M 0 --no-kernels
-# The real-GPU tests (skips become failures).
-step gpu_tests.txt 120 env PYCOLL_TEST_GPU=1 python -m pytest -q -p no:cacheprovider \
-    --mpi-reuse-all --mpi-timeout 100 --suite-ranks 2 tests/gpu/test_real.py
-step gpu_tests.txt 90 env PYCOLL_TEST_GPU=1 python -m pytest -q -p no:cacheprovider -x \
-    tests/gpu/test_kernels.py
-# Goal 3 on 16 cores: the three all_reduce paths forced, and the default.
-for n in 2 4 8; do
-    step paths.txt 60 mpiexec -n "$n" python "$SRC/docs/measurements/all_reduce_paths.py" 5
-done
-# Goals 1-3 on 16 cores: pycoll-bench against mpi4py and the C floor.
-for n in 2 4; do
-    step bench.txt 60 mpiexec -n "$n" python -m pycoll.bench -b 8 -e 128M -f 8 -R 5 \
-        --collectives all_reduce,all_gather,reduce_scatter,all_to_all,broadcast
-done
-# Goal 3's 16-bit targets on 16 cores.
-step bench.txt 60 mpiexec -n 2 python -m pycoll.bench --targets 5 -b 1M -e 64M -f 4
-# Goal 5: pycoll-run's start-up against bare mpiexec.
-for n in 2 4; do
-    step launch.txt 40 python -m pycoll.launch.bench -n "$n" --repeat 10
-done
-step gpu_bench.txt 60 python -m pycoll.bench.gpu --kernels-only
+wanted() { [[ " $PARTS " == *" $1 "* ]]; }
+
+if wanted gpu; then
+    # Goal 6 (issue 23): staged all_reduce of cupy arrays against MPI's host
+    # all_reduce and gloo on CUDA tensors, 2 ranks on the one GPU, then 4.
+    step gpu_bench.txt 150 mpiexec -n 2 python -m pycoll.bench.gpu -b 1M -e 256M -f 4 \
+        -d float32 float16 --chunks 1M 4M 16M 0 --no-kernels
+    step gpu_bench.txt 90 mpiexec -n 4 python -m pycoll.bench.gpu -b 16M -e 256M -f 4 \
+        -d float32 -R 3 --chunks 1M 4M 16M 0 --no-kernels
+fi
+if wanted tests; then
+    # The real-GPU tests (skips become failures).
+    step gpu_tests.txt 120 env PYCOLL_TEST_GPU=1 python -m pytest -q -p no:cacheprovider \
+        --mpi-reuse-all --mpi-timeout 100 --suite-ranks 2 tests/gpu/test_real.py
+    step gpu_tests.txt 90 env PYCOLL_TEST_GPU=1 python -m pytest -q -p no:cacheprovider \
+        tests/gpu/test_kernels.py
+fi
+if wanted paths; then
+    # Goal 3 on 16 cores: the three all_reduce paths forced, and the default.
+    for n in 2 4 8; do
+        step paths.txt 60 mpiexec -n "$n" python "$SRC/docs/measurements/all_reduce_paths.py" 5
+    done
+fi
+if wanted bench; then
+    # Goals 1-3 on 16 cores: pycoll-bench against mpi4py and the C floor.
+    for n in 2 4; do
+        step bench.txt 60 mpiexec -n "$n" python -m pycoll.bench -b 8 -e 128M -f 8 -R 5 \
+            --collectives all_reduce,all_gather,reduce_scatter,all_to_all,broadcast
+    done
+fi
+if wanted allreduce; then
+    # Goal 3 on 16 cores: all_reduce from 1 MiB against mpi4py, 2 and 4 ranks.
+    for n in 2 4; do
+        step allreduce.txt 60 mpiexec -n "$n" python -m pycoll.bench -b 1M -e 128M -f 2 -R 5 \
+            --collectives all_reduce
+    done
+fi
+if wanted bench || wanted targets; then
+    # Goal 3's 16-bit targets on 16 cores.
+    step bench.txt 60 mpiexec -n 2 python -m pycoll.bench --targets 5 -b 1M -e 64M -f 4
+fi
+if wanted launch; then
+    # Goal 5: pycoll-run's start-up against bare mpiexec.
+    for n in 2 4; do
+        step launch.txt 40 python -m pycoll.launch.bench -n "$n" --repeat 10
+    done
+fi
+if wanted kernels; then
+    step gpu_bench.txt 60 python -m pycoll.bench.gpu --kernels-only
+fi
+if wanted window; then
+    # The shared window's chunk size, and the ranks bound to cores or not.
+    { lscpu; grep . /sys/devices/system/cpu/cpu0/cache/index*/size; } > "$OUT/cpu.txt" 2>&1
+    sizes=1M,4M,8M,16M
+    for n in 2 4; do
+        step window.txt 60 env WINDOW_CHUNKS=256K,512K,1M,4M mpiexec -n "$n" python \
+            "$SRC/docs/measurements/all_reduce_paths.py" 5 $sizes
+        step window.txt 60 mpiexec -bind-to core -n "$n" python \
+            "$SRC/docs/measurements/all_reduce_paths.py" 5 $sizes
+    done
+    step window.txt 60 env WINDOW_CHUNKS=512K,1M mpiexec -n 2 python \
+        "$SRC/docs/measurements/all_reduce_paths.py" 5 $sizes float16
+fi
