@@ -396,7 +396,7 @@ def kernel_table(args: argparse.Namespace) -> None:
         print(f"{dtype:>9} {'AVG/':>5} {ours:14.0f} {'-':>12} {ours / copy_rate:13.2f}")
 
 
-def main(argv: Any = None) -> None:
+def _parser() -> argparse.ArgumentParser:
     from . import parse_size
 
     parser = argparse.ArgumentParser(prog="python -m pycoll.bench.gpu", description=__doc__)
@@ -436,7 +436,11 @@ def main(argv: Any = None) -> None:
     parser.add_argument("--kernel-bytes", type=parse_size, default=256 << 20)
     parser.add_argument("--no-kernels", action="store_true", help="skip the kernel table")
     parser.add_argument("--kernels-only", action="store_true", help="only the kernel table")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Any = None) -> None:
+    args = _parser().parse_args(argv)
     from mpi4py import MPI
 
     try:
