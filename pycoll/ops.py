@@ -236,11 +236,12 @@ _SET = _split_bytes()
 SPLIT_BYTES = 4 << 20 if _SET is None else _SET
 SPLIT_BYTES_TWO_RANKS = 8 << 20 if _SET is None else _SET
 # And MPI's own ops (float32 SUM...) on MPICH from this many bytes, on any
-# number of ranks: at 8-16 MiB the ring measured 0.63-0.87x MPICH's time on
-# 2-8 ranks of a 16-core machine and 0.88-1.01x on the 2-core CI VM, where
-# above 16 MiB MPICH's all_reduce of a large buffer on one node falls to
-# 0.7-3.2 GB/s and the ring keeps 3.3-11.7 (0.24-0.5x its time); at 4 MiB the
-# ring was still 1.0-1.2x MPICH's on 2 ranks (docs/benchmarks.md). An AVG of
+# number of ranks: at 8-16 MiB the ring measured 0.63-0.90x MPICH's time on
+# 2-8 ranks of a 16-core machine and 0.88-1.10x on the 2-core CI VM (level,
+# within its noise), where above 16 MiB MPICH's all_reduce of a large buffer
+# on one node falls to 0.7-3.2 GB/s and the ring keeps 3.3-11.7 (0.24-0.5x its
+# time); at 4 MiB the ring was 1.0-1.15x MPICH's time on 2 ranks of the
+# 16-core machine and 1.07-1.24x on 4 of the VM (docs/benchmarks.md). An AVG of
 # complex numbers, whose division the kernels do not do, stays with MPI.
 # PYCOLL_SPLIT_BYTES, where set, is this size too.
 RING_BYTES = 8 << 20 if _SET is None else _SET
