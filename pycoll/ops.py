@@ -215,15 +215,14 @@ _KERNEL_OPS = {
 }
 
 
-def _split_bytes() -> Optional[int]:
-    """``PYCOLL_SPLIT_BYTES``, or None where it is not set."""
-    text = os.environ.get("PYCOLL_SPLIT_BYTES", "").strip()
+def env_bytes(name: str, zero: str) -> Optional[int]:
+    """The environment variable ``name``, a size in bytes, or None where it is
+    not set (``zero`` says what 0 means, for the error message)."""
+    text = os.environ.get(name, "").strip()
     if not text:
         return None
     if not text.isdigit():
-        raise ValueError(
-            f"PYCOLL_SPLIT_BYTES={text!r}: set it to a number of bytes (0: never split)"
-        )
+        raise ValueError(f"{name}={text!r}: set it to a number of bytes (0: {zero})")
     return int(text)
 
 
@@ -232,7 +231,7 @@ def _split_bytes() -> Optional[int]:
 # own way (every element combined once, in one exchange) is as fast up to
 # 4 MiB and the ring faster from 8 MiB; on more, the ring from 4 MiB.
 # PYCOLL_SPLIT_BYTES, where set, is the size for every number of ranks.
-_SET = _split_bytes()
+_SET = env_bytes("PYCOLL_SPLIT_BYTES", "never split")
 SPLIT_BYTES = 4 << 20 if _SET is None else _SET
 SPLIT_BYTES_TWO_RANKS = 8 << 20 if _SET is None else _SET
 # And MPI's own ops (float32 SUM...) on MPICH from this many bytes, on any

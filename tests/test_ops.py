@@ -134,3 +134,46 @@ def test_split_bytes_defaults_and_override(value, expected):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout.split()
     assert tuple(map(int, out)) == expected
+
+
+@pytest.mark.parametrize("value", [None, "0", "1048576"])
+def test_shm_bytes_default_and_override(value):
+    """PYCOLL_SHM_BYTES, where set, is where every group's all_reduce takes the
+    shared window, whatever its size and MPI (0: never); unset, the window
+    waits for 32 MiB on power-of-two groups. Read at import: a fresh
+    interpreter each."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYCOLL_SHM_BYTES"}
+    if value is not None:
+        env["PYCOLL_SHM_BYTES"] = value
+    code = (
+        "from pycoll import _mpi\n"
+        "from pycoll.collectives import reduce as r\n"
+        "_mpi.VENDOR = 'MPICH'\n"
+        "print(r._shm_least(), *(int(r._takes_window(n, 1 << 20)) for n in (2, 3, 4)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    want = {None: [1 << 20, 0, 1, 0], "0": [0, 0, 0, 0], "1048576": [1 << 20, 1, 1, 1]}[value]
+    assert list(map(int, out)) == want
+
+
+def test_shm_bytes_must_be_a_number_of_bytes():
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYCOLL_SHM_BYTES": "1M"}
+    out = subprocess.run(
+        [sys.executable, "-c", "import pycoll.collectives.reduce"],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert (
+        "PYCOLL_SHM_BYTES='1M': set it to a number of bytes (0: never through the shared window)"
+        in out.stderr
+    )

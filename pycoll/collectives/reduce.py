@@ -33,6 +33,7 @@ from ..ops import (
     SPLIT_BYTES_TWO_RANKS,
     Plan,
     ReduceOp,
+    env_bytes,
     plan,
 )
 from ..persistent import LIMIT as PLAN_LIMIT
@@ -164,7 +165,7 @@ def all_reduce(
         or (not how.average and 0 < _ring_from() <= nbytes)
     ):
         return _all_reduce_ring(pg, tensor, op, how, async_op, key)
-    if nbytes >= _shm_least() > 0 and _takes_window(pg._size, nbytes):
+    if _takes_window(pg._size, nbytes):
         win = shm.usable(pg, how, tensor.dtype, "all_reduce")  # (made on its first call)
         if win is not None:
             return _all_reduce_shm(pg, win, tensor, op, how, async_op, key)
@@ -206,8 +207,10 @@ def all_reduce(
 # 2.2-3.5x MPICH's own from 32 MiB, where MPICH's falls to 0.5-2 GB/s, and
 # 0.7-1.3x below (docs/benchmarks.md). On MPICH pycoll's ring comes first
 # (from RING_BYTES, or SPLIT_BYTES for its ops), faster still. 0 turns the
-# window off.
-SHM_BYTES = 32 << 20
+# window off. PYCOLL_SHM_BYTES, where set, is this size and SHM_BYTES_MPICH,
+# for any number of ranks and any MPI.
+_SHM_SET = env_bytes("PYCOLL_SHM_BYTES", "never through the shared window")
+SHM_BYTES = 32 << 20 if _SHM_SET is None else _SHM_SET
 # On MPICH the window is taken from this size already, up to where the ring
 # takes over, in groups whose size is not a power of two: there MPICH adds
 # steps for the ranks past a power of two, and the window measured 0.34-0.71x
@@ -217,7 +220,7 @@ SHM_BYTES = 32 << 20
 # whatever its chunk size), so MPICH's own call stays. Open MPI's nonblocking
 # barriers, which the window waits on, made it slower there at 16 MiB: Open
 # MPI keeps SHM_BYTES.
-SHM_BYTES_MPICH = 1 << 20
+SHM_BYTES_MPICH = 1 << 20 if _SHM_SET is None else _SHM_SET
 
 
 def _shm_least() -> int:
@@ -227,8 +230,10 @@ def _shm_least() -> int:
 
 
 def _takes_window(ranks: int, nbytes: int) -> bool:
-    """Whether an all_reduce of ``nbytes`` on a group of ``ranks`` that has
-    a shared window goes through it."""
+    """Whether an all_reduce of ``nbytes`` on a group of ``ranks`` goes
+    through the group's shared window, where it can have one."""
+    if not 0 < _shm_least() <= nbytes:
+        return False
     if nbytes >= SHM_BYTES:
         return True
     return _mpi.VENDOR == "MPICH" and SHM_BYTES_MPICH <= nbytes and ranks & (ranks - 1) != 0

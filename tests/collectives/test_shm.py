@@ -165,6 +165,7 @@ def test_the_thresholds_by_mpi_and_group_size(monkeypatch, vendor):
         assert reduce_mod._takes_window(ranks, high) is True
     monkeypatch.setattr(reduce_mod, "SHM_BYTES", 0)
     assert reduce_mod._shm_least() == 0
+    assert reduce_mod._takes_window(3, high) is False
 
 
 def test_a_1_mib_all_reduce_takes_the_window_where_it_should(monkeypatch, rank, world_size):
