@@ -189,9 +189,15 @@ Case = Tuple[str, Callable[[], Any], Callable[[], np.ndarray], Callable[[np.ndar
 
 
 def _cases(
-    args: argparse.Namespace, dev: Arrays, dist: Any, dtype: np.dtype, mine: np.ndarray
+    args: argparse.Namespace,
+    dev: Arrays,
+    dist: Any,
+    raw_ops: RawOps,
+    dtype: np.dtype,
+    mine: np.ndarray,
 ) -> List[Case]:
-    """(name, timed call, result reader, input setter) for every case at one size."""
+    """(name, timed call, result reader, input setter) for every case at one
+    size (``raw_ops``: the ops a raw mpi4py user reduces with)."""
     import pycoll
     from pycoll import _mpi
     from pycoll.gpu import staging
@@ -226,8 +232,7 @@ def _cases(
         ("host pycoll", lambda: pycoll.all_reduce(h), lambda: h, lambda v: np.copyto(h, v))
     )
     m = mine.copy()
-    ops = args.raw_ops
-    op = ops.get("SUM", dtype)
+    op = raw_ops.get("SUM", dtype)
     if dtype.itemsize == 2 and dtype.kind != "i":  # float16, bfloat16: MPI has no such type
         buf = [m.view(np.uint16), MPI.UINT16_T]
     else:
@@ -265,7 +270,7 @@ def allreduce_table(args: argparse.Namespace) -> None:
     rank, n = comm.rank, comm.size
     dev = Arrays(args.arrays)
     dist = None if args.no_gloo else _gloo(comm, "cpu" if args.arrays == "cpu" else "cuda")
-    args.raw_ops = RawOps(MPI)
+    raw_ops = RawOps(MPI)
     if rank == 0:
         print(f"# all_reduce SUM in place, {n} ranks, {args.rounds} interleaved rounds")
         print(f"# {_machine(dev)}")
@@ -280,7 +285,7 @@ def allreduce_table(args: argparse.Namespace) -> None:
             count = nbytes // dtype.itemsize
             inputs = [pattern(r, count, dtype, "SUM") for r in range(n)]
             want = expected_reduction(inputs, "SUM")
-            cases = _cases(args, dev, dist, dtype, inputs[rank])
+            cases = _cases(args, dev, dist, raw_ops, dtype, inputs[rank])
             iters: Dict[str, int] = {}
             for label, call, result, put in cases:
                 put(np.zeros_like(inputs[rank]))
@@ -312,7 +317,7 @@ def allreduce_table(args: argparse.Namespace) -> None:
                     spread = f"{statistics.median(over):.2f} ({min(over):.2f}-{max(over):.2f})"
                     print(f" | {label}: {gbps:.2f} [{spread}]", end="")
                 print(flush=True)
-    args.raw_ops.free()
+    raw_ops.free()
 
 
 def _machine(dev: Arrays) -> str:
