@@ -234,3 +234,38 @@ def test_not_for_arrays_that_alias_device_memory(group, rank, world_size):
         assert g._plans is plans and not g._aliases
     finally:
         pycoll.destroy_process_group(g)
+
+
+BOUND = """
+import os, pycoll
+from pycoll.collectives import shm
+pycoll.init_process_group()
+win = shm.window(pycoll.group.WORLD, "all_reduce")
+print(len(os.sched_getaffinity(0)), int(win.crowded), flush=True)
+pycoll.destroy_process_group()
+"""
+
+
+def test_ranks_bound_to_a_core_each_are_not_crowded(world_size):
+    """Under ``mpiexec -bind-to core`` each rank may run on one core only,
+    but the two ranks have a core each: their window is not crowded (each
+    rank once compared the group's size with its own affinity alone). A
+    2-rank job of its own, from the single-rank pass, on MPICH's Hydra."""
+    import os
+    import sys
+
+    from pycoll import _mpi
+    from pycoll.kernels import threads
+    from support import run_mpiexec
+
+    if world_size != 1:
+        pytest.skip("launches its own 2-rank job; runs in the single-rank pass")
+    if _mpi.VENDOR != "MPICH" or not hasattr(os, "sched_getaffinity"):
+        pytest.skip("-bind-to core is Hydra's (MPICH) spelling; affinity is Linux's")
+    if threads.cores() < 2:
+        pytest.skip("binding two ranks to a core each needs two cores")
+    prefixes = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID", "OMPI_COMM_WORLD", "PRTE_JOB")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+    proc = run_mpiexec(2, ["-bind-to", "core", sys.executable, "-c", BOUND], env=env, timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:2] == ["1 0", "1 0"], proc.stdout + proc.stderr
