@@ -158,14 +158,15 @@ def all_reduce(
             desc = _desc(op, tensor) if async_op or not debug.PLAIN else None
             return made.call(pg, "all_reduce", tensor, tensor, async_op, desc)
     # Large calls on MPICH: pycoll's ring, where it measured faster than MPI's
-    # own and than the shared-memory path; then the shared-memory path.
+    # own and than the shared-memory path; then the shared-memory path. The
+    # sizes are compared first, so small calls (the hot path) make no calls.
     nbytes = tensor.nbytes
     if pg._size > 1 and (
         (how.split and nbytes >= _split_from(pg._size))
-        or (not how.average and 0 < _ring_from() <= nbytes)
+        or (nbytes >= RING_BYTES and not how.average and _ring_from() > 0)
     ):
         return _all_reduce_ring(pg, tensor, op, how, async_op, key)
-    if _takes_window(pg._size, nbytes):
+    if (nbytes >= SHM_BYTES_MPICH or nbytes >= SHM_BYTES) and _takes_window(pg._size, nbytes):
         win = shm.usable(pg, how, tensor.dtype, "all_reduce")  # (made on its first call)
         if win is not None:
             return _all_reduce_shm(pg, win, tensor, op, how, async_op, key)
