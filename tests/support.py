@@ -166,6 +166,20 @@ def shared_dir(pg):
         shutil.rmtree(path, ignore_errors=True)
 
 
+# Launcher variables of the job running a test (under mpiexec a test's
+# process is itself a rank of another job): they must not leak into a job the
+# test starts itself.
+LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID", "OMPI_COMM_WORLD", "PRTE_JOB")
+
+
+def job_env() -> dict:
+    """This process's environment for a job a test starts: without the
+    launcher variables of the job running the test."""
+    import os
+
+    return {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)}
+
+
 def run_mpiexec(n: int, argv: List[str], env: dict, timeout: float, cwd=None, **kwargs):
     """``mpiexec -n N argv...`` with the MPI next to this Python, as a job the
     test starts itself (skipped where there is none), more ranks than cores

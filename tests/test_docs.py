@@ -7,18 +7,16 @@ pytest files (the harness's own tests cover those), are left out."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import sys
 from pathlib import Path
 
 import pytest
 
-from support import run_mpiexec
+from support import job_env, run_mpiexec
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs" / "guide").glob("*.md"))]
-_LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID", "OMPI_COMM_WORLD", "PRTE_JOB")
 
 
 def programs():
@@ -51,6 +49,6 @@ def test_example_program_runs_as_written(one_rank, source, tmp_path):
         pytest.skip("a torch example: runs in the torch venv (scripts/test)")
     script = tmp_path / "example.py"
     script.write_text(source)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
+    env = job_env()
     proc = run_mpiexec(2, [sys.executable, str(script)], env=env, timeout=240, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -8,7 +8,6 @@ the job ended in bounded time and that the error names the right ranks.
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import time
@@ -18,17 +17,13 @@ from typing import Dict, List, Tuple
 import pytest
 from mpi4py import MPI
 
-from support import json_reports, run_mpiexec
+from support import job_env, json_reports, run_mpiexec
 
 SCRIPT = Path(__file__).with_name("hang_scenarios.py")
 RANKS = 4
 TIMEOUT_S = 1.5  # hang_scenarios.TIMEOUT
 JOB_LIMIT_S = 90
 OPEN_MPI = MPI.get_vendor()[0] == "Open MPI"
-
-# Launcher variables of the job running this test must not leak into the
-# nested job (under mpiexec this process is itself a rank of another job).
-_LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID", "OMPI_COMM_WORLD", "PRTE_JOB")
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +33,7 @@ def one_rank(world_size):
 
 
 def run_job(scenario: str, *then: str, **env: str) -> Tuple[int, List[Dict], str, float]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
+    environ = job_env()
     environ.pop("PYCOLL_DEBUG", None)
     environ.update(env)
     start = time.monotonic()

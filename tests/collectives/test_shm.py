@@ -259,7 +259,7 @@ def test_ranks_bound_to_a_core_each_are_not_crowded(world_size):
 
     from pycoll import _mpi
     from pycoll.kernels import threads
-    from support import run_mpiexec
+    from support import job_env, run_mpiexec
 
     if world_size != 1:
         pytest.skip("launches its own 2-rank job; runs in the single-rank pass")
@@ -267,8 +267,8 @@ def test_ranks_bound_to_a_core_each_are_not_crowded(world_size):
         pytest.skip("-bind-to core is Hydra's (MPICH) spelling; affinity is Linux's")
     if threads.cores() < 2:
         pytest.skip("binding two ranks to a core each needs two cores")
-    prefixes = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID", "OMPI_COMM_WORLD", "PRTE_JOB")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
-    proc = run_mpiexec(2, ["-bind-to", "core", sys.executable, "-c", BOUND], env=env, timeout=90)
+    proc = run_mpiexec(
+        2, ["-bind-to", "core", sys.executable, "-c", BOUND], env=job_env(), timeout=90
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[(1, False), (1, False)]", proc.stdout + proc.stderr

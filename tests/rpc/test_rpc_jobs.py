@@ -4,22 +4,20 @@ and the shutdown at exit. Each job must end within its limit."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from support import json_reports, run_mpiexec
+from support import job_env, json_reports, run_mpiexec
 
 SCRIPT = Path(__file__).with_name("rpc_scenarios.py")
 RANKS = 4
 JOB_LIMIT_S = 120
-_LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID", "OMPI_COMM_WORLD", "PRTE_JOB")
 
 
 def run_job(scenario):
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
+    environ = job_env()
     start = time.monotonic()
     argv = [sys.executable, str(SCRIPT), scenario]
     proc = run_mpiexec(RANKS, argv, env=environ, timeout=JOB_LIMIT_S)
@@ -65,7 +63,7 @@ def test_shutdown_at_exit_waits_for_calls_in_flight():
 def test_without_thread_multiple_init_rpc_says_what_to_do():
     """A process whose MPI was initialized with MPI_THREAD_SERIALIZED (a
     singleton MPI process, no launcher)."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
+    environ = job_env()
     code = (
         "import mpi4py; mpi4py.rc.thread_level = 'serialized'\n"
         "import pycoll.rpc as rpc\n"

@@ -18,12 +18,11 @@ from pathlib import Path
 import pytest
 
 from pycoll.trace import flight
-from support import json_reports
+from support import job_env, json_reports
 
 SCRIPT = Path(__file__).with_name("trace_scenarios.py")
 RANKS = 3
 JOB_LIMIT_S = 120
-_LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID", "OMPI_COMM_WORLD", "PRTE_JOB")
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +44,7 @@ def run(*argv, **env):
     runner = Path(sys.executable).with_name("pycoll-run")
     if not runner.exists():
         pytest.skip(f"no pycoll-run next to {sys.executable}")
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
+    environ = job_env()
     environ.update(env)
     proc = subprocess.run(
         [str(runner), *argv],
