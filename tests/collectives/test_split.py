@@ -59,9 +59,9 @@ def test_the_path_is_taken_where_it_should_be(pg):
     nan_max = plan(ReduceOp.MAX, np.dtype(np.float32), "t")
     mpich = _mpi.VENDOR == "MPICH"
     assert half.split == mpich and nan_max.split == mpich
-    # MPI's builtin ops are not split ops (they take the ring only from the
-    # larger RING_BYTES, below); a float AVG is (its division then covers 1/n
-    # of the data), a complex one is not.
+    # MPI's builtin ops are not split ops (they take the ring from RING_BYTES,
+    # below); a float AVG is (its division then covers 1/n of the data), a
+    # complex one is not.
     assert plan(ReduceOp.SUM, np.dtype(np.float32), "t").split is False
     assert plan(ReduceOp.AVG, np.dtype(np.float32), "t").split == mpich
     assert plan(ReduceOp.AVG, np.dtype(np.complex64), "t").split is False
