@@ -44,17 +44,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .table import RawOps, expected_reduction, pattern, slowest_block
+from . import sizes
+from .table import RawOps, _repeat, expected_reduction, pattern, slowest_block
 
 BLOCK_S = 0.1  # a block of one case's calls lasts about this long
-
-
-def _sizes(lo: int, hi: int, factor: int) -> List[int]:
-    out, n = [], lo
-    while n <= hi:
-        out.append(n)
-        n *= factor
-    return out
 
 
 def _fmt(nbytes: int) -> str:
@@ -118,16 +111,6 @@ class Arrays:
             self.cupy.cuda.Device().synchronize()
         elif self.kind == "torch":
             self.torch.cuda.synchronize()
-
-
-def _block(call: Callable[[], Any]) -> Callable[[int], None]:
-    """``call`` made a block of calls, for table.slowest_block."""
-
-    def run(iters: int) -> None:
-        for _ in range(iters):
-            call()
-
-    return run
 
 
 def _gloo(comm: Any, device: str) -> Any:
@@ -281,7 +264,7 @@ def allreduce_table(args: argparse.Namespace) -> None:
         )
     for name in args.dtypes:
         dtype = BFLOAT16 if name == "bfloat16" else np.dtype(name)
-        for nbytes in _sizes(args.min_bytes, args.max_bytes, args.factor):
+        for nbytes in sizes(args.min_bytes, args.max_bytes, args.factor):
             count = nbytes // dtype.itemsize
             inputs = [pattern(r, count, dtype, "SUM") for r in range(n)]
             want = expected_reduction(inputs, "SUM")
@@ -301,13 +284,13 @@ def allreduce_table(args: argparse.Namespace) -> None:
                         f"{label}: wrong result on ranks {ranks}, {name} {_fmt(nbytes)}"
                     )
                 put(np.zeros_like(inputs[rank]))  # zeros stay zeros: timed calls need no reset
-                t = slowest_block(_block(call), 2, comm)  # warm: the first call made the caches
+                t = slowest_block(_repeat(call), 2, comm)  # warm: the first call made the caches
                 iters[label] = max(1, min(args.max_iters, int(BLOCK_S / max(t, 1e-9))))
             times: Dict[str, List[float]] = {label: [] for label, *_ in cases}
             for r in range(args.rounds):
                 k = r % len(cases)
                 for label, call, _, _ in cases[k:] + cases[:k]:
-                    times[label].append(slowest_block(_block(call), iters[label], comm))
+                    times[label].append(slowest_block(_repeat(call), iters[label], comm))
             if rank == 0:
                 ref = times["host mpi4py"]
                 print(f"{name:>8} {_fmt(nbytes):>8}", end="")
