@@ -9,6 +9,8 @@ Values are small integers, so sums and products are exact in every dtype
 from __future__ import annotations
 
 import functools
+import time
+from pathlib import Path
 from typing import List
 
 import ml_dtypes
@@ -236,3 +238,21 @@ def stray_messages(world, tag: int) -> int:
     alone.Free()
     pair.Free()
     return strays
+
+
+def _running(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status  # a zombie has ended; only its parent has not looked
+
+
+def still_alive(pids: List[int], within: float = 10.0) -> List[int]:
+    """The pids still running after waiting (polling) at most ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        alive = [pid for pid in pids if _running(pid)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -123,6 +124,13 @@ def run(
         status = supervisor.run()
     finally:
         os.chdir(here)
+    if supervisor.interrupted is not None:
+        # Ctrl-C or a kill of this pytest: the supervisor held the signal only
+        # to stop the job's ranks first. The session ends as it would have
+        # without a job (KeyboardInterrupt for SIGINT, the default end for
+        # SIGTERM), instead of going on to the next test in a fresh job.
+        shutil.rmtree(results, ignore_errors=True)
+        signal.raise_signal(supervisor.interrupted)
     records: Dict[int, List[Dict[str, Any]]] = {}
     for rank in range(ranks):
         path = results / f"rank{rank}.jsonl"

@@ -92,24 +92,6 @@ def reports(out: str) -> Dict[int, Dict]:
     return found
 
 
-def _running(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    return "\nState:\tZ" not in status  # a zombie has ended; only its parent has not looked
-
-
-def still_alive(pids: List[int], within: float = 10.0) -> List[int]:
-    """The pids still running after waiting (polling) at most ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        alive = [pid for pid in pids if _running(pid)]
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.05)
-
-
 # What each family's launcher prints when it fails at start-up for a passing
 # reason (launch/families.py), as the real ones word it.
 TRANSIENT_START = {

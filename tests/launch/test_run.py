@@ -19,8 +19,9 @@ from launch_support import (
     pycoll_run,
     reports,
     run_with_flaky_launcher,
-    still_alive,
 )
+
+from support import still_alive
 
 pytestmark = pytest.mark.parametrize("family", family_params())
 HOST = socket.gethostname()

@@ -7,13 +7,16 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
 from pycoll.launch.families import Job, choose
+from support import still_alive
 
 pytest_plugins = ["pytester"]
 HOST = socket.gethostname()
@@ -304,6 +307,55 @@ def test_with_reuse_a_hang_or_crash_costs_that_test_alone(pytester, monkeypatch,
     assert by_test["before"] == by_test["fault"]  # one job, reused
     assert not by_test["after"] & by_test["fault"]  # a fresh job after the fault
     assert by_test["after"] == by_test["last"]  # which the rest share
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_pytest_ends_the_session_not_only_its_job(pytester, tmp_path, signum):
+    """Ctrl-C (or a kill) while a job runs stops its ranks and ends the
+    session: the next test is not started in a fresh job, as it is after a
+    hang or a crash."""
+    pids = tmp_path / "pids"
+    pytester.makepyfile(
+        test_inner=f"""
+        import os
+        import time
+        import pytest
+
+        @pytest.mark.mpi(ranks=2, timeout=300)
+        @pytest.mark.parametrize("n", [1, 2])
+        def test_long(comm, n):
+            with open({str(pids)!r}, "a") as f:
+                f.write(f"{{n}} {{os.getpid()}}\\n")
+            comm.Barrier()
+            time.sleep(300)  # the work the signal interrupts
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_inner.py"],
+        cwd=pytester.path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(pids.read_text().splitlines() if pids.exists() else []) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "the job did not start"
+            time.sleep(0.05)
+        proc.send_signal(signum)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    started = [line.split() for line in pids.read_text().splitlines()]
+    assert sorted(n for n, _ in started) == ["1", "1"], out  # the second test never started
+    assert still_alive([int(pid) for _, pid in started]) == []
+    if signum == signal.SIGINT:
+        assert proc.returncode == 2, out  # pytest's "interrupted"
+        assert "KeyboardInterrupt" in out
+    else:
+        assert proc.returncode == -signal.SIGTERM, out
 
 
 SHARED_PIDS = """
