@@ -743,6 +743,7 @@ def reduce_scatter_tensor_coalesced(
         True,
         lambda: f"{func}({op.name}, inputs={coalesced.signature(ins)})",
     )
+    assert recv is not None  # (no outputs: the results are views of it)
     shapes = [(x.shape[0] // n,) + tuple(x.shape[1:]) for x in ins]
     return _results([work], recv, pg, [recv[a:b].reshape(s) for a, b, s in _spans(shapes)])
 

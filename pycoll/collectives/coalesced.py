@@ -20,7 +20,10 @@ On one node an all-gather of SHM_FROM bytes a rank or more skips all three:
 each rank copies its arrays straight into its half of the group's shared
 window and every rank's straight out to the outputs
 (pycoll.collectives.shm.Gathered), so neither pycoll nor MPI copies through
-a buffer between.
+a buffer between. So does a reduce-scatter of SHM_SCATTER_FROM bytes of
+input a rank or more: each rank copies its inputs into the window laid out
+as the packed blocks below, reduces its own block across every rank's copy
+there, and copies it straight out (pycoll.collectives.shm.Blocks).
 
 Layouts, for a group of n ranks:
 
@@ -80,6 +83,15 @@ KEEP_FROM = scratch.KEEP_FROM_LEAST
 # 16 MiB a rank (docs/benchmarks.md): 0.46-0.86x its time on 2 ranks (1.04 at
 # 2 MiB), 0.42-0.59x on 4. 0 turns it off.
 SHM_FROM = 16 << 10
+# From this many bytes of input a rank, a reduce-scatter whose ranks share one
+# node copies each rank's inputs straight into the group's shared window,
+# reduces its own parts there and copies them straight out to the outputs
+# (pycoll.collectives.shm.Blocks): no pack, no MPI copies, no unpack. Measured
+# against the packed path from 16 KiB to 16 MiB (docs/benchmarks.md): from
+# 256 KiB 0.42-0.72x its time on 2 ranks, 0.52-0.90x on 3 and 4; at 128 KiB
+# level on 3 and 4; below, slower (the barrier costs more than the copies
+# saved). 0 turns it off.
+SHM_SCATTER_FROM = 256 << 10
 
 
 def addresses(arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -191,23 +203,95 @@ class Scatter:
         func: str,
     ) -> None:
         self.how = _plan(op, dtype, func)  # raises for an undefined (op, dtype)
-        self.dtype = dtype
+        self.dtype, self.op = dtype, op
         parts = np.array([x.nbytes for x in inputs], np.int64) // n
         self.parts = parts
         self.offsets, self.total = _offsets(parts)
-        self.sources = (addresses(inputs) + _ranks(n) * parts).reshape(-1)
+        self.inputs = addresses(inputs)
+        self.sources = (self.inputs + _ranks(n) * parts).reshape(-1)
         self.packed = (self.total * _ranks(n) + self.offsets).reshape(-1)  # in the buffer
         self.every = np.tile(parts, n)
         self.places = addresses(outputs) if outputs is not None else None
+        self.result = outputs
         self.n = n
+        self._blocks: Any = None  # the copy tables into the group's shared window
+        self._apart: Optional[bool] = None  # whether the window path may write the outputs
+
+    def apart(self, rank: int) -> bool:
+        """Whether writing the outputs chunk by chunk (the window path) leaves
+        every input byte a later chunk reads alone: the inputs and the
+        outputs share no byte, except that an output may be exactly its
+        input's part for ``rank`` (torch's in-place form), which only its
+        own chunk reads. Otherwise the window path receives aside and copies
+        out at the end (the path itself must not depend on it: it is this
+        rank's alone)."""
+        if self._apart is None:
+            if self.places is None:  # (results in a new buffer)
+                self._apart = True
+            else:
+                sizes = self.parts * self.n
+                own = self.places == self.inputs + rank * self.parts
+                starts = np.concatenate([self.inputs, self.places[~own]])
+                lengths = np.concatenate([sizes, self.parts[~own]])
+                starts = starts[lengths > 0]
+                ends = (starts + lengths[lengths > 0])[np.argsort(starts, kind="stable")]
+                starts = np.sort(starts, kind="stable")
+                self._apart = bool(np.all(np.maximum.accumulate(ends)[:-1] <= starts[1:]))
+        return self._apart
+
+    def _through(
+        self, pg: ProcessGroup, win: Any, func: str, async_op: bool, desc: Callable[[], str]
+    ) -> Tuple[Optional[Work], Optional[np.ndarray]]:
+        """:meth:`run` through the group's shared window ``win``
+        (pycoll.collectives.shm.Blocks): the results straight into the
+        outputs, or into a new buffer where there are none (returned), or
+        aside and copied out at the end where the outputs overlap the inputs
+        otherwise than in torch's in-place form (:meth:`apart`)."""
+        how, dtype, total, places = self.how, self.dtype, self.total, self.places
+        data = self._blocks
+        if data is None or data.win is not win:  # (tables into this window's memory)
+            data = shm.Blocks(
+                win, self.inputs, self.parts, self.offsets, dtype, how.prescale, places
+            )
+            self._blocks = data
+        key = how.key | crosscheck.OP_BITS[func] | (total // dtype.itemsize) & crosscheck.COUNT
+        op = self.op
+        if places is None:
+            recv = np.empty(total // dtype.itemsize, dtype)
+            work = shm.reduce_scatter(
+                pg, win, func, data, op, how, recv, async_op, [recv], desc, key
+            )
+            return work, recv
+        if self.apart(pg._rank):
+            work = shm.reduce_scatter(
+                pg, win, func, data, op, how, None, async_op, self.result, desc, key
+            )
+            return work, None
+        aside = scratch.take(pg, total, dtype, KEEP_FROM)
+        received = addresses([aside]) + self.offsets
+
+        def then() -> None:
+            kernels.copy_pieces(places, received, self.parts, total)
+            scratch.give(pg, aside)
+
+        work = shm.reduce_scatter(
+            pg, win, func, data, op, how, aside, async_op, self.result, desc, key, then
+        )
+        return work, None
 
     def run(
         self, pg: ProcessGroup, func: str, async_op: bool, desc: Callable[[], str]
-    ) -> Tuple[Optional[Work], np.ndarray]:
+    ) -> Tuple[Optional[Work], Optional[np.ndarray]]:
         """One call, as the collective ``func``: its Work (None if
         synchronous) and the buffer receiving this rank's parts back to back
-        (the results, where there are no outputs)."""
+        (the results, where there are no outputs; None where the window
+        path puts them straight into the outputs)."""
         how, dtype, total = self.how, self.dtype, self.total
+        if (
+            self.n * total >= SHM_SCATTER_FROM > 0
+            and (win := shm.for_scatter(pg, how, dtype, func)) is not None
+        ):
+            return self._through(pg, win, func, async_op, desc)
         send = scratch.take(pg, self.n * total, _BYTE, KEEP_FROM)
         targets = addresses([send]) + self.packed
         kernels.copy_pieces(targets, self.sources, self.every, send.nbytes)
@@ -240,8 +324,9 @@ def reduce_scatter_parts(
     op: ReduceOp,
     async_op: bool,
     desc: Callable[[], str],
-) -> Tuple[Optional[Work], np.ndarray]:
-    """:class:`Scatter` of ``inputs`` into ``outputs``, one call."""
+) -> Tuple[Optional[Work], Optional[np.ndarray]]:
+    """:class:`Scatter` of ``inputs`` into ``outputs``, one call: its Work and,
+    where ``outputs`` is None, the array the results are views of."""
     return Scatter(pg._size, inputs, outputs, dtype, op, func).run(pg, func, async_op, desc)
 
 

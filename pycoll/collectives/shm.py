@@ -64,6 +64,10 @@ __all__ = [
     "all_gather",
     "Gathered",
     "ShmAllGather",
+    "for_scatter",
+    "reduce_scatter",
+    "Blocks",
+    "ShmReduceScatter",
 ]
 
 # Bytes of one rank's copy of a chunk: a multiple of 16, so chunks end on an
@@ -333,10 +337,10 @@ class _Pipeline:
     into this rank's half and starts the barrier after it; the subclass's
     :attr:`stages` do the rest, each ending on a barrier."""
 
-    def __init__(self, win: Window, data: Any) -> None:
+    def __init__(self, win: Window, data: Any, step: int = 0) -> None:
         self.win, self.data = win, data
         self.n, self.me = win.comm.Get_size(), win.comm.Get_rank()
-        step = win.chunk
+        step = step or win.chunk
         self.chunks = [(lo, min(step, data.nbytes - lo)) for lo in range(0, data.nbytes, step)]
 
     def start(self) -> Any:
@@ -481,4 +485,166 @@ class ShmAllGather(_Pipeline):
         self.data.copy_out(k, lo, size, self.win.halves[k % 2])
         if k + 1 < len(self.chunks):
             self._copy_in(k + 1)
+        return [self._barrier()]
+
+
+def for_scatter(pg: ProcessGroup, how: Plan, dtype: np.dtype, func: str) -> Optional[Window]:
+    """The group's window, where a coalesced reduce-scatter can go through
+    it: as :func:`usable`, and a chunk of every rank's block (16 bytes at
+    least) fits one rank's half. None otherwise."""
+    win = usable(pg, how, dtype, func)
+    return win if win is not None and win.chunk >= 16 * pg._size else None
+
+
+def reduce_scatter(
+    pg: ProcessGroup,
+    win: Window,
+    func: str,
+    data: Blocks,
+    op: ReduceOp,
+    how: Plan,
+    recv: Optional[np.ndarray],
+    async_op: bool,
+    result: Any,
+    desc: Any,
+    key: int,
+    then: Optional[Callable[[], None]] = None,
+) -> Optional[Work]:
+    """A reduce-scatter of one array or many (``data``: :class:`Blocks`)
+    through ``win`` as the collective ``func``, by pycoll's pipeline: this
+    rank's part of every input, reduced, lands in the outputs ``data`` was
+    made for, or back to back in ``recv``; ``then`` runs once every input
+    has been read and every result written (to copy results received
+    aside into outputs that overlap the inputs). One call at a time uses the
+    window, as in :func:`all_reduce`."""
+    name = "SUM" if how.average or how.prescale is not None else op.name
+    job = ShmReduceScatter(win, data, name, how.average, recv, then)
+    return _alone(pg, win, func, job.n * data.nbytes, job, async_op, result, desc, None, key)
+
+
+class Blocks:
+    """What :class:`ShmReduceScatter` reduces: a coalesced reduce-scatter's
+    inputs, each of n equal parts, seen as n blocks, block d the d-th part
+    of every input back to back (pycoll.collectives.coalesced's packed
+    layout, never built). Chunk k is bytes ``[lo, lo + size)`` of every
+    block: each rank copies them straight from its inputs into its window
+    half (block d's at ``d * size``), reduces block ``me`` there across every
+    rank's half, and copies the result straight out to its outputs. Each
+    chunk's copy is one compiled call over a table of (target, source,
+    bytes) pieces, made once per chunk and kept.
+
+    Args:
+        win: the window the tables point into.
+        addresses: each input's address (int64).
+        parts, offsets: each input's part in bytes, and where it starts in a
+            block (int64).
+        dtype, scale: the inputs' dtype, and a factor every copied-in
+            element is multiplied by in the window (a PREMUL_SUM), or None.
+        places: each output's address (int64), or None where the results
+            go back to back into the call's ``recv``.
+    """
+
+    def __init__(
+        self,
+        win: Window,
+        addresses: np.ndarray,
+        parts: np.ndarray,
+        offsets: np.ndarray,
+        dtype: Any,
+        scale: Any,
+        places: Optional[np.ndarray],
+    ) -> None:
+        self.win, self.dtype, self.scale, self.places = win, dtype, scale, places
+        self.n = win.comm.Get_size()
+        self.addresses, self.parts, self.offsets = addresses, parts, offsets
+        self.ends = offsets + parts
+        self.nbytes = int(self.ends[-1]) if len(parts) else 0  # one block's
+        # A chunk of every block fits one rank's half; a multiple of 16 bytes,
+        # so a chunk ends on an element of any dtype.
+        self.step = win.chunk // self.n // 16 * 16  # (for_scatter: 16 at least)
+        self._in: Dict[int, _Table] = {}
+        self._out: Dict[int, _Table] = {}
+
+    def copy_in(self, k: int, lo: int, size: int, mine: np.ndarray) -> None:
+        table = self._in.get(k)
+        if table is None:
+            at = int(mine.ctypes.data) - lo
+            moved = self.addresses + self.parts * np.arange(self.n)[:, None]  # block d's
+            pieces = [
+                _pieces(self.offsets, self.ends, moved[d], lo, lo + size, at + d * size)
+                for d in range(self.n)
+            ]
+            window, arrays, sizes = (np.concatenate(column) for column in zip(*pieces))
+            table = self._in[k] = (window, arrays, sizes)
+        kernels.copy_pieces(*table, self.n * size)
+        if self.scale is not None:
+            block = mine[: self.n * size].view(self.dtype)
+            kernels.scale(block, self.scale, out=block)
+
+    def copy_out(self, k: int, lo: int, reduced: np.ndarray, recv: Optional[np.ndarray]) -> None:
+        """This rank's reduced bytes ``[lo, lo + len(reduced))`` of its block,
+        to the outputs (or ``recv``)."""
+        if recv is not None:
+            recv.view(np.uint8)[lo : lo + len(reduced)] = reduced
+            return
+        table = self._out.get(k)
+        if table is None:
+            assert self.places is not None
+            window, arrays, sizes = _pieces(
+                self.offsets, self.ends, self.places, lo, lo + len(reduced),
+                int(reduced.ctypes.data) - lo,
+            )  # fmt: skip
+            table = self._out[k] = (arrays, window, sizes)
+        kernels.copy_pieces(*table, len(reduced))
+
+
+class ShmReduceScatter(_Pipeline):
+    """One coalesced reduce-scatter through ``win``: :meth:`start` and
+    :attr:`stages`, for pycoll.collectives._common.run. Chunk by chunk, each
+    rank copies the chunk of every block into its half of the window; once
+    every rank has (a barrier), each reduces its own block's chunk across
+    every rank's half, in place in its own, copies it out, then copies its
+    next chunk into the other half, and a barrier again, so a half is
+    written only after every rank has read it: one barrier per chunk.
+
+    Args:
+        name: the reduction (a pycoll.kernels op name).
+        average: divide the result by the group size (AVG).
+        recv: where the results go back to back, or None (the outputs
+            ``data`` was made for).
+        then: run at the end of the last chunk, or None.
+    """
+
+    def __init__(
+        self,
+        win: Window,
+        data: Blocks,
+        name: str,
+        average: bool,
+        recv: Optional[np.ndarray],
+        then: Optional[Callable[[], None]] = None,
+    ) -> None:
+        super().__init__(win, data, data.step)
+        self.name, self.average, self.recv, self.then = name, average, recv, then
+        self.stages: List[Callable[[], List[Any]]] = [
+            functools.partial(self._reduce, k) for k in range(len(self.chunks))
+        ]
+
+    def _reduce(self, k: int) -> List[Any]:
+        self.win.win.Sync()
+        lo, size = self.chunks[k]
+        halves = self.win.halves[k % 2]
+        mine = slice(self.me * size, (self.me + 1) * size)
+        dst = halves[self.me][mine]
+        dtype = self.data.dtype
+        others = [r for r in range(self.n) if r != self.me]
+        for i, r in enumerate(others):
+            divide = self.n if self.average and i == len(others) - 1 else None
+            if size:
+                kernels.reduce(self.name, halves[r][mine].view(dtype), dst.view(dtype), divide)
+        self.data.copy_out(k, lo, dst, self.recv)
+        if k + 1 < len(self.chunks):
+            self._copy_in(k + 1)
+        elif self.then is not None:
+            self.then()
         return [self._barrier()]

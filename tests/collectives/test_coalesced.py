@@ -1,12 +1,14 @@
 """all_gather_into_tensor_coalesced and reduce_scatter_tensor_coalesced: a
 list of arrays in one MPI operation (pycoll.collectives.coalesced)."""
 
+from datetime import timedelta
+
 import numpy as np
 import pytest
 
 import pycoll
 from pycoll import DebugLevel, ReduceOp, make_premul_sum
-from pycoll.errors import CollectiveMismatchError
+from pycoll.errors import CollectiveMismatchError, DistTimeoutError
 from support import ALL_DTYPES, PREMUL_SCALE, assert_equal, data, reduce_all, valid_pairs
 
 ASYNC = pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
@@ -354,3 +356,184 @@ def test_detail_checks_calls_through_the_window(shared, rank, world_size):
         pycoll.set_debug_level(before)
     assert_equal(outs[0], np.repeat(np.arange(world_size, dtype=np.float32), 7))
     assert through_window(shared)
+
+
+# -- reduce-scatter through the node's shared window (pycoll.collectives.shm.Blocks) --
+
+
+@pytest.fixture
+def scattering(monkeypatch, world_size):
+    """A group whose coalesced reduce-scatters of 16 bytes a rank or more take
+    the window, in chunks of 48 bytes of every rank's block (so parts span
+    chunks and chunks hold many parts)."""
+    if world_size == 1:
+        pytest.skip("one rank reduces nothing through a window")
+    from pycoll.collectives import coalesced, shm
+
+    monkeypatch.setattr(coalesced, "SHM_SCATTER_FROM", 16)
+    monkeypatch.setattr(shm, "CHUNK", 48 * world_size)
+    g = pycoll.new_group()
+    yield g
+    if g._broken is None:
+        pycoll.destroy_process_group(g)
+
+
+def scattered_through_window(g) -> bool:
+    made = g.attached("shm.window")
+    return bool(made) and made.chunk == 48 * g.size()
+
+
+@ASYNC
+@pytest.mark.parametrize("op,dtype", PAIRS, ids=str)
+def test_reduce_scatter_every_op_and_dtype_through_the_window(
+    scattering, op, dtype, async_op, rank, world_size
+):
+    n = world_size
+    shapes = [(n * 2, 2), (n * 13,), (n,), (0,), (n * 5, 1), (n * 7, 3)]
+    ins = [data(rank, dtype, s, salt=i) for i, s in enumerate(shapes)]
+    outs = [np.zeros((s[0] // n,) + s[1:], dtype) for s in shapes]
+    got, kept = [], []  # every rank makes every call, then checks: none is left waiting
+    for step in range(3):  # new, seen once, kept: each time the arrays' new contents
+        for i, (s, x, out) in enumerate(zip(shapes, ins, outs)):
+            x[...] = data(rank, dtype, s, salt=i + step)
+            out[...] = 0
+        before = [x.copy() for x in ins]
+        work = pycoll.reduce_scatter_tensor_coalesced(
+            outs, ins, op=rop(op), group=scattering, async_op=async_op
+        )
+        settle(work, async_op)
+        got.append([out.copy() for out in outs])
+        kept.append([(x.copy(), b) for x, b in zip(ins, before)])
+    for step in range(3):
+        for i, (s, out) in enumerate(zip(shapes, got[step])):
+            total = reduce_all(op, [data(r, dtype, s, salt=i + step) for r in range(n)], n)
+            part = s[0] // n
+            assert_equal(out, total[rank * part : (rank + 1) * part])
+        for after, b in kept[step]:  # the inputs are read only, PREMUL_SUM's too
+            assert_equal(after, b)
+    # AVG of complex divides each part apart: MPI's SUM, then a division
+    assert scattered_through_window(scattering) == (not (op == "AVG" and dtype.kind == "c"))
+
+
+@pytest.mark.parametrize("op", ["SUM", "AVG"])
+def test_in_place_reduce_scatter_through_the_window(scattering, op, rank, world_size):
+    """Each output this rank's part of its input: chunk by chunk, what is
+    copied out lands where no later chunk reads."""
+    n = world_size
+    f32 = np.dtype(np.float32)
+    xs = [data(rank, f32, (n * k,), salt=k) for k in (20, 3, 9)]
+    originals = [x.copy() for x in xs]
+    mine = [x[rank * k : (rank + 1) * k] for k, x in zip((20, 3, 9), xs)]
+    pycoll.reduce_scatter_tensor_coalesced(mine, xs, op=getattr(ReduceOp, op), group=scattering)
+    for k, x, original in zip((20, 3, 9), xs, originals):
+        total = reduce_all(op, [data(r, f32, (n * k,), k) for r in range(n)], n)
+        part = slice(rank * k, (rank + 1) * k)
+        assert_equal(x[part], total[part])
+        original[part] = total[part]
+        assert_equal(x, original)  # the other ranks' parts are left as they were
+    assert scattered_through_window(scattering)
+
+
+def test_functional_reduce_scatter_through_the_window(scattering, rank, world_size):
+    """The functional form's results, views of one new buffer per call."""
+    from pycoll import functional as F
+
+    n = world_size
+    i64 = np.dtype(np.int64)
+    shapes = [(n * 11,), (n * 2, 3)]
+    ins = [data(rank, i64, s, salt=i) for i, s in enumerate(shapes)]
+    first = F.reduce_scatter_tensor_coalesced(ins, "sum", [0, 0], group=scattering)
+    second = F.reduce_scatter_tensor_coalesced(ins, "sum", [0, 0], group=scattering)
+    for results in (first, second):
+        for i, (s, y) in enumerate(zip(shapes, results)):
+            total = reduce_all("SUM", [data(r, i64, s, salt=i) for r in range(n)], n)
+            part = s[0] // n
+            assert_equal(np.asarray(F.wait_tensor(y)), total[rank * part : (rank + 1) * part])
+    assert scattered_through_window(scattering)
+
+
+def test_window_reduce_scatters_take_turns_with_the_other_window_calls(
+    scattering, monkeypatch, rank, world_size
+):
+    """Async reduce-scatters, an all-gather and an all_reduce through the
+    same window, in flight together: each waits for the one before, on every
+    rank alike, and each is right."""
+    from pycoll.collectives import coalesced
+    from pycoll.collectives import reduce as reduce_mod
+
+    monkeypatch.setattr(coalesced, "SHM_FROM", 16)
+    monkeypatch.setattr(reduce_mod, "SHM_BYTES", 16)
+    n = world_size
+    xs = [np.full(n * k, rank + k, np.int64) for k in (17, 1, 6)]
+    parts = [np.zeros(k, np.int64) for k in (17, 1, 6)]
+    gathered = [np.zeros(n * x.size, np.int64) for x in xs]
+    y = np.full(40, rank + 1.0)
+    again = [np.zeros(k, np.int64) for k in (17, 1, 6)]
+    w1 = pycoll.reduce_scatter_tensor_coalesced(parts, xs, group=scattering, async_op=True)
+    w2 = pycoll.all_gather_into_tensor_coalesced(gathered, xs, group=scattering, async_op=True)
+    w3 = pycoll.all_reduce(y, group=scattering, async_op=True)
+    w4 = pycoll.reduce_scatter_tensor_coalesced(again, xs, group=scattering, async_op=True)
+    assert w4.wait() and w3.wait() and w2.wait() and w1.wait()
+    ranks = n * (n - 1) // 2
+    for k, x, part, other, out in zip((17, 1, 6), xs, parts, again, gathered):
+        assert_equal(part, np.full(k, ranks + n * k, np.int64))
+        assert_equal(other, np.full(k, ranks + n * k, np.int64))
+        assert_equal(out, np.repeat(np.arange(n, dtype=np.int64) + k, x.size))
+    assert_equal(y, np.full(40, n * (n + 1) / 2))
+    assert scattered_through_window(scattering)
+
+
+def test_detail_checks_reduce_scatters_through_the_window(scattering, rank, world_size):
+    before = pycoll.get_debug_level()
+    pycoll.set_debug_level(DebugLevel.DETAIL)
+    try:
+        xs = [np.full(world_size * 7, rank, np.float32)]
+        outs = [np.zeros(7, np.float32)]
+        pycoll.reduce_scatter_tensor_coalesced(outs, xs, group=scattering)
+        k = 8 if rank == world_size - 1 else 7
+        odd = [np.zeros(world_size * k, np.float32)]
+        with pytest.raises(CollectiveMismatchError, match=rf"\({world_size * 8},\), 'float32'"):
+            pycoll.reduce_scatter_tensor_coalesced([np.zeros(k, np.float32)], odd, group=scattering)
+    finally:
+        pycoll.set_debug_level(before)
+    assert_equal(outs[0], np.full(7, world_size * (world_size - 1) / 2, np.float32))
+    assert scattered_through_window(scattering)
+
+
+def test_a_late_rank_is_named_in_a_window_reduce_scatter(monkeypatch, rank, world_size):
+    if world_size == 1:
+        pytest.skip("needs a rank to be late")
+    from pycoll.collectives import coalesced
+
+    monkeypatch.setattr(coalesced, "SHM_SCATTER_FROM", 16)
+    g = pycoll.new_group(timeout=timedelta(seconds=3))
+    xs = [np.ones(world_size * 10, np.float64)]
+    outs = [np.zeros(10, np.float64)]
+    pycoll.reduce_scatter_tensor_coalesced(outs, xs, group=g)  # every rank: the window is made
+    assert g.attached("shm.window")
+    last = world_size - 1
+    if rank != last:
+        with pytest.raises(DistTimeoutError) as exc:
+            pycoll.reduce_scatter_tensor_coalesced(outs, xs, group=g)
+        assert f"rank {last}: has not reached it" in str(exc.value), str(exc.value)
+    pycoll.barrier()
+    pycoll.destroy_process_group(g)
+
+
+def test_outputs_overlapping_the_inputs_otherwise_through_the_window(scattering, rank, world_size):
+    """Each output is a part of the next input, which later chunks still
+    read: the window path receives aside and copies out at the end, so the
+    result is as if the inputs were read first."""
+    n, k = world_size, 20
+    f64 = np.dtype(np.float64)
+    xs = [data(rank, f64, (n * k,), salt=i) for i in range(3)]
+    originals = [x.copy() for x in xs]
+    there = (rank + 1) % n
+    outs = [xs[(i + 1) % 3][there * k : (there + 1) * k] for i in range(3)]
+    pycoll.reduce_scatter_tensor_coalesced(outs, xs, group=scattering)
+    for i in range(3):
+        total = reduce_all("SUM", [data(r, f64, (n * k,), i) for r in range(n)], n)
+        originals[(i + 1) % 3][there * k : (there + 1) * k] = total[rank * k : (rank + 1) * k]
+    for x, original in zip(xs, originals):
+        assert_equal(x, original)
+    assert scattered_through_window(scattering)
