@@ -240,6 +240,72 @@ def _takes_window(ranks: int, nbytes: int) -> bool:
     return _mpi.VENDOR == "MPICH" and SHM_BYTES_MPICH <= nbytes and ranks & (ranks - 1) != 0
 
 
+# From this many bytes of input a reduce_scatter_tensor whose ranks share one
+# node goes through the node's shared window (pycoll.collectives.shm.Blocks,
+# of one array): each rank copies its input in, reduces its own part across
+# every rank's copy there and copies it out. Against MPI's own call on the CI
+# VM (docs/benchmarks.md): Open MPI's reduce-scatter falls to 0.5-1.5 GB/s of
+# input from 16-32 MiB, where the window took 0.16-0.24x its time on 2-4
+# ranks, and 0.47-0.95x at 1-16 MiB (one 2-rank run read 1.10 at 4 MiB; at
+# 256 KiB 1.6-2.7x on 3-4 ranks). MPICH's keeps 4-8 GB/s up to 32 MiB, where
+# the window took 0.83-2.05x its time, and falls from 64 MiB, where it took
+# 0.32-0.39x on 2 ranks and 0.47-0.91x on 3-4. PYCOLL_SHM_BYTES=0 turns it off.
+SCATTER_SHM_BYTES = 64 << 20
+SCATTER_SHM_BYTES_OPEN_MPI = 1 << 20
+
+
+def _scatter_window(nbytes: int) -> bool:
+    """Whether a reduce_scatter_tensor of ``nbytes`` of input goes through the
+    group's shared window, where it can have one."""
+    if _SHM_SET == 0:
+        return False
+    least = SCATTER_SHM_BYTES_OPEN_MPI if _mpi.VENDOR == "Open MPI" else SCATTER_SHM_BYTES
+    return 0 < least <= nbytes
+
+
+def _reduce_scatter_shm(
+    pg: ProcessGroup,
+    win: Any,
+    func: str,
+    output: np.ndarray,
+    input: np.ndarray,
+    op: ReduceOp,
+    how: Plan,
+    async_op: bool,
+    desc: Callable[[], str],
+) -> Optional[Work]:
+    """``input`` reduce-scattered into ``output`` through ``win`` (one array:
+    one block piece per rank and chunk). The output is written chunk by
+    chunk: torch's in-place form (the output this rank's part of the input)
+    takes it as it is, since only the chunk being written reads those
+    bytes; an output that overlaps the input otherwise receives aside and
+    is copied in at the end."""
+    into: Optional[np.ndarray] = None
+    then: Optional[Callable[[], None]] = None
+    if may_alias(input, output) and (
+        output.ctypes.data != input.ctypes.data + pg._rank * output.nbytes
+    ):
+        aside = into = scratch.beside(pg, output)
+
+        def then() -> None:
+            output[...] = aside
+            scratch.give(pg, aside)
+
+    data = shm.Blocks(
+        win,
+        np.array([input.ctypes.data], np.int64),
+        np.array([output.nbytes], np.int64),
+        np.zeros(1, np.int64),
+        input.dtype,
+        how.prescale,
+        np.array([output.ctypes.data], np.int64),
+    )
+    key = how.key | OP_BITS[func] | output.size & COUNT
+    return shm.reduce_scatter(
+        pg, win, func, data, op, how, into, async_op, [output], desc, key, then
+    )
+
+
 def _all_reduce_shm(
     pg: ProcessGroup,
     win: Any,
@@ -654,6 +720,13 @@ def reduce_scatter_tensor(
         check_size(func, "input", input, output.size * n, "output.size x group size")
     how = _plan(op, dtype, func)
     desc = lambda: f"{func}({op.name}, output shape={output.shape}, input {sig(input)})"  # noqa: E731
+    if (
+        input.nbytes >= SCATTER_SHM_BYTES_OPEN_MPI
+        and n > 1
+        and _scatter_window(input.nbytes)
+        and (win := shm.for_scatter(pg, how, dtype, func)) is not None
+    ):
+        return _reduce_scatter_shm(pg, win, func, output, input, op, how, async_op, desc)
     if pg._plans is not None and how.plain and input.nbytes <= PLAN_LIMIT:  # repeated?
         key = how.key | OP_BITS[func] | output.size & COUNT
         made = persistent.for_reduce_scatter(pg, key, output, how.datatype, how.mpi_op)

@@ -272,3 +272,80 @@ def test_ranks_bound_to_a_core_each_are_not_crowded(world_size):
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[(1, False), (1, False)]", proc.stdout + proc.stderr
+
+
+# -- reduce_scatter_tensor through the window (pycoll.collectives.shm.Blocks) ----------
+
+
+@pytest.fixture
+def scatter_group(monkeypatch, world_size):
+    """A group whose reduce_scatter_tensor of 16 bytes or more takes the
+    window, in chunks of 48 bytes of every rank's part (parts span chunks)."""
+    if world_size == 1:
+        pytest.skip("one rank reduces nothing")
+    monkeypatch.setattr(reduce_mod, "SCATTER_SHM_BYTES", 16)
+    monkeypatch.setattr(reduce_mod, "SCATTER_SHM_BYTES_OPEN_MPI", 16)
+    monkeypatch.setattr(shm, "CHUNK", 48 * world_size)
+    g = pycoll.new_group()
+    yield g
+    if g._broken is None:
+        pycoll.destroy_process_group(g)
+
+
+def scattered(g) -> bool:
+    made = g.attached("shm.window")
+    return bool(made) and made.chunk == 48 * g.size()
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("op,dtype", PAIRS, ids=str)
+def test_reduce_scatter_every_op_and_dtype(scatter_group, op, dtype, async_op, rank, world_size):
+    n = world_size
+    shape = (n * 13, 2)
+    x = data(rank, dtype, shape)
+    before = x.copy()
+    out = np.zeros((13, 2), dtype)
+    work = pycoll.reduce_scatter_tensor(out, x, op=rop(op), group=scatter_group, async_op=async_op)
+    if async_op:
+        assert work.wait() and work.result() == [out]
+    want = reduce_all(op, [data(r, dtype, shape) for r in range(n)], n)
+    assert_equal(out, want[rank * 13 : (rank + 1) * 13])
+    assert_equal(x, before)  # the input is read only, PREMUL_SUM's too
+    # AVG of complex divides each part apart: MPI's SUM, then a division
+    assert scattered(scatter_group) == (not (op == "AVG" and x.dtype.kind == "c"))
+
+
+@pytest.mark.parametrize("where", ["mine", "shifted"])
+def test_reduce_scatter_into_a_part_of_its_input(scatter_group, where, rank, world_size):
+    """torch's in-place form (the output this rank's part of the input), and
+    an output over bytes that later chunks still read (received aside,
+    copied in at the end): each as if the input were read first."""
+    n, k = world_size, 29
+    f32 = np.dtype(np.float32)
+    x = data(rank, f32, (n * k,))
+    original = x.copy()
+    at = slice(rank * k, (rank + 1) * k) if where == "mine" else slice(k // 2, k // 2 + k)
+    pycoll.reduce_scatter_tensor(x[at], x, group=scatter_group)
+    total = reduce_all("SUM", [data(r, f32, (n * k,)) for r in range(n)], n)
+    original[at] = total[rank * k : (rank + 1) * k]
+    assert_equal(x, original)
+    assert scattered(scatter_group)
+
+
+def test_reduce_scatter_below_the_threshold_and_when_turned_off(monkeypatch, world_size):
+    """The default thresholds: MPI's own call below them; PYCOLL_SHM_BYTES=0
+    turns the window off for reduce_scatter_tensor too."""
+    if world_size == 1:
+        pytest.skip("one rank reduces nothing")
+    vendor = "Open MPI" if reduce_mod._mpi.VENDOR == "Open MPI" else "MPICH"
+    least = reduce_mod.SCATTER_SHM_BYTES_OPEN_MPI if vendor == "Open MPI" else 64 << 20
+    assert reduce_mod._scatter_window(least) and not reduce_mod._scatter_window(least - 1)
+    monkeypatch.setattr(reduce_mod, "_SHM_SET", 0)
+    assert not reduce_mod._scatter_window(1 << 40)
+    g = pycoll.new_group()
+    x = np.ones(world_size * 1024, np.float32)  # 4 KiB a rank: below every threshold
+    out = np.zeros(1024, np.float32)
+    pycoll.reduce_scatter_tensor(out, x, group=g)
+    assert_equal(out, np.full(1024, world_size, np.float32))
+    assert g.attached("shm.window") is None
+    pycoll.destroy_process_group(g)
