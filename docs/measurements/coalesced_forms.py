@@ -23,6 +23,11 @@ docs/benchmarks.md, not part of pycoll:
 
     mpiexec -n 2 python docs/measurements/coalesced_forms.py         # 7 rounds, 1000 arrays
     mpiexec -n 4 python docs/measurements/coalesced_forms.py 7 1000
+    mpiexec -n 2 python docs/measurements/coalesced_forms.py 7 1000 packed
+
+``packed`` sends the coalesced reduce-scatter by its packed path (pack,
+MPI's reduce-scatter, unpack) instead of the node's shared window, as
+before the window path existed.
 """
 
 import sys
@@ -33,6 +38,7 @@ import pycoll
 from pycoll import _mpi
 from pycoll import functional as F
 from pycoll.bench.table import time_block
+from pycoll.collectives import coalesced
 
 pycoll.init_process_group()
 MPI = _mpi.MPI
@@ -40,6 +46,8 @@ comm = MPI.COMM_WORLD
 n, me = comm.size, comm.rank
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 7
 K = int(sys.argv[2]) if len(sys.argv) > 2 else 1000
+if sys.argv[3:] == ["packed"]:
+    coalesced.SHM_SCATTER_FROM = 0
 C = 256  # float32 elements per array: 1 KiB
 
 xs = [np.full(C, me + 1 + i % 7, np.float32) for i in range(K)]

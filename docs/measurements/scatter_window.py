@@ -6,8 +6,9 @@ pycoll.collectives.coalesced.SHM_SCATTER_FROM.
 
 The lists hold up to 1,000 float32 arrays (each of n equal parts, 1 KiB of
 input a rank per array at first; larger totals: 1,000 arrays of total/1,000
-bytes; the fourth argument sets another most, 1 for one array). The same list objects every call, as a training loop gives them (the
-kept plan: no per-array check). Every side's result is checked once on every
+bytes; the fourth argument sets another most, 1 for one array). The same
+list objects every call, as a training loop gives them (the kept plan: no
+per-array check). Every side's result is checked once on every
 rank; then rounds of a block of calls each, the order rotated every round, a
 block's time the slowest rank's mean per call. Printed on rank 0: median us
 per call and the median per-round ratios. A measurement for
@@ -43,7 +44,7 @@ ARRAYS = int(sys.argv[4]) if len(sys.argv) > 4 else 1000
 FROM = coalesced.SHM_SCATTER_FROM
 
 if me == 0:
-    print(f"{n} ranks, {dtype}, {rounds} rounds: us per call; ratios to mpi4py's one reduce-scatter")
+    print(f"{n} ranks, {dtype}, {rounds} rounds: us per call; ratios to mpi4py's reduce-scatter")
     print(f"{'input':>8s} {'arrays':>6s} {'window':>9s} {'packed':>9s} {'mpi4py':>9s}"
           f"  window/packed  window/mpi4py  packed/mpi4py")  # fmt: skip
 for total in totals:
