@@ -274,8 +274,8 @@ def _reduce_scatter_shm(
     async_op: bool,
     desc: Callable[[], str],
 ) -> Optional[Work]:
-    """``input`` reduce-scattered into ``output`` through ``win`` (one array:
-    one block piece per rank and chunk). The output is written chunk by
+    """``input`` reduce-scattered into ``output`` through ``win``
+    (:class:`pycoll.collectives.shm.Block`). The output is written chunk by
     chunk: torch's in-place form (the output this rank's part of the input)
     takes it as it is, since only the chunk being written reads those
     bytes; an output that overlaps the input otherwise receives aside and
@@ -291,15 +291,8 @@ def _reduce_scatter_shm(
             output[...] = aside
             scratch.give(pg, aside)
 
-    data = shm.Blocks(
-        win,
-        np.array([input.ctypes.data], np.int64),
-        np.array([output.nbytes], np.int64),
-        np.zeros(1, np.int64),
-        input.dtype,
-        how.prescale,
-        np.array([output.ctypes.data], np.int64),
-    )
+    flat = lambda x: x.reshape(-1).view(np.uint8)  # noqa: E731
+    data = shm.Block(win, flat(input), flat(output), input.dtype, how.prescale)
     key = how.key | OP_BITS[func] | output.size & COUNT
     return shm.reduce_scatter(
         pg, win, func, data, op, how, into, async_op, [output], desc, key, then

@@ -66,6 +66,7 @@ __all__ = [
     "ShmAllGather",
     "for_scatter",
     "reduce_scatter",
+    "Block",
     "Blocks",
     "ShmReduceScatter",
 ]
@@ -500,7 +501,7 @@ def reduce_scatter(
     pg: ProcessGroup,
     win: Window,
     func: str,
-    data: Blocks,
+    data: Any,
     op: ReduceOp,
     how: Plan,
     recv: Optional[np.ndarray],
@@ -510,7 +511,8 @@ def reduce_scatter(
     key: int,
     then: Optional[Callable[[], None]] = None,
 ) -> Optional[Work]:
-    """A reduce-scatter of one array or many (``data``: :class:`Blocks`)
+    """A reduce-scatter of one array or many (``data``: :class:`Block` or
+    :class:`Blocks`)
     through ``win`` as the collective ``func``, by pycoll's pipeline: this
     rank's part of every input, reduced, lands in the outputs ``data`` was
     made for, or back to back in ``recv``; ``then`` runs once every input
@@ -522,24 +524,66 @@ def reduce_scatter(
     return _alone(pg, win, func, job.n * data.nbytes, job, async_op, result, desc, None, key)
 
 
-class Blocks:
-    """What :class:`ShmReduceScatter` reduces: a coalesced reduce-scatter's
-    inputs, each of n equal parts, seen as n blocks, block d the d-th part
-    of every input back to back (pycoll.collectives.coalesced's packed
-    layout, never built). Chunk k is bytes ``[lo, lo + size)`` of every
-    block: each rank copies them straight from its inputs into its window
-    half (block d's at ``d * size``), reduces block ``me`` there across every
-    rank's half, and copies the result straight out to its outputs. Each
-    chunk's copy is one compiled call over a table of (target, source,
-    bytes) pieces, made once per chunk and kept.
+class _Parted:
+    """What :class:`ShmReduceScatter` reduces, in general: inputs of n equal
+    parts, seen as n blocks, block d the d-th part of every input back to
+    back (pycoll.collectives.coalesced's packed layout, never built). Chunk
+    k is bytes ``[lo, lo + size)`` of every block: each rank copies them
+    from its inputs into its window half (block d's at ``d * size``),
+    reduces block ``me`` there across every rank's half, and copies the
+    result out. The subclasses say how the bytes are found.
 
     Args:
-        win: the window the tables point into.
+        win: the window the copies go through.
+        nbytes: one block's bytes.
+        dtype, scale: the inputs' dtype, and a factor every copied-in
+            element is multiplied by in the window (a PREMUL_SUM), or None.
+    """
+
+    def __init__(self, win: Window, nbytes: int, dtype: Any, scale: Any) -> None:
+        self.win, self.nbytes, self.dtype, self.scale = win, nbytes, dtype, scale
+        self.n = win.comm.Get_size()
+        # A chunk of every block fits one rank's half; a multiple of 16 bytes,
+        # so a chunk ends on an element of any dtype.
+        self.step = win.chunk // self.n // 16 * 16  # (for_scatter: 16 at least)
+
+    def _scale(self, mine: np.ndarray, size: int) -> None:
+        if self.scale is not None:
+            block = mine[: self.n * size].view(self.dtype)
+            kernels.scale(block, self.scale, out=block)
+
+
+class Block(_Parted):
+    """One array's reduce-scatter (``input`` and ``output`` as uint8 views):
+    its parts are the blocks, copied in and out by numpy slices."""
+
+    def __init__(
+        self, win: Window, input: np.ndarray, output: np.ndarray, dtype: Any, scale: Any
+    ) -> None:
+        super().__init__(win, len(output), dtype, scale)
+        self.input, self.output = input, output
+
+    def copy_in(self, k: int, lo: int, size: int, mine: np.ndarray) -> None:
+        part = self.nbytes
+        for d in range(self.n):
+            mine[d * size : (d + 1) * size] = self.input[d * part + lo : d * part + lo + size]
+        self._scale(mine, size)
+
+    def copy_out(self, k: int, lo: int, reduced: np.ndarray, recv: Optional[np.ndarray]) -> None:
+        target = self.output if recv is None else recv.view(np.uint8)
+        target[lo : lo + len(reduced)] = reduced
+
+
+class Blocks(_Parted):
+    """Many arrays' reduce-scatter (a coalesced one's), copied straight from
+    the inputs into the window and straight out to the outputs: each chunk's
+    copy is one compiled call over a table of (target, source, bytes)
+    pieces, made once per chunk and kept.
+
+    Args:
         addresses: each input's address (int64).
         parts, offsets: each input's part in bytes, and where it starts in a
             block (int64).
-        dtype, scale: the inputs' dtype, and a factor every copied-in
-            element is multiplied by in the window (a PREMUL_SUM), or None.
         places: each output's address (int64), or None where the results
             go back to back into the call's ``recv``.
     """
@@ -554,14 +598,10 @@ class Blocks:
         scale: Any,
         places: Optional[np.ndarray],
     ) -> None:
-        self.win, self.dtype, self.scale, self.places = win, dtype, scale, places
-        self.n = win.comm.Get_size()
-        self.addresses, self.parts, self.offsets = addresses, parts, offsets
-        self.ends = offsets + parts
-        self.nbytes = int(self.ends[-1]) if len(parts) else 0  # one block's
-        # A chunk of every block fits one rank's half; a multiple of 16 bytes,
-        # so a chunk ends on an element of any dtype.
-        self.step = win.chunk // self.n // 16 * 16  # (for_scatter: 16 at least)
+        ends = offsets + parts
+        super().__init__(win, int(ends[-1]) if len(parts) else 0, dtype, scale)
+        self.places = places
+        self.addresses, self.parts, self.offsets, self.ends = addresses, parts, offsets, ends
         self._in: Dict[int, _Table] = {}
         self._out: Dict[int, _Table] = {}
 
@@ -577,9 +617,7 @@ class Blocks:
             window, arrays, sizes = (np.concatenate(column) for column in zip(*pieces))
             table = self._in[k] = (window, arrays, sizes)
         kernels.copy_pieces(*table, self.n * size)
-        if self.scale is not None:
-            block = mine[: self.n * size].view(self.dtype)
-            kernels.scale(block, self.scale, out=block)
+        self._scale(mine, size)
 
     def copy_out(self, k: int, lo: int, reduced: np.ndarray, recv: Optional[np.ndarray]) -> None:
         """This rank's reduced bytes ``[lo, lo + len(reduced))`` of its block,
@@ -618,7 +656,7 @@ class ShmReduceScatter(_Pipeline):
     def __init__(
         self,
         win: Window,
-        data: Blocks,
+        data: Any,
         name: str,
         average: bool,
         recv: Optional[np.ndarray],
