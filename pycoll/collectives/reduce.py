@@ -245,11 +245,11 @@ def _takes_window(ranks: int, nbytes: int) -> bool:
 # of one array): each rank copies its input in, reduces its own part across
 # every rank's copy there and copies it out. Against MPI's own call on the CI
 # VM (docs/benchmarks.md): Open MPI's reduce-scatter falls to 0.5-1.5 GB/s of
-# input from 16-32 MiB, where the window took 0.16-0.24x its time on 2-4
-# ranks, and 0.47-0.95x at 1-16 MiB (one 2-rank run read 1.10 at 4 MiB; at
-# 256 KiB 1.6-2.7x on 3-4 ranks). MPICH's keeps 4-8 GB/s up to 32 MiB, where
-# the window took 0.83-2.05x its time, and falls from 64 MiB, where it took
-# 0.32-0.39x on 2 ranks and 0.47-0.91x on 3-4. PYCOLL_SHM_BYTES=0 turns it off.
+# input from 16-32 MiB, where the window took 0.16-0.21x its time on 2-4
+# ranks, and 0.43-0.69x at 1-16 MiB on 2 (at 256 KiB 1.6-2.7x on 3-4 ranks).
+# MPICH's keeps 4-8 GB/s up to 32 MiB, where the window took 0.83-2.05x its
+# time, and falls from 64 MiB, where it took 0.25-0.31x on 2 ranks and
+# 0.36-0.91x on 3-4. PYCOLL_SHM_BYTES=0 turns it off.
 SCATTER_SHM_BYTES = 64 << 20
 SCATTER_SHM_BYTES_OPEN_MPI = 1 << 20
 
