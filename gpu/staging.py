@@ -14,7 +14,6 @@ one DETAIL check, one timeout, one Work): each chunk is a stage of the Work
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Dict, List
 
 import numpy as np
@@ -23,7 +22,7 @@ from pycoll import _mpi, crosscheck, kernels
 from pycoll.arrays import mpi_datatype
 from pycoll.collectives._common import group_rank, run
 from pycoll.groups import resolve
-from pycoll.ops import ReduceOp, plan
+from pycoll.ops import ReduceOp, env_bytes, plan
 
 from . import runtime
 from .device import DeviceArray
@@ -33,18 +32,8 @@ __all__ = ["chunk_bytes", "chunked", "pipelined"]
 
 def chunk_bytes() -> int:
     """The chunk size (``PYCOLL_STAGE_CHUNK`` bytes; 0 turns chunking off)."""
-    text = os.environ.get("PYCOLL_STAGE_CHUNK", "").strip()
-    if not text:
-        return DEFAULT_CHUNK
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(
-            f"PYCOLL_STAGE_CHUNK={text!r}: give the chunk size in bytes (0 turns chunking off)"
-        )
-    return value
+    value = env_bytes("PYCOLL_STAGE_CHUNK", "the whole array at once")
+    return DEFAULT_CHUNK if value is None else value
 
 
 def chunked(nbytes: int) -> bool:

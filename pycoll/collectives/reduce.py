@@ -241,8 +241,8 @@ def _takes_window(ranks: int, nbytes: int) -> bool:
 
 
 # From this many bytes of input a reduce_scatter_tensor whose ranks share one
-# node goes through the node's shared window (pycoll.collectives.shm.Blocks,
-# of one array): each rank copies its input in, reduces its own part across
+# node goes through the node's shared window (pycoll.collectives.shm.Block):
+# each rank copies its input in, reduces its own part across
 # every rank's copy there and copies it out. Against MPI's own call on the CI
 # VM (docs/benchmarks.md): Open MPI's reduce-scatter falls to 0.5-1.5 GB/s of
 # input from 16-32 MiB, where the window took 0.16-0.21x its time on 2-4

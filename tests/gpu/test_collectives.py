@@ -68,7 +68,10 @@ def test_the_stage_chunk_by_default_and_as_set(monkeypatch):
     monkeypatch.setenv("PYCOLL_STAGE_CHUNK", "0")
     assert not staging.chunked(1 << 30)  # 0: never in chunks
     monkeypatch.setenv("PYCOLL_STAGE_CHUNK", "4M")
-    with pytest.raises(ValueError, match="PYCOLL_STAGE_CHUNK='4M': give the chunk size in bytes"):
+    with pytest.raises(
+        ValueError,
+        match=r"PYCOLL_STAGE_CHUNK='4M': set it to a number of bytes \(0: the whole array",
+    ):
         staging.chunk_bytes()
 
 
