@@ -268,23 +268,24 @@ def _reduce_scatter_shm(
     win: Any,
     func: str,
     output: np.ndarray,
-    input: np.ndarray,
+    parts: List[np.ndarray],
     op: ReduceOp,
     how: Plan,
     async_op: bool,
     desc: Callable[[], str],
 ) -> Optional[Work]:
-    """``input`` reduce-scattered into ``output`` through ``win``
-    (:class:`pycoll.collectives.shm.Block`). The output is written chunk by
-    chunk: torch's in-place form (the output this rank's part of the input)
-    takes it as it is, since only the chunk being written reads those
-    bytes; an output that overlaps the input otherwise receives aside and
-    is copied in at the end."""
+    """``parts`` (one array shaped like ``output`` per rank: the parts of
+    reduce_scatter_tensor's input, or reduce_scatter's list) reduce-scattered
+    into ``output`` through ``win`` (:class:`pycoll.collectives.shm.Block`).
+    The output is written chunk by chunk: where it is this rank's part
+    itself (torch's in-place form) it is taken as it is, since only the
+    chunk being written reads those bytes; an output that overlaps the
+    parts otherwise receives aside and is copied in at the end."""
     into: Optional[np.ndarray] = None
     then: Optional[Callable[[], None]] = None
-    if may_alias(input, output) and (
-        output.ctypes.data != input.ctypes.data + pg._rank * output.nbytes
-    ):
+    me = pg._rank
+    mine = parts[me].ctypes.data == output.ctypes.data
+    if any(may_alias(part, output) for d, part in enumerate(parts) if not (mine and d == me)):
         aside = into = scratch.beside(pg, output)
 
         def then() -> None:
@@ -292,7 +293,7 @@ def _reduce_scatter_shm(
             scratch.give(pg, aside)
 
     flat = lambda x: x.reshape(-1).view(np.uint8)  # noqa: E731
-    data = shm.Block(win, flat(input), flat(output), input.dtype, how.prescale)
+    data = shm.Block(win, [flat(part) for part in parts], flat(output), output.dtype, how.prescale)
     key = how.key | OP_BITS[func] | output.size & COUNT
     return shm.reduce_scatter(
         pg, win, func, data, op, how, into, async_op, [output], desc, key, then
@@ -663,12 +664,18 @@ def reduce_scatter(
     dtype = check_same_dtype(func, [output] + inputs)
     check_same_shape(func, "input_list", inputs, output.shape, "output")
     how = _plan(op, dtype, func)
+    desc = lambda: f"{func}({op.name}, output {sig(output)})"  # noqa: E731
+    if (
+        n * output.nbytes >= SCATTER_SHM_BYTES_OPEN_MPI
+        and n > 1
+        and _scatter_window(n * output.nbytes)
+        and (win := shm.for_scatter(pg, how, dtype, func)) is not None
+    ):
+        return _reduce_scatter_shm(pg, win, func, output, inputs, op, how, async_op, desc)
     send = np.concatenate([x.reshape(-1) for x in inputs])
     if how.prescale is not None:
         kernels.scale(send, how.prescale, out=send)
-    return _reduce_scatter_block(
-        pg, func, send, output, how, async_op, lambda: f"{func}({op.name}, output {sig(output)})"
-    )
+    return _reduce_scatter_block(pg, func, send, output, how, async_op, desc)
 
 
 @collective(Array("output", OUT), Array("input", IN), aware=True)
@@ -719,7 +726,9 @@ def reduce_scatter_tensor(
         and _scatter_window(input.nbytes)
         and (win := shm.for_scatter(pg, how, dtype, func)) is not None
     ):
-        return _reduce_scatter_shm(pg, win, func, output, input, op, how, async_op, desc)
+        flat, count = input.reshape(-1), output.size
+        parts = [flat[d * count : (d + 1) * count] for d in range(n)]
+        return _reduce_scatter_shm(pg, win, func, output, parts, op, how, async_op, desc)
     if pg._plans is not None and how.plain and input.nbytes <= PLAN_LIMIT:  # repeated?
         key = how.key | OP_BITS[func] | output.size & COUNT
         made = persistent.for_reduce_scatter(pg, key, output, how.datatype, how.mpi_op)

@@ -554,23 +554,23 @@ class _Parted:
 
 
 class Block(_Parted):
-    """One array's reduce-scatter (``input`` and ``output`` as uint8 views):
-    its parts are the blocks, copied in and out by numpy slices."""
+    """One array's reduce-scatter: ``parts`` (n arrays of the output's bytes,
+    uint8 views: the input's parts, or reduce_scatter's list) are the
+    blocks, copied in and out by numpy slices."""
 
     def __init__(
-        self, win: Window, input: np.ndarray, output: np.ndarray, dtype: Any, scale: Any
+        self, win: Window, parts: List[np.ndarray], output: np.ndarray, dtype: Any, scale: Any
     ) -> None:
         super().__init__(win, len(output), dtype, scale)
-        self.input, self.output = input, output
+        self.parts, self.output = parts, output
 
     def copy_in(self, k: int, lo: int, size: int, mine: np.ndarray) -> None:
-        part = self.nbytes
-        for d in range(self.n):
-            mine[d * size : (d + 1) * size] = self.input[d * part + lo : d * part + lo + size]
+        for d, part in enumerate(self.parts):
+            mine[d * size : (d + 1) * size] = part[lo : lo + size]
         self._scale(mine, size)
 
     def copy_out(self, k: int, lo: int, reduced: np.ndarray, recv: Optional[np.ndarray]) -> None:
-        target = self.output if recv is None else recv.view(np.uint8)
+        target = self.output if recv is None else recv.reshape(-1).view(np.uint8)
         target[lo : lo + len(reduced)] = reduced
 
 
@@ -623,7 +623,7 @@ class Blocks(_Parted):
         """This rank's reduced bytes ``[lo, lo + len(reduced))`` of its block,
         to the outputs (or ``recv``)."""
         if recv is not None:
-            recv.view(np.uint8)[lo : lo + len(reduced)] = reduced
+            recv.reshape(-1).view(np.uint8)[lo : lo + len(reduced)] = reduced
             return
         table = self._out.get(k)
         if table is None:

@@ -349,3 +349,22 @@ def test_reduce_scatter_below_the_threshold_and_when_turned_off(monkeypatch, wor
     assert_equal(out, np.full(1024, world_size, np.float32))
     assert g.attached("shm.window") is None
     pycoll.destroy_process_group(g)
+
+
+@pytest.mark.parametrize("op,dtype", [p for p in PAIRS if p[1] in (np.float32, np.int64)], ids=str)
+@pytest.mark.parametrize("where", ["apart", "mine", "another's"])
+def test_reduce_scatter_list_form(scatter_group, op, dtype, where, rank, world_size):
+    """reduce_scatter(output, input_list) through the window, the list's
+    arrays as the blocks: the output apart, the list's own entry for this
+    rank (torch's in-place form), or another rank's (received aside)."""
+    n, shape = world_size, (13, 2)
+    ins = [data(rank, dtype, shape, salt=d) for d in range(n)]
+    originals = [x.copy() for x in ins]
+    out = {"apart": np.zeros(shape, dtype), "mine": ins[rank]}.get(where, ins[(rank + 1) % n])
+    pycoll.reduce_scatter(out, ins, op=rop(op), group=scatter_group)
+    want = reduce_all(op, [data(r, dtype, shape, salt=rank) for r in range(n)], n)
+    assert_equal(out, want)
+    for x, original in zip(ins, originals):
+        if x is not out:
+            assert_equal(x, original)  # the other entries are left as they were
+    assert scattered(scatter_group) == (not (op == "AVG" and np.dtype(dtype).kind == "c"))
