@@ -33,7 +33,6 @@ from ..ops import (
     SPLIT_BYTES_TWO_RANKS,
     Plan,
     ReduceOp,
-    env_bytes,
     plan,
 )
 from ..persistent import LIMIT as PLAN_LIMIT
@@ -210,7 +209,7 @@ def all_reduce(
 # (from RING_BYTES, or SPLIT_BYTES for its ops), faster still. 0 turns the
 # window off. PYCOLL_SHM_BYTES, where set, is this size and SHM_BYTES_MPICH,
 # for any number of ranks and any MPI.
-_SHM_SET = env_bytes("PYCOLL_SHM_BYTES", "never through the shared window")
+_SHM_SET = shm.SHM_SET
 SHM_BYTES = 32 << 20 if _SHM_SET is None else _SHM_SET
 # On MPICH the window is taken from this size already, up to where the ring
 # takes over, in groups whose size is not a power of two: there MPICH adds
@@ -249,7 +248,7 @@ def _takes_window(ranks: int, nbytes: int) -> bool:
 # ranks, and 0.43-0.69x at 1-16 MiB on 2 (at 256 KiB 1.6-2.7x on 3-4 ranks).
 # MPICH's keeps 4-8 GB/s up to 32 MiB, where the window took 0.83-2.05x its
 # time, and falls from 64 MiB, where it took 0.25-0.31x on 2 ranks and
-# 0.36-0.91x on 3-4. PYCOLL_SHM_BYTES=0 turns it off.
+# 0.36-0.91x on 3-4. PYCOLL_SHM_BYTES=0 turns it off (no window at all).
 SCATTER_SHM_BYTES = 64 << 20
 SCATTER_SHM_BYTES_OPEN_MPI = 1 << 20
 

@@ -46,7 +46,7 @@ from .. import _mpi, kernels, progress, watch
 from ..arrays import BFLOAT16
 from ..groups import ProcessGroup
 from ..kernels import threads
-from ..ops import Plan, ReduceOp
+from ..ops import Plan, ReduceOp, env_bytes
 from ..work import Work
 from ._common import run
 from .ring import parts
@@ -76,6 +76,10 @@ __all__ = [
 # (each chunk costs two barriers and a few calls; smaller ones are dominated
 # by those, larger ones fall out of the cache).
 CHUNK = 2 << 20
+# PYCOLL_SHM_BYTES: where set, the size from which an all_reduce takes the
+# window (pycoll.collectives.reduce); 0 makes no window at all, so that no
+# call of any kind goes through one (a node whose shared memory is short).
+SHM_SET = env_bytes("PYCOLL_SHM_BYTES", "never through the shared window")
 FREE_WAIT = 10.0  # seconds destroy_process_group waits for the others to free the window
 _KEY = "shm.window"
 
@@ -138,13 +142,15 @@ class Window:
 def window(pg: Any, func: str) -> Optional[Window]:
     """The group's window, made on its first eligible call (every rank makes
     that call, the collective ``func``); None where the group's ranks do not
-    all share one node.
+    all share one node, or PYCOLL_SHM_BYTES is 0.
 
     Making it takes MPI's blocking calls on the group's communicator, which
     would wait for good on a rank that never makes the call. So the ranks
     first meet at a nonblocking barrier, waited for within the group's
     timeout: a late rank is named (DistTimeoutError, the group broken, as any
     collective's timeout) instead of hanging the others."""
+    if SHM_SET == 0:  # (PYCOLL_SHM_BYTES=0)
+        return None
     made = pg.attached(_KEY)
     if made is None:
         MPI = _mpi.MPI

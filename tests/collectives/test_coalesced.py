@@ -537,3 +537,28 @@ def test_outputs_overlapping_the_inputs_otherwise_through_the_window(scattering,
     for x, original in zip(xs, originals):
         assert_equal(x, original)
     assert scattered_through_window(scattering)
+
+
+def test_no_window_at_all_with_pycoll_shm_bytes_0(monkeypatch, rank, world_size):
+    """PYCOLL_SHM_BYTES=0 (read at import: set here as it leaves it) makes no
+    shared window, so the coalesced calls that would take one from their
+    thresholds take their packed paths, and are right."""
+    if world_size == 1:
+        pytest.skip("one rank makes no window anyway")
+    from pycoll.collectives import coalesced, shm
+
+    monkeypatch.setattr(shm, "SHM_SET", 0)
+    monkeypatch.setattr(coalesced, "SHM_FROM", 16)
+    monkeypatch.setattr(coalesced, "SHM_SCATTER_FROM", 16)
+    g = pycoll.new_group()
+    n = world_size
+    xs = [np.full(n * k, rank + k, np.int64) for k in (17, 3)]
+    gathered = [np.zeros(n * x.size, np.int64) for x in xs]
+    parts = [np.zeros(k, np.int64) for k in (17, 3)]
+    pycoll.all_gather_into_tensor_coalesced(gathered, xs, group=g)
+    pycoll.reduce_scatter_tensor_coalesced(parts, xs, group=g)
+    for k, x, out, part in zip((17, 3), xs, gathered, parts):
+        assert_equal(out, np.repeat(np.arange(n, dtype=np.int64) + k, x.size))
+        assert_equal(part, np.full(k, n * (n - 1) // 2 + n * k, np.int64))
+    assert g.attached("shm.window") is None
+    pycoll.destroy_process_group(g)
