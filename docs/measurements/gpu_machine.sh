@@ -12,7 +12,9 @@
 # forced, 2/4/8 ranks), bench (pycoll-bench, 2/4 ranks, and the 16-bit
 # targets), allreduce (pycoll-bench's all_reduce from 1 MiB), targets (the
 # 16-bit targets alone), launch (pycoll-run's start-up), kernels (the device kernels),
-# window (the shared window's chunk size, and rank binding).
+# window (the shared window's chunk size, and rank binding), scatter (the
+# reduce-scatters through the window against their packed path and MPI's,
+# and goal 4's coalesced forms).
 #
 # WHEELS holds the MPICH wheel, mpi4py's and numpy's for that Python, and
 # pycoll's own (python3 -m pip wheel --no-deps -w WHEELS .): the machine's
@@ -115,6 +117,20 @@ if wanted launch; then
 fi
 if wanted kernels; then
     step gpu_bench.txt 60 python -m pycoll.bench.gpu --kernels-only
+fi
+if wanted scatter; then
+    # The reduce-scatters through the window on 16 cores: the coalesced one
+    # against its packed path (coalesced.SHM_SCATTER_FROM), one array against
+    # MPI's (reduce.SCATTER_SHM_BYTES), and goal 4 with and without it.
+    for n in 2 4; do
+        step scatter.txt 90 mpiexec -n "$n" python "$SRC/docs/measurements/scatter_window.py" 5
+        step scatter.txt 90 mpiexec -n "$n" python "$SRC/docs/measurements/scatter_window.py" 5 \
+            float32 1M,4M,16M,64M,128M 1
+        for mode in packed window; do
+            step scatter.txt 60 mpiexec -n "$n" python \
+                "$SRC/docs/measurements/coalesced_forms.py" 7 1000 $mode
+        done
+    done
 fi
 if wanted window; then
     # The shared window's chunk size, and the ranks bound to cores or not.
