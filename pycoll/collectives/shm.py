@@ -29,6 +29,12 @@ copies each array's pieces straight into the window and step 3 copies each
 array straight out of the ranks' slices, so no fusion buffer is packed or
 unpacked (pycoll.fusion).
 
+The same window carries the coalesced all-gathers (:class:`Gathered`: each
+rank's arrays in, every rank's out, one barrier a chunk) and reduce-scatters,
+of one array or a list (:class:`Block`, :class:`Blocks`): each rank copies a
+chunk of every rank's part of its inputs in, reduces its own part across
+every rank's copy in place, and copies it out, one barrier a chunk.
+
 The window is made on a group's first eligible call, on every rank alike,
 and only where every rank of the group shares one node; it is freed with the
 group.
@@ -496,9 +502,9 @@ class ShmAllGather(_Pipeline):
 
 
 def for_scatter(pg: ProcessGroup, how: Plan, dtype: np.dtype, func: str) -> Optional[Window]:
-    """The group's window, where a coalesced reduce-scatter can go through
-    it: as :func:`usable`, and a chunk of every rank's block (16 bytes at
-    least) fits one rank's half. None otherwise."""
+    """The group's window, where a reduce-scatter (one array or a coalesced
+    list) can go through it: as :func:`usable`, and a chunk of every rank's
+    block (16 bytes at least) fits one rank's half. None otherwise."""
     win = usable(pg, how, dtype, func)
     return win if win is not None and win.chunk >= 16 * pg._size else None
 
@@ -518,13 +524,12 @@ def reduce_scatter(
     then: Optional[Callable[[], None]] = None,
 ) -> Optional[Work]:
     """A reduce-scatter of one array or many (``data``: :class:`Block` or
-    :class:`Blocks`)
-    through ``win`` as the collective ``func``, by pycoll's pipeline: this
-    rank's part of every input, reduced, lands in the outputs ``data`` was
-    made for, or back to back in ``recv``; ``then`` runs once every input
-    has been read and every result written (to copy results received
-    aside into outputs that overlap the inputs). One call at a time uses the
-    window, as in :func:`all_reduce`."""
+    :class:`Blocks`) through ``win`` as the collective ``func``, by pycoll's
+    pipeline: this rank's part of every input, reduced, lands in the
+    outputs ``data`` was made for, or back to back in ``recv``; ``then``
+    runs once every input has been read and every result written (to copy
+    results received aside into outputs that overlap the inputs). One call
+    at a time uses the window, as in :func:`all_reduce`."""
     name = "SUM" if how.average or how.prescale is not None else op.name
     job = ShmReduceScatter(win, data, name, how.average, recv, then)
     return _alone(pg, win, func, job.n * data.nbytes, job, async_op, result, desc, None, key)
