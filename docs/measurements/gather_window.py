@@ -22,7 +22,7 @@ import numpy as np
 
 import pycoll
 from pycoll import _mpi
-from pycoll.bench.table import time_block
+from pycoll.bench.table import _repeat, rotated
 from pycoll.collectives import coalesced
 
 pycoll.init_process_group()
@@ -68,14 +68,9 @@ for total in [1 << s for s in range(14, 25)]:
             )
         if comm.allreduce(not ok, MPI.LOR):
             raise SystemExit(f"{name} gave a wrong result at {total} bytes")
-    times = {name: [] for name in sides}
-    names = list(sides)
     calls = max(2, min(50, (32 << 20) // (n * total)))
-    for r in range(rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            t = time_block(sides[name], calls, 1, comm)
-            times[name].append(comm.allreduce(t, MPI.MAX))
+    runs = {name: _repeat(call) for name, call in sides.items()}
+    times = rotated(runs, calls, rounds, comm, warmup=1)
     if me == 0:
         med = {name: float(np.median(v)) * 1e6 for name, v in times.items()}
 

@@ -121,6 +121,8 @@ def fusion(comm: Any, arrays: int = 1000, nbytes: int = 1024, rounds: int = 7) -
     import pycoll
     from pycoll import fusion as fusion_mod
 
+    from .table import _repeat, rotated
+
     rank, n = comm.Get_rank(), comm.Get_size()
     count = nbytes // 4
     grads = [np.zeros(count, np.float32) for _ in range(arrays)]
@@ -169,24 +171,16 @@ def fusion(comm: Any, arrays: int = 1000, nbytes: int = 1024, rounds: int = 7) -
             took.append(time.perf_counter() - t0)
         slowest = comm.allreduce(min(took), op=MPI.MAX)
         blocks[name] = max(1, min(200, int(0.01 / max(slowest, 1e-6))))
-    times: Dict[str, List[float]] = {name: [] for name in cases}
-    names = list(cases)
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            call, _ = cases[name]
-            comm.Barrier()
-            t0 = time.perf_counter()
-            for _ in range(blocks[name]):
-                call()
-            mean = (time.perf_counter() - t0) / blocks[name]
-            times[name].append(comm.allreduce(mean, op=MPI.MAX))
+    times = rotated(
+        {name: _repeat(call) for name, (call, _) in cases.items()}, blocks, rounds, comm
+    )
 
     def ratio(a: str, b: str) -> List[float]:
         per_round = sorted(x / y for x, y in zip(times[a], times[b]))
         return [statistics.median(per_round), per_round[0], per_round[-1]]
 
     report: Dict[str, Any] = dict(ranks=n, arrays=arrays, bytes_each=nbytes, rounds=rounds)
-    for name in names:
+    for name in cases:
         report[f"{name}_us"] = statistics.median(times[name]) * 1e6
     for a in ("coalesced", "fused", "fused_packed_mpi", "fused_views"):
         report[f"{a}_over_one_call"] = ratio(a, "one_call")

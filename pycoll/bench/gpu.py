@@ -45,7 +45,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from . import sizes
-from .table import RawOps, _repeat, expected_reduction, pattern, slowest_block
+from .table import RawOps, _repeat, expected_reduction, pattern, rotated, slowest_block
 
 BLOCK_S = 0.1  # a block of one case's calls lasts about this long
 
@@ -286,11 +286,8 @@ def allreduce_table(args: argparse.Namespace) -> None:
                 put(np.zeros_like(inputs[rank]))  # zeros stay zeros: timed calls need no reset
                 t = slowest_block(_repeat(call), 2, comm)  # warm: the first call made the caches
                 iters[label] = max(1, min(args.max_iters, int(BLOCK_S / max(t, 1e-9))))
-            times: Dict[str, List[float]] = {label: [] for label, *_ in cases}
-            for r in range(args.rounds):
-                k = r % len(cases)
-                for label, call, _, _ in cases[k:] + cases[:k]:
-                    times[label].append(slowest_block(_repeat(call), iters[label], comm))
+            runs = {label: _repeat(call) for label, call, _, _ in cases}
+            times = rotated(runs, iters, args.rounds, comm)
             if rank == 0:
                 ref = times["host mpi4py"]
                 print(f"{name:>8} {_fmt(nbytes):>8}", end="")

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -415,6 +415,29 @@ def slowest_block(run: Callable[[int], None], iters: int, comm: Any) -> float:
     return float(comm.allreduce((time.perf_counter() - t0) / iters, op=MPI.MAX))
 
 
+def rotated(
+    runs: Dict[str, Callable[[int], None]],
+    iters: Union[int, Dict[str, int]],
+    rounds: int,
+    comm: Any,
+    warmup: int = 0,
+) -> Dict[str, List[float]]:
+    """Each run's :func:`slowest_block` of ``iters`` calls (or ``iters[name]``)
+    in each of ``rounds`` rounds, the order rotated by one every round, so
+    the machine's drift falls on every run alike; ``warmup`` calls before
+    each block, untimed."""
+    times: Dict[str, List[float]] = {name: [] for name in runs}
+    order = list(runs)
+    for r in range(rounds):
+        for name in order[r % len(order) :] + order[: r % len(order)]:
+            run = runs[name]
+            if warmup:
+                run(warmup)
+            block = iters if isinstance(iters, int) else iters[name]
+            times[name].append(slowest_block(run, block, comm))
+    return times
+
+
 def calibrate(run: Callable[[int], None], comm: Any) -> int:
     """Calls per block: as many as fill about ``BLOCK_S`` (at most
     ``MAX_ITERS``), from the slowest rank's time for a few calls, so every
@@ -474,11 +497,7 @@ def measure(
             for run in runs.values():
                 run(calls)
             block = calibrate(runs["mpi4py"], comm) if iters is None else iters
-            seconds: Dict[str, List[float]] = {s: [] for s in runs}
-            order = list(runs)
-            for r in range(rounds):
-                for side in order[r % len(order) :] + order[: r % len(order)]:
-                    seconds[side].append(slowest_block(runs[side], block, comm))
+            seconds = rotated(runs, block, rounds, comm)
             row: Dict[str, Any] = dict(
                 collective=collective,
                 kind=kind,
