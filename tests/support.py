@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import time
 from pathlib import Path
-from typing import List
+from typing import Any, Iterator, List, Optional
 
 import ml_dtypes
 import numpy as np
@@ -256,3 +256,22 @@ def still_alive(pids: List[int], within: float = 10.0) -> List[int]:
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.05)
+
+
+def fresh_group() -> Iterator[Any]:
+    """For a fixture (``yield from fresh_group()``): a new group of every
+    rank, destroyed after the test unless a fault broke it (a broken group's
+    ranks cannot all come to destroy it)."""
+    import pycoll
+
+    g = pycoll.new_group()
+    yield g
+    if g._broken is None:
+        pycoll.destroy_process_group(g)
+
+
+def window_chunk(g: Any) -> Optional[int]:
+    """The chunk size of the group's shared window
+    (pycoll.collectives.shm), or None where it has made none."""
+    made = g.attached("shm.window")
+    return made.chunk if made else None

@@ -5,7 +5,7 @@ import pytest
 
 import pycoll
 from pycoll import FusedAllReduce, ReduceOp, make_premul_sum
-from support import BF16, assert_equal, data, reduce_all, valid_pairs
+from support import BF16, assert_equal, data, fresh_group, reduce_all, valid_pairs, window_chunk
 
 SHAPES = [(3,), (2, 5), (1,), (4, 4, 2), (7,)]
 OPS = [
@@ -150,15 +150,11 @@ def shared(monkeypatch, world_size):
         pytest.skip("one rank reduces nothing")
     monkeypatch.setattr(fusion, "SHM_BYTES", 16)
     monkeypatch.setattr(shm, "CHUNK", 32)
-    g = pycoll.new_group()
-    yield g
-    if g._broken is None:
-        pycoll.destroy_process_group(g)
+    yield from fresh_group()
 
 
 def through_window(g) -> bool:
-    made = g.attached("shm.window")
-    return bool(made) and made.chunk == 32
+    return window_chunk(g) == 32
 
 
 def window_arrays(rank, dtype, salt=0):

@@ -9,7 +9,16 @@ import pytest
 import pycoll
 from pycoll import DebugLevel, ReduceOp, make_premul_sum
 from pycoll.errors import CollectiveMismatchError, DistTimeoutError
-from support import ALL_DTYPES, PREMUL_SCALE, assert_equal, data, reduce_all, valid_pairs
+from support import (
+    ALL_DTYPES,
+    PREMUL_SCALE,
+    assert_equal,
+    data,
+    fresh_group,
+    reduce_all,
+    valid_pairs,
+    window_chunk,
+)
 
 ASYNC = pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
 PAIRS = valid_pairs()
@@ -283,15 +292,11 @@ def shared(monkeypatch, world_size):
 
     monkeypatch.setattr(coalesced, "SHM_FROM", 16)
     monkeypatch.setattr(shm, "CHUNK", 32)
-    g = pycoll.new_group()
-    yield g
-    if g._broken is None:
-        pycoll.destroy_process_group(g)
+    yield from fresh_group()
 
 
 def through_window(g) -> bool:
-    made = g.attached("shm.window")
-    return bool(made) and made.chunk == 32
+    return window_chunk(g) == 32
 
 
 @ASYNC
@@ -372,15 +377,11 @@ def scattering(monkeypatch, world_size):
 
     monkeypatch.setattr(coalesced, "SHM_SCATTER_FROM", 16)
     monkeypatch.setattr(shm, "CHUNK", 48 * world_size)
-    g = pycoll.new_group()
-    yield g
-    if g._broken is None:
-        pycoll.destroy_process_group(g)
+    yield from fresh_group()
 
 
 def scattered_through_window(g) -> bool:
-    made = g.attached("shm.window")
-    return bool(made) and made.chunk == 48 * g.size()
+    return window_chunk(g) == 48 * g.size()
 
 
 @ASYNC

@@ -17,7 +17,15 @@ from pycoll import ReduceOp, crosscheck, make_premul_sum
 from pycoll.collectives import reduce as reduce_mod
 from pycoll.collectives import shm
 from pycoll.errors import DistTimeoutError
-from support import PREMUL_SCALE, assert_equal, data, reduce_all, valid_pairs
+from support import (
+    PREMUL_SCALE,
+    assert_equal,
+    data,
+    fresh_group,
+    reduce_all,
+    valid_pairs,
+    window_chunk,
+)
 
 PAIRS = valid_pairs()
 SHAPE = (5, 7)  # 35 elements: chunks and slices cut unevenly
@@ -38,15 +46,11 @@ def tiny(monkeypatch, world_size):
 
 @pytest.fixture
 def group(tiny):
-    g = pycoll.new_group()
-    yield g
-    if g._broken is None:
-        pycoll.destroy_process_group(g)
+    yield from fresh_group()
 
 
 def through_shm(g) -> bool:
-    made = g.attached("shm.window")
-    return bool(made) and made.chunk == 32
+    return window_chunk(g) == 32
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
@@ -286,15 +290,11 @@ def scatter_group(monkeypatch, world_size):
     monkeypatch.setattr(reduce_mod, "SCATTER_SHM_BYTES", 16)
     monkeypatch.setattr(reduce_mod, "SCATTER_SHM_BYTES_OPEN_MPI", 16)
     monkeypatch.setattr(shm, "CHUNK", 48 * world_size)
-    g = pycoll.new_group()
-    yield g
-    if g._broken is None:
-        pycoll.destroy_process_group(g)
+    yield from fresh_group()
 
 
 def scattered(g) -> bool:
-    made = g.attached("shm.window")
-    return bool(made) and made.chunk == 48 * g.size()
+    return window_chunk(g) == 48 * g.size()
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
