@@ -253,13 +253,16 @@ SCATTER_SHM_BYTES = 64 << 20
 SCATTER_SHM_BYTES_OPEN_MPI = 1 << 20
 
 
-def _scatter_window(nbytes: int) -> bool:
-    """Whether a reduce_scatter_tensor of ``nbytes`` of input goes through the
-    group's shared window, where it can have one."""
-    if _SHM_SET == 0:
-        return False
+def _scatter_window(
+    pg: ProcessGroup, how: Plan, dtype: np.dtype, func: str, nbytes: int
+) -> Optional[Any]:
+    """The group's shared window, where a reduce_scatter_tensor (or
+    reduce_scatter) of ``nbytes`` of input goes through it; None otherwise
+    (shm.for_scatter: one node, an op the kernels reduce, a window at all)."""
     least = SCATTER_SHM_BYTES_OPEN_MPI if _mpi.VENDOR == "Open MPI" else SCATTER_SHM_BYTES
-    return 0 < least <= nbytes
+    if not 0 < least <= nbytes:
+        return None
+    return shm.for_scatter(pg, how, dtype, func)
 
 
 def _reduce_scatter_shm(
@@ -664,12 +667,8 @@ def reduce_scatter(
     check_same_shape(func, "input_list", inputs, output.shape, "output")
     how = _plan(op, dtype, func)
     desc = lambda: f"{func}({op.name}, output {sig(output)})"  # noqa: E731
-    if (
-        n * output.nbytes >= SCATTER_SHM_BYTES_OPEN_MPI
-        and n > 1
-        and _scatter_window(n * output.nbytes)
-        and (win := shm.for_scatter(pg, how, dtype, func)) is not None
-    ):
+    win = _scatter_window(pg, how, dtype, func, n * output.nbytes)
+    if win is not None:
         return _reduce_scatter_shm(pg, win, func, output, inputs, op, how, async_op, desc)
     send = np.concatenate([x.reshape(-1) for x in inputs])
     if how.prescale is not None:
@@ -719,11 +718,9 @@ def reduce_scatter_tensor(
         check_size(func, "input", input, output.size * n, "output.size x group size")
     how = _plan(op, dtype, func)
     desc = lambda: f"{func}({op.name}, output shape={output.shape}, input {sig(input)})"  # noqa: E731
-    if (
+    if (  # (the size first: small calls, the hot path, make no call)
         input.nbytes >= SCATTER_SHM_BYTES_OPEN_MPI
-        and n > 1
-        and _scatter_window(input.nbytes)
-        and (win := shm.for_scatter(pg, how, dtype, func)) is not None
+        and (win := _scatter_window(pg, how, dtype, func, input.nbytes)) is not None
     ):
         flat, count = input.reshape(-1), output.size
         parts = [flat[d * count : (d + 1) * count] for d in range(n)]

@@ -339,15 +339,20 @@ def test_reduce_scatter_below_the_threshold_and_when_turned_off(monkeypatch, wor
         pytest.skip("one rank reduces nothing")
     vendor = "Open MPI" if reduce_mod._mpi.VENDOR == "Open MPI" else "MPICH"
     least = reduce_mod.SCATTER_SHM_BYTES_OPEN_MPI if vendor == "Open MPI" else 64 << 20
-    assert reduce_mod._scatter_window(least) and not reduce_mod._scatter_window(least - 1)
-    monkeypatch.setattr(reduce_mod, "_SHM_SET", 0)
-    assert not reduce_mod._scatter_window(1 << 40)
     g = pycoll.new_group()
     x = np.ones(world_size * 1024, np.float32)  # 4 KiB a rank: below every threshold
     out = np.zeros(1024, np.float32)
     pycoll.reduce_scatter_tensor(out, x, group=g)
     assert_equal(out, np.full(1024, world_size, np.float32))
     assert g.attached("shm.window") is None
+    f32, func = np.dtype(np.float32), "reduce_scatter_tensor"
+    how = reduce_mod._plan(ReduceOp.SUM, f32, func)
+    assert reduce_mod._scatter_window(g, how, f32, func, least - 1) is None
+    with monkeypatch.context() as off:
+        off.setattr(shm, "SHM_SET", 0)
+        assert reduce_mod._scatter_window(g, how, f32, func, 1 << 40) is None
+    assert g.attached("shm.window") is None  # neither made one
+    assert reduce_mod._scatter_window(g, how, f32, func, least) is not None
     pycoll.destroy_process_group(g)
 
 
