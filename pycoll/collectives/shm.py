@@ -370,7 +370,28 @@ class _Pipeline:
         self.data.copy_in(k, lo, size, self.win.halves[k % 2][self.me])
 
 
-class ShmAllReduce(_Pipeline):
+class _Reducing(_Pipeline):
+    """A pipeline whose ranks each reduce their part of every chunk in the
+    window, by the pycoll.kernels op ``name`` (``average``: an AVG, divided
+    by the group size in the last pass)."""
+
+    def __init__(self, win: Window, data: Any, name: str, average: bool, step: int = 0) -> None:
+        super().__init__(win, data, step)
+        self.name, self.average = name, average
+
+    def _reduce_mine(self, halves: List[np.ndarray], part: slice, dtype: Any) -> np.ndarray:
+        """Reduce bytes ``part`` of this rank's half across every rank's half
+        (elements of ``dtype``), in place in its own; those bytes."""
+        dst = halves[self.me][part]
+        others = [r for r in range(self.n) if r != self.me]
+        if len(dst):
+            for i, r in enumerate(others):
+                divide = self.n if self.average and i == len(others) - 1 else None
+                kernels.reduce(self.name, halves[r][part].view(dtype), dst.view(dtype), divide)
+        return dst
+
+
+class ShmAllReduce(_Reducing):
     """One all_reduce through ``win``: :meth:`start` and :attr:`stages`, for
     pycoll.collectives._common.run.
 
@@ -385,8 +406,8 @@ class ShmAllReduce(_Pipeline):
     def __init__(
         self, win: Window, data: Any, itemsize: int, name: str, average: bool, dtype: Any
     ) -> None:
-        super().__init__(win, data)
-        self.itemsize, self.name, self.average, self.dtype = itemsize, name, average, dtype
+        super().__init__(win, data, name, average)
+        self.itemsize, self.dtype = itemsize, dtype
         self.stages: List[Callable[[], List[Any]]] = []
         for k in range(len(self.chunks)):
             self.stages.append(functools.partial(self._reduce, k))
@@ -401,15 +422,7 @@ class ShmAllReduce(_Pipeline):
     def _reduce(self, k: int) -> List[Any]:
         """Reduce this rank's slice of chunk ``k`` across every rank's copy."""
         self.win.win.Sync()
-        mine = self._slices(k)[self.me]
-        halves = self.win.halves[k % 2]
-        dst = halves[self.me][mine].view(self.dtype)
-        others = [r for r in range(self.n) if r != self.me]
-        for i, r in enumerate(others):
-            last = i == len(others) - 1
-            divide = self.n if self.average and last else None
-            if dst.size:
-                kernels.reduce(self.name, halves[r][mine].view(self.dtype), dst, divide)
+        self._reduce_mine(self.win.halves[k % 2], self._slices(k)[self.me], self.dtype)
         return [self._barrier()]
 
     def _gather(self, k: int) -> List[Any]:
@@ -647,8 +660,8 @@ class Blocks(_Parted):
         kernels.copy_pieces(*table, len(reduced))
 
 
-class ShmReduceScatter(_Pipeline):
-    """One coalesced reduce-scatter through ``win``: :meth:`start` and
+class ShmReduceScatter(_Reducing):
+    """One reduce-scatter (of one array or a list) through ``win``: :meth:`start` and
     :attr:`stages`, for pycoll.collectives._common.run. Chunk by chunk, each
     rank copies the chunk of every block into its half of the window; once
     every rank has (a barrier), each reduces its own block's chunk across
@@ -673,8 +686,8 @@ class ShmReduceScatter(_Pipeline):
         recv: Optional[np.ndarray],
         then: Optional[Callable[[], None]] = None,
     ) -> None:
-        super().__init__(win, data, data.step)
-        self.name, self.average, self.recv, self.then = name, average, recv, then
+        super().__init__(win, data, name, average, data.step)
+        self.recv, self.then = recv, then
         self.stages: List[Callable[[], List[Any]]] = [
             functools.partial(self._reduce, k) for k in range(len(self.chunks))
         ]
@@ -682,15 +695,8 @@ class ShmReduceScatter(_Pipeline):
     def _reduce(self, k: int) -> List[Any]:
         self.win.win.Sync()
         lo, size = self.chunks[k]
-        halves = self.win.halves[k % 2]
         mine = slice(self.me * size, (self.me + 1) * size)
-        dst = halves[self.me][mine]
-        dtype = self.data.dtype
-        others = [r for r in range(self.n) if r != self.me]
-        for i, r in enumerate(others):
-            divide = self.n if self.average and i == len(others) - 1 else None
-            if size:
-                kernels.reduce(self.name, halves[r][mine].view(dtype), dst.view(dtype), divide)
+        dst = self._reduce_mine(self.win.halves[k % 2], mine, self.data.dtype)
         self.data.copy_out(k, lo, dst, self.recv)
         if k + 1 < len(self.chunks):
             self._copy_in(k + 1)
