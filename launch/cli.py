@@ -24,7 +24,7 @@ from .supervisor import Options, Supervisor
 from .wire import ADDR_ENV, RANK_VARS_ENV, TOKEN_ENV, exit_now
 
 PROG = "pycoll-run"
-HERE = Path(__file__).resolve().parent  # rank.py and boot.py run by path on the ranks
+HERE = Path(__file__).resolve().parent  # wrap.py and boot.py run by path on the ranks
 # Options that take no value; every other option takes exactly one.
 _FLAGS = {"-h", "--help", "--dry-run", "--no-tag", "--submit"}
 
@@ -159,7 +159,7 @@ def rank_program(kind: str, target: List[str]) -> List[str]:
     """What the launcher starts on each rank: the wrapper, then the target.
     The wrapper needs the standard library only, so its interpreter skips
     ``site`` (-S): a few to fifteen milliseconds a rank, at every start."""
-    return [sys.executable, "-S", str(HERE / "rank.py"), *target_argv(kind, target)]
+    return [sys.executable, "-S", str(HERE / "wrap.py"), *target_argv(kind, target)]
 
 
 def _script_or_command(token: str, check: bool) -> str:

@@ -226,7 +226,7 @@ class Supervisor:
             return None
         assert proc.stdout is not None
         os.set_blocking(proc.stdout.fileno(), False)
-        launcher_reader = wire.Reader(raw=True)
+        launcher_reader = wire.Lines()
         self.sel.register(listener, selectors.EVENT_READ, "listen")
         self.sel.register(proc.stdout, selectors.EVENT_READ, "launcher")
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -244,7 +244,7 @@ class Supervisor:
                         conn, _ = listener.accept()
                         self.accepted += 1
                         conn.setblocking(False)
-                        self.unknown[conn] = wire.Reader()
+                        self.unknown[conn] = wire.Reader(self.token)
                         self.sel.register(conn, selectors.EVENT_READ, "rank")
                     elif event.data == "launcher":
                         data = os.read(proc.stdout.fileno(), 65536)
@@ -376,13 +376,13 @@ class Supervisor:
             for message in reader.feed(data):
                 if state is not None:
                     self._on_message(state, message)
-                elif message.get("t") == "hello" and message.get("token") == self.token:
+                elif message["t"] == "hello":  # (after the job's token: wire.Reader)
                     del self.unknown[conn]
                     state = self._on_hello(conn, message, reader)
                 else:  # not one of this job's ranks: never fatal, said once
                     self.note(
                         f"dropped a connection that is not one of this job's ranks "
-                        f"(it sent {str(message)[:60]!r})"
+                        f"(it sent {str(message.get('line', message))[:60]!r})"
                     )
                     self._drop(conn)
                     return

@@ -40,7 +40,8 @@ def poke() -> None:
     environ = open(f"/proc/{os.getppid()}/environ", "rb").read().split(b"\0")
     addr = next(v for v in environ if v.startswith(b"PYCOLL_RUN_ADDR=")).split(b"=", 1)[1]
     host, _, port = addr.decode().rpartition(":")
-    for junk in (b"not json at all\n", b"[1, 2]\n", b'{"t": "hello", "token": "guess"}\n'):
+    guess = b"pycoll-run 0123\n" + b"\x00\x00\x00\x01N"  # a wrong token, then a frame
+    for junk in (b"not a message at all\n", b"[1, 2]\n", guess):
         with socket.create_connection((host, int(port)), timeout=10) as sock:
             sock.sendall(junk)
             sock.recv(1)  # pycoll-run closes it: it is not one of the job's ranks

@@ -16,7 +16,7 @@ from pycoll.launch.families import family_of_mpiexec
 
 PY = sys.executable
 LAUNCH = Path(pycoll.launch.__file__).resolve().parent  # where pycoll.launch is installed
-RANK = [PY, "-S", str(LAUNCH / "rank.py")]
+RANK = [PY, "-S", str(LAUNCH / "wrap.py")]
 BOOT = [PY, str(LAUNCH / "boot.py")]
 ROOT_FLAG = ["--allow-run-as-root"] if os.geteuid() == 0 else []
 HYDRA_VARS = ["-genv", "PYCOLL_RUN_RANK_VARS", "PMI_RANK,PMI_SIZE"]

@@ -273,7 +273,8 @@ def test_lines_that_are_not_messages_are_dropped_not_fatal(family):
     assert proc.returncode == 0, proc.stderr
     assert sorted(reports(proc.stdout)) == [0, 1]
     assert proc.stderr.count("pycoll-run: dropped a connection that is not one of this job's") == 3
-    assert "'line': 'not json at all'" in proc.stderr
+    assert "(it sent 'not a message at all')" in proc.stderr
+    assert "(it sent 'pycoll-run 0123')" in proc.stderr  # a wrong token: nothing decoded
 
 
 def test_a_launcher_failing_at_start_for_a_passing_reason_is_started_again(family, tmp_path):
