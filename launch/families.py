@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from .hosts import Host
@@ -193,9 +192,9 @@ _BUILDERS = {
 def find_mpiexec() -> Optional[str]:
     """The mpiexec of this Python's environment first (a venv with an MPI
     wheel), then the one on PATH."""
-    here = Path(sys.executable).with_name("mpiexec")
-    if here.exists():
-        return str(here)
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.path.exists(here):
+        return here
     return shutil.which("mpiexec") or shutil.which("mpirun")
 
 

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import subprocess
-from pathlib import Path
 from typing import Dict, List, Mapping, NamedTuple, Optional
 
 
@@ -57,7 +56,8 @@ def parse_host_list(text: str) -> List[Host]:
 def parse_hostfile(path: str) -> List[Host]:
     """Read a hostfile in MPICH, Open MPI or DeepSpeed format."""
     try:
-        lines = Path(path).read_text().splitlines()
+        with open(path) as f:
+            lines = f.read().splitlines()
     except OSError as exc:
         raise HostError(f"hostfile {path}: {exc.strerror}") from None
     hosts = []
@@ -153,7 +153,8 @@ def allocation(environ: Optional[Mapping[str, str]] = None) -> Optional[Allocati
         return Allocation("slurm", hosts, ntasks)
     if env.get("PBS_JOBID") and env.get("PBS_NODEFILE"):
         try:
-            names = Path(env["PBS_NODEFILE"]).read_text().split()
+            with open(env["PBS_NODEFILE"]) as f:
+                names = f.read().split()
         except OSError as exc:
             raise HostError(f"PBS_NODEFILE {env['PBS_NODEFILE']}: {exc.strerror}") from None
         hosts = merge([Host(n, 1) for n in names])

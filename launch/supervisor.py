@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
 from . import wire
@@ -114,7 +113,7 @@ class Supervisor:
         self.timed_out = False
         self.started = False
         self.launcher_log: List[str] = []
-        self.out_dir = Path(options.output_dir) if options.output_dir else None
+        self.out_dir = options.output_dir or None
         self.drain_until: Optional[float] = None
         self.began = 0.0  # when run() started the launcher first
         self.accepted = 0  # connections taken (a rank's wrapper ran)
@@ -170,7 +169,7 @@ class Supervisor:
         nothing of the job has run, so nothing runs twice.
         """
         if self.out_dir is not None:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
+            os.makedirs(self.out_dir, exist_ok=True)
         self.began = time.monotonic()
         for attempt in range(1, START_ATTEMPTS + 1):
             code = self._launch()
@@ -404,7 +403,7 @@ class Supervisor:
         state.gpus = int(hello.get("gpus", 0))
         state.visible = hello.get("visible")
         if self.out_dir is not None:
-            state.log = open(self.out_dir / f"rank.{rank}.log", "w")
+            state.log = open(os.path.join(self.out_dir, f"rank.{rank}.log"), "w")
         self.ranks[rank] = state
         self.conns[conn] = state
         if int(hello["size"]) != self.n:
@@ -510,9 +509,8 @@ class Supervisor:
 
     def _write_launcher_log(self) -> None:
         if self.out_dir is not None:
-            (self.out_dir / "launcher.log").write_text(
-                "".join(line + "\n" for line in self.launcher_log)
-            )
+            with open(os.path.join(self.out_dir, "launcher.log"), "w") as f:
+                f.write("".join(line + "\n" for line in self.launcher_log))
 
     def _status(self, launcher_code: int) -> int:
         if self.interrupted is not None:
