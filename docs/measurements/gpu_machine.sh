@@ -11,10 +11,10 @@
 # staged all_reduce), tests (the real-GPU tests), paths (all_reduce's paths
 # forced, 2/4/8 ranks), bench (pycoll-bench, 2/4 ranks, and the 16-bit
 # targets), allreduce (pycoll-bench's all_reduce from 1 MiB), targets (the
-# 16-bit targets alone), launch (pycoll-run's start-up), kernels (the device kernels),
-# window (the shared window's chunk size, and rank binding), scatter (the
-# reduce-scatters through the window against their packed path and MPI's,
-# and goal 4's coalesced forms).
+# 16-bit targets alone), launch (pycoll-run's start-up), kernels (the device
+# kernels), window (the shared window's chunk size, rank binding, one kernel
+# thread a rank), scatter (the reduce-scatters through the window against
+# their packed path and MPI's, and goal 4's coalesced forms).
 #
 # WHEELS holds the MPICH wheel, mpi4py's and numpy's for that Python, and
 # pycoll's own (python3 -m pip wheel --no-deps -w WHEELS .): the machine's
@@ -140,6 +140,12 @@ if wanted window; then
         step window.txt 60 env WINDOW_CHUNKS=256K,512K,1M,4M mpiexec -n "$n" python \
             "$SRC/docs/measurements/all_reduce_paths.py" 5 $sizes
         step window.txt 60 mpiexec -bind-to core -n "$n" python \
+            "$SRC/docs/measurements/all_reduce_paths.py" 5 $sizes
+        # One thread a rank: whether waking numba's pool for each 2 MiB
+        # chunk's copies and sums (pycoll.kernels.threads, from 1 MiB of work)
+        # costs the window more than the threads give back on 16 cores, where
+        # 2 ranks get 8 threads each and the window was slower than MPICH.
+        step window.txt 60 env PYCOLL_NUM_THREADS=1 mpiexec -n "$n" python \
             "$SRC/docs/measurements/all_reduce_paths.py" 5 $sizes
     done
     step window.txt 60 env WINDOW_CHUNKS=512K,1M mpiexec -n 2 python \
