@@ -15,7 +15,7 @@ import warnings
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import _mpi, crosscheck
+from . import _mpi, crosscheck, tuning
 from .progress import uid_of
 from .trace import recorder
 
@@ -107,6 +107,8 @@ class ProcessGroup:
         "_plans",
         "_aliases",
         "_strays",
+        "_tuned_from",
+        "_tuned",
         "__weakref__",  # the flight recorder's registry of groups holds them weakly
     )
 
@@ -172,6 +174,9 @@ class ProcessGroup:
         # Its persistent collectives (pycoll.persistent), where they are on.
         self._plans: Any = PLANS() if PLANS is not None else None
         self._aliases = False  # its calls' arrays alias device memory (_common.device_aliases)
+        # The tuning table's entries for a group of its size (pycoll.tuning),
+        # and the least size they decide (one comparison on the hot path).
+        self._tuned_from, self._tuned = tuning.entries_for(self._size)
         # A peer's message may still come on comm outside any call (a
         # monitored_barrier gave up waiting for it): destroy_process_group
         # then leaves the communicator to MPI_Finalize, as a freed one's

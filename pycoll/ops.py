@@ -162,6 +162,8 @@ class Plan(NamedTuple):
             take the ring too, from :data:`RING_BYTES`.
         key: the reduction's and dtype's part of a call's key for the call
             check (pycoll.crosscheck.reduction_bits).
+        builtin: ``mpi_op`` is MPI's own op, not one of pycoll's user ops
+            (a tuning table, pycoll.tuning, decides the paths of plain ones).
     """
 
     mpi_op: Any
@@ -171,6 +173,7 @@ class Plan(NamedTuple):
     plain: bool
     split: bool
     key: int
+    builtin: bool
 
 
 # MPI's op for each (op, dtype kind); a missing entry means the pair has no
@@ -304,7 +307,14 @@ def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
     )
     key = crosscheck.reduction_bits(name, dtype)
     result = Plan(
-        mpi_op, scale, average, mpi_datatype(dtype), scale is None and not average, split, key
+        mpi_op,
+        scale,
+        average,
+        mpi_datatype(dtype),
+        scale is None and not average,
+        split,
+        key,
+        not user_op,
     )
     if scale is None:  # a PREMUL_SUM scale often changes every step: do not cache it
         op._plans[dtype] = result

@@ -14,12 +14,13 @@ import atexit
 import os
 import sys
 import time
+import warnings
 from datetime import timedelta
 from typing import Any, Optional
 
 from pycoll.gpu.backend_config import BackendConfig
 
-from . import _mpi, crosscheck, debug, persistent, progress, watch
+from . import _mpi, crosscheck, debug, persistent, progress, tuning, watch
 from .groups import (
     BACKEND,
     STATE,
@@ -148,8 +149,25 @@ def init_process_group(
     own = comm.Dup()
     own.Set_name("pycoll:default")
     node = own.Split_type(MPI.COMM_TYPE_SHARED, key=me)
-    STATE.local_rank, STATE.local_size = node.Get_rank(), node.Get_size()
+    local_rank, local_size = node.Get_rank(), node.Get_size()
     node.Free()
+    # Rank 0 names the job (the flight recorder's files) and reads the tuning
+    # table; every rank gets both, so every rank chooses its paths alike.
+    job = time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid()) if me == 0 else None
+    job, table, error = own.bcast((job, *tuning.read()) if me == 0 else None)
+    if error is not None:
+        own.Free()
+        raise ValueError(f"init_process_group: {error}")
+    if table is not None and local_size != size:
+        if me == 0:
+            warnings.warn(
+                f"{tuning.ENV}: the table is ignored: this job's ranks are on several "
+                f"nodes, and it was measured on one (pycoll.tuning)",
+                stacklevel=2,
+            )
+        table = None
+    tuning.install(table)
+    STATE.local_rank, STATE.local_size = local_rank, local_size
     watch.set_spinning(STATE.local_size <= cores())
     STATE.board = Board(own, timeout.total_seconds())
     pg = ProcessGroup(own, list(range(size)), group_name or "default_pg", timeout, "", backend_name)
@@ -158,8 +176,7 @@ def init_process_group(
     GroupMember.WORLD = pg
     # The flight recorder's names for this rank and job (pycoll.trace.recorder)
     recorder.RANK = MPI.COMM_WORLD.Get_rank()
-    job = time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid()) if me == 0 else None
-    recorder.JOB = own.bcast(job)
+    recorder.JOB = job
     recorder.install_signal()
     atexit.register(_at_exit)
     directory = os.environ.get(timeline.ENV, "").strip()
@@ -197,6 +214,7 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         STATE.groups = {}
         STATE.local_rank = STATE.local_size = None
         GroupMember.WORLD = None
+        tuning.install(None)
         watch.remove_excepthook()
     else:
         member = resolve(group, "destroy_process_group")

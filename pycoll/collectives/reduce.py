@@ -12,7 +12,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from .. import _mpi, crosscheck, debug, kernels, persistent
+from .. import _mpi, crosscheck, debug, kernels, persistent, tuning
 from ..arrays import (
     MPI_TYPES,
     check_input,
@@ -156,16 +156,26 @@ def all_reduce(
         if made is not None:
             desc = _desc(op, tensor) if async_op or not debug.PLAIN else None
             return made.call(pg, "all_reduce", tensor, tensor, async_op, desc)
-    # Large calls on MPICH: pycoll's ring, where it measured faster than MPI's
-    # own and than the shared-memory path; then the shared-memory path. The
-    # sizes are compared first, so small calls (the hot path) make no calls.
+    # Large calls: the path this machine's tuning table chose, where one is
+    # installed (pycoll.tuning; MPI's own ops); else, on MPICH, pycoll's ring,
+    # where it measured faster than MPI's own and than the shared-memory path;
+    # then the shared-memory path. The sizes are compared first, so small
+    # calls (the hot path) make no calls.
     nbytes = tensor.nbytes
-    if pg._size > 1 and (
+    if nbytes >= pg._tuned_from and how.plain and how.builtin:
+        chosen = tuning.path(pg._tuned, nbytes)
+        if chosen == "ring":
+            return _all_reduce_ring(pg, tensor, op, how, async_op, key)
+        if chosen == "window":
+            win = shm.usable(pg, how, tensor.dtype, "all_reduce")
+            if win is not None:
+                return _all_reduce_shm(pg, win, tensor, op, how, async_op, key)
+    elif pg._size > 1 and (
         (how.split and nbytes >= _split_from(pg._size))
         or (nbytes >= RING_BYTES and not how.average and _ring_from() > 0)
     ):
         return _all_reduce_ring(pg, tensor, op, how, async_op, key)
-    if (nbytes >= SHM_BYTES_MPICH or nbytes >= SHM_BYTES) and _takes_window(pg._size, nbytes):
+    elif (nbytes >= SHM_BYTES_MPICH or nbytes >= SHM_BYTES) and _takes_window(pg._size, nbytes):
         win = shm.usable(pg, how, tensor.dtype, "all_reduce")  # (made on its first call)
         if win is not None:
             return _all_reduce_shm(pg, win, tensor, op, how, async_op, key)

@@ -1,0 +1,181 @@
+"""A tuning table: which path a large all_reduce takes on this machine,
+measured on it (``python -m pycoll.bench.tune``), as MPICH's and Open MPI's
+tuning files do for their own algorithms.
+
+pycoll's built-in rule (pycoll.collectives.reduce) was measured on two
+machines, and a path that wins on one can lose on the other: the shared
+window all_reduce took 0.68-0.92x MPICH's time at 1-8 MiB on 2 ranks of a
+2-core VM and 1.26-1.41x on 2 ranks of a 16-core Xeon, so the rule keeps
+MPI's own call there and leaves the VM's gain unused (docs/benchmarks.md).
+A table measured on the machine itself chooses per size and rank count.
+
+``PYCOLL_TUNING=FILE`` names the table; rank 0 of the world reads it at
+``init_process_group`` and sends it to every rank, so every rank chooses
+alike (a path chosen differently on two ranks would leave them in different
+operations until the timeout). A table that cannot be used raises there, on
+every rank, naming the problem. It applies to jobs whose ranks share one
+node, where it was measured; a job over several nodes warns and keeps the
+built-in rule.
+
+The file is JSON::
+
+    {"pycoll_tuning": 1,
+     "all_reduce": {"2": [[1048576, "window"], [16777216, "ring"]], "4": ...}}
+
+For a group of that many ranks, an all_reduce of at least the first
+entry's bytes takes the path of the last entry at or below its size:
+``"mpi"`` (MPI's own call), ``"ring"`` (pycoll's ring,
+pycoll.collectives.ring) or ``"window"`` (the node's shared window,
+pycoll.collectives.shm; MPI's own call where a group cannot have one).
+Smaller calls, other group sizes and ops that are not MPI's own (float16,
+AVG, PREMUL_SUM: their paths were measured apart) keep the built-in rule.
+Other keys (what the tool records of its run) are kept and ignored.
+"""
+
+from __future__ import annotations
+
+import os
+from bisect import bisect_right
+from typing import Any, Dict, List, Optional, Tuple
+
+__all__ = [
+    "ENV",
+    "PATHS",
+    "Table",
+    "parse",
+    "read",
+    "install",
+    "entries_for",
+    "decide",
+    "path",
+    "merged",
+]
+
+ENV = "PYCOLL_TUNING"
+PATHS = ("mpi", "ring", "window")
+VERSION = 1
+NEVER = 1 << 62  # a group with no entries: no size reaches it
+
+# {ranks: (starts, paths)}: for each group size, the entries' first sizes
+# (increasing) and their paths.
+Table = Dict[int, Tuple[List[int], List[str]]]
+
+TABLE: Optional[Table] = None  # the installed table (init_process_group)
+
+
+def _fix(source: str) -> str:
+    return (
+        f"make it again with 'mpiexec -n N python -m pycoll.bench.tune -o {source}', or unset {ENV}"
+    )
+
+
+def parse(text: str, source: str) -> Table:
+    """The table in ``text`` (the contents of ``source``); ValueError naming
+    what is wrong and how to mend it."""
+
+    import json  # (here: every group imports this module, few jobs have a table)
+
+    def bad(problem: str) -> ValueError:
+        return ValueError(f"{ENV}={source}: {problem}; {_fix(source)}")
+
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise bad(f"not JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("pycoll_tuning") != VERSION:
+        raise bad(f'not a pycoll tuning table (no "pycoll_tuning": {VERSION})')
+    rules = doc.get("all_reduce", {})
+    if not isinstance(rules, dict):
+        raise bad('"all_reduce" must map a number of ranks to a list of entries')
+    table: Table = {}
+    for ranks_text, entries in rules.items():
+        if not (isinstance(ranks_text, str) and ranks_text.isdigit() and int(ranks_text) > 1):
+            raise bad(f'"all_reduce" key {ranks_text!r} is not a number of ranks above 1')
+        if not isinstance(entries, list) or not entries:
+            raise bad(f'"all_reduce"["{ranks_text}"] must be a non-empty list of [bytes, path]')
+        starts: List[int] = []
+        paths: List[str] = []
+        for entry in entries:
+            if (
+                not isinstance(entry, list)
+                or len(entry) != 2
+                or type(entry[0]) is not int
+                or entry[0] < 0
+                or entry[1] not in PATHS
+            ):
+                raise bad(
+                    f'"all_reduce"["{ranks_text}"] has {entry!r}: an entry is [bytes, path] '
+                    f"with bytes >= 0 and path one of {', '.join(PATHS)}"
+                )
+            if starts and entry[0] <= starts[-1]:
+                raise bad(f'"all_reduce"["{ranks_text}"]: the sizes must increase')
+            starts.append(entry[0])
+            paths.append(entry[1])
+        table[int(ranks_text)] = (starts, paths)
+    return table
+
+
+def read(environ: Any = os.environ) -> Tuple[Optional[Table], Optional[str]]:
+    """The table ``PYCOLL_TUNING`` names, or an error message (what rank 0
+    sends every rank at init); (None, None) where it is not set."""
+    source = environ.get(ENV, "").strip()
+    if not source:
+        return None, None
+    try:
+        with open(source) as f:
+            text = f.read()
+    except OSError as exc:
+        return None, f"{ENV}={source}: cannot be read ({exc.strerror}); {_fix(source)}"
+    try:
+        return parse(text, source), None
+    except ValueError as exc:
+        return None, str(exc)
+
+
+def install(table: Optional[Table]) -> None:
+    """Make ``table`` the one groups made from now on use (None: none)."""
+    global TABLE
+    TABLE = table
+
+
+_NONE = ([NEVER], ["mpi"])  # the entries of a group the table does not decide
+
+
+def entries_for(ranks: int) -> Tuple[int, Tuple[List[int], List[str]]]:
+    """For a new group of ``ranks``: the least size the installed table
+    decides (NEVER where it has no entries for it), and the entries."""
+    entries = _NONE if TABLE is None else TABLE.get(ranks, _NONE)
+    return entries[0][0], entries
+
+
+def decide(pg: Any, entries: Optional[Tuple[List[int], List[str]]]) -> None:
+    """Give the group ``pg`` these entries in place of the installed table's
+    (None: the table's again): pycoll.bench.tune forces each path so."""
+    if entries is None:
+        pg._tuned_from, pg._tuned = entries_for(pg.size())
+    else:
+        pg._tuned_from, pg._tuned = entries[0][0], entries
+
+
+def path(entries: Tuple[List[int], List[str]], nbytes: int) -> str:
+    """The path of the last entry at or below ``nbytes`` (at least the first's)."""
+    starts, paths = entries
+    return paths[bisect_right(starts, nbytes) - 1]
+
+
+def merged(
+    existing: Optional[str], ranks: int, entries: List[List[Any]], about: Dict[str, Any]
+) -> str:
+    """A table's text: ``existing`` (a table's text, or None) with the
+    entries for ``ranks`` and what was measured for them (``about``)
+    replaced, the other rank counts kept."""
+    import json
+
+    doc: Dict[str, Any] = {"pycoll_tuning": VERSION, "all_reduce": {}, "measured": {}}
+    if existing:
+        old = json.loads(existing)
+        if isinstance(old, dict) and old.get("pycoll_tuning") == VERSION:
+            doc.update(old)
+    doc.setdefault("all_reduce", {})[str(ranks)] = entries
+    doc.setdefault("measured", {})[str(ranks)] = about
+    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
