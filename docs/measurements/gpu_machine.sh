@@ -14,7 +14,8 @@
 # 16-bit targets alone), launch (pycoll-run's start-up), kernels (the device
 # kernels), window (the shared window's chunk size, rank binding, one kernel
 # thread a rank), scatter (the reduce-scatters through the window against
-# their packed path and MPI's, and goal 4's coalesced forms).
+# their packed path and MPI's, and goal 4's coalesced forms), tune (a tuning
+# table made there, and all_reduce with it against the built-in rule).
 #
 # WHEELS holds the MPICH wheel, mpi4py's and numpy's for that Python, and
 # pycoll's own (python3 -m pip wheel --no-deps -w WHEELS .): the machine's
@@ -117,6 +118,19 @@ if wanted launch; then
 fi
 if wanted kernels; then
     step gpu_bench.txt 60 python -m pycoll.bench.gpu --kernels-only
+fi
+if wanted tune; then
+    # A tuning table measured on 16 cores (pycoll.tuning), and pycoll-bench's
+    # all_reduce with it and with the built-in rule, alternating.
+    for n in 2 4 8; do
+        step tune.txt 120 mpiexec -n "$n" python -m pycoll.bench.tune -o "$OUT/tuning.json"
+    done
+    for n in 2 4; do
+        for table in none "$OUT/tuning.json" none "$OUT/tuning.json"; do
+            step tune.txt 60 env PYCOLL_TUNING="${table#none}" mpiexec -n "$n" python \
+                -m pycoll.bench --collectives all_reduce -b 256K -e 128M -f 2 -R 5 --no-floor
+        done
+    done
 fi
 if wanted scatter; then
     # The reduce-scatters through the window on 16 cores: the coalesced one
