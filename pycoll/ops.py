@@ -163,7 +163,8 @@ class Plan(NamedTuple):
         key: the reduction's and dtype's part of a call's key for the call
             check (pycoll.crosscheck.reduction_bits).
         builtin: ``mpi_op`` is MPI's own op, not one of pycoll's user ops
-            (a tuning table, pycoll.tuning, decides the paths of plain ones).
+            (where a tuning table keeps MPI's call, only these follow it:
+            pycoll.tuning).
     """
 
     mpi_op: Any

@@ -24,12 +24,14 @@ The file is JSON::
 
 For a group of that many ranks, an all_reduce of at least the first
 entry's bytes takes the path of the last entry at or below its size:
-``"mpi"`` (MPI's own call), ``"ring"`` (pycoll's ring,
-pycoll.collectives.ring) or ``"window"`` (the node's shared window,
-pycoll.collectives.shm; MPI's own call where a group cannot have one).
-Smaller calls, other group sizes and ops that are not MPI's own (float16,
-AVG, PREMUL_SUM: their paths were measured apart) keep the built-in rule.
-Other keys (what the tool records of its run) are kept and ignored.
+``"ring"`` (pycoll's ring, pycoll.collectives.ring) or ``"window"`` (the
+node's shared window, pycoll.collectives.shm) for every op the path can
+carry: where it beat MPI's own float32 SUM it beats the float16, bfloat16
+and AVG that MPI runs as user ops the more. ``"mpi"``: MPI's own call, for
+MPI's own ops. Anything else (smaller calls, other group sizes, an op the
+path cannot carry, a window the group cannot have, a user op where the
+table keeps MPI's call) keeps the built-in rule. Other keys (what the tool
+records of its run) are kept and ignored.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import _mpi, crosscheck, debug, kernels, persistent, tuning
 from ..arrays import (
+    BFLOAT16,
     MPI_TYPES,
     check_input,
     check_list,
@@ -77,6 +78,12 @@ def _ring_from() -> int:
     """The size from which an all_reduce with one of MPI's own ops takes
     pycoll's ring: on MPICH only (0: never)."""
     return RING_BYTES if _mpi.VENDOR == "MPICH" else 0
+
+
+def _real(dtype: np.dtype) -> bool:
+    """Whether the kernels divide ``dtype`` in their last sum (an AVG in the
+    ring or the window): real floats, float16 and bfloat16."""
+    return dtype.kind == "f" or dtype == BFLOAT16
 
 
 def _mean_of_two(x: np.ndarray) -> bool:
@@ -157,25 +164,30 @@ def all_reduce(
             desc = _desc(op, tensor) if async_op or not debug.PLAIN else None
             return made.call(pg, "all_reduce", tensor, tensor, async_op, desc)
     # Large calls: the path this machine's tuning table chose, where one is
-    # installed (pycoll.tuning; MPI's own ops); else, on MPICH, pycoll's ring,
-    # where it measured faster than MPI's own and than the shared-memory path;
-    # then the shared-memory path. The sizes are compared first, so small
-    # calls (the hot path) make no calls.
+    # installed (pycoll.tuning); else, on MPICH, pycoll's ring, where it
+    # measured faster than MPI's own and than the shared-memory path; then the
+    # shared-memory path. The sizes are compared first, so small calls (the
+    # hot path) make no calls.
     nbytes = tensor.nbytes
-    if nbytes >= pg._tuned_from and how.plain and how.builtin:
+    if nbytes >= pg._tuned_from:
+        # The table's ring or window serves any op it can carry (where it beat
+        # MPI's own float32 SUM, it beats MPI's user ops and AVG the more); where
+        # it keeps MPI's call, MPI's own ops follow it and the others the rule.
         chosen = tuning.path(pg._tuned, nbytes)
-        if chosen == "ring":
+        if chosen == "ring" and (not how.average or _real(tensor.dtype)):
             return _all_reduce_ring(pg, tensor, op, how, async_op, key)
         if chosen == "window":
             win = shm.usable(pg, how, tensor.dtype, "all_reduce")
             if win is not None:
                 return _all_reduce_shm(pg, win, tensor, op, how, async_op, key)
-    elif pg._size > 1 and (
+        if how.plain and how.builtin:
+            nbytes = 0  # MPI's own call, as the table says: no size below is reached
+    if pg._size > 1 and (
         (how.split and nbytes >= _split_from(pg._size))
         or (nbytes >= RING_BYTES and not how.average and _ring_from() > 0)
     ):
         return _all_reduce_ring(pg, tensor, op, how, async_op, key)
-    elif (nbytes >= SHM_BYTES_MPICH or nbytes >= SHM_BYTES) and _takes_window(pg._size, nbytes):
+    if (nbytes >= SHM_BYTES_MPICH or nbytes >= SHM_BYTES) and _takes_window(pg._size, nbytes):
         win = shm.usable(pg, how, tensor.dtype, "all_reduce")  # (made on its first call)
         if win is not None:
             return _all_reduce_shm(pg, win, tensor, op, how, async_op, key)

@@ -1,8 +1,9 @@
 """all_reduce on a group whose tuning table (pycoll.tuning) decides its path:
 each path taken where the table says and right, every rank the same; below
-the table's first size, and for ops that are not MPI's own, the built-in
-rule. Each test gives a fresh group its entries (tuning.decide), so every
-rank's group has the same table, as init_process_group makes it."""
+the table's first size the built-in rule; the table's ring and window for
+every op they can carry, its MPI call for MPI's own ops only. Each test
+gives a fresh group its entries (tuning.decide), so every rank's group has
+the same table, as init_process_group makes it."""
 
 from __future__ import annotations
 
@@ -10,9 +11,18 @@ import numpy as np
 import pytest
 
 import pycoll
-from pycoll import ReduceOp, tuning
+from pycoll import ReduceOp, make_premul_sum, tuning
 from pycoll.arrays import BFLOAT16
-from support import assert_equal, count_rings, data, fresh_group, reduce_all, window_chunk
+from pycoll.collectives import reduce as reduce_mod
+from support import (
+    PREMUL_SCALE,
+    assert_equal,
+    count_rings,
+    data,
+    fresh_group,
+    reduce_all,
+    window_chunk,
+)
 
 SHAPE = (5, 7)  # 35 elements: the ring's parts cut unevenly
 OWN_OPS = [("SUM", np.float32), ("MAX", np.int32), ("PRODUCT", np.float64), ("BXOR", np.int64)]
@@ -55,16 +65,65 @@ def test_below_the_first_size_the_built_in_rule(group, monkeypatch, rank, world_
         assert (len(rings), window_chunk(group) is not None) == (ring_calls, window), count
 
 
-@pytest.mark.parametrize(
-    "op,dtype", [("SUM", np.float16), ("SUM", BFLOAT16), ("AVG", np.float32)], ids=str
-)
-def test_ops_that_are_not_mpis_own_keep_the_built_in_rule(group, op, dtype, monkeypatch, rank,
-                                                          world_size):  # fmt: skip
-    """float16/bfloat16 (pycoll's user ops) and AVG: a small call stays with MPI."""
+OTHER_OPS = [("SUM", np.float16), ("SUM", BFLOAT16), ("MAX", np.float32), ("AVG", np.float32),
+             ("AVG", BFLOAT16), ("PREMUL_SUM", np.float64)]  # fmt: skip
+
+
+def rop(name):
+    return make_premul_sum(PREMUL_SCALE) if name == "PREMUL_SUM" else getattr(ReduceOp, name)
+
+
+@pytest.mark.parametrize("op,dtype", OTHER_OPS, ids=str)
+@pytest.mark.parametrize("way", ["ring", "window"])
+def test_the_tables_ring_and_window_serve_other_ops_too(group, way, op, dtype, monkeypatch, rank,
+                                                        world_size):  # fmt: skip
+    """pycoll's user ops (float16, bfloat16, NaN-propagating float MAX), AVG
+    and PREMUL_SUM: where the table's path beat MPI's float32 SUM it beats
+    MPI's way with these the more, so they take it too."""
     rings = count_rings(monkeypatch)
-    tuning.decide(group, ([0], ["ring"]))
+    tuning.decide(group, ([0], [way]))
     x = data(rank, np.dtype(dtype), SHAPE)
-    pycoll.all_reduce(x, op=getattr(ReduceOp, op), group=group)
+    pycoll.all_reduce(x, op=rop(op), group=group)
     everyone = [data(r, np.dtype(dtype), SHAPE) for r in range(world_size)]
     assert_equal(x, reduce_all(op, everyone, world_size))
+    assert (len(rings), window_chunk(group) is not None) == (way == "ring", way == "window")
+
+
+@pytest.mark.parametrize("op,dtype", OTHER_OPS, ids=str)
+def test_where_the_table_keeps_mpis_call_other_ops_keep_the_built_in_rule(
+    group, op, dtype, monkeypatch, rank, world_size
+):
+    """Below the rule's sizes: MPI's call (for AVG on two ranks, the mean of two)."""
+    rings = count_rings(monkeypatch)
+    tuning.decide(group, ([0], ["mpi"]))
+    x = data(rank, np.dtype(dtype), SHAPE)
+    pycoll.all_reduce(x, op=rop(op), group=group)
+    everyone = [data(r, np.dtype(dtype), SHAPE) for r in range(world_size)]
+    assert_equal(x, reduce_all(op, everyone, world_size))
+    assert rings == [] and window_chunk(group) is None
+
+
+@pytest.mark.parametrize("way", ["ring", "window"])
+def test_a_complex_avg_stays_with_mpi_whatever_the_table(group, way, monkeypatch, rank,
+                                                         world_size):  # fmt: skip
+    """The kernels do not divide complex numbers in their last sum."""
+    rings = count_rings(monkeypatch)
+    tuning.decide(group, ([0], [way]))
+    x = data(rank, np.dtype(np.complex64), SHAPE)
+    pycoll.all_reduce(x, op=ReduceOp.AVG, group=group)
+    everyone = [data(r, np.dtype(np.complex64), SHAPE) for r in range(world_size)]
+    assert_equal(x, reduce_all("AVG", everyone, world_size))
+    assert rings == [] and window_chunk(group) is None
+
+
+def test_the_tables_mpi_call_overrides_the_built_in_rule(group, monkeypatch, rank, world_size):
+    """With the rule's ring and window thresholds at 1 byte, MPI's own op
+    still takes MPI's call where the table says so."""
+    monkeypatch.setattr(reduce_mod, "RING_BYTES", 1)
+    monkeypatch.setattr(reduce_mod, "SHM_BYTES", 1)
+    rings = count_rings(monkeypatch)
+    tuning.decide(group, ([0], ["mpi"]))
+    x = np.full(100, rank + 1.0, np.float32)
+    pycoll.all_reduce(x, group=group)
+    assert_equal(x, np.full(100, world_size * (world_size + 1) / 2, np.float32))
     assert rings == [] and window_chunk(group) is None
