@@ -109,6 +109,8 @@ class ProcessGroup:
         "_strays",
         "_tuned_from",
         "_tuned",
+        "_tuned_rs_from",
+        "_tuned_rs",
         "__weakref__",  # the flight recorder's registry of groups holds them weakly
     )
 
@@ -175,8 +177,10 @@ class ProcessGroup:
         self._plans: Any = PLANS() if PLANS is not None else None
         self._aliases = False  # its calls' arrays alias device memory (_common.device_aliases)
         # The tuning table's entries for a group of its size (pycoll.tuning),
-        # and the least size they decide (one comparison on the hot path).
-        self._tuned_from, self._tuned = tuning.entries_for(self._size)
+        # all_reduce's and reduce_scatter's, each with the least size they
+        # decide (one comparison on the hot path).
+        self._tuned_from, self._tuned = tuning.entries_for("all_reduce", self._size)
+        self._tuned_rs_from, self._tuned_rs = tuning.entries_for("reduce_scatter", self._size)
         # A peer's message may still come on comm outside any call (a
         # monitored_barrier gave up waiting for it): destroy_process_group
         # then leaves the communicator to MPI_Finalize, as a freed one's

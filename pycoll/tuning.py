@@ -1,5 +1,5 @@
-"""A tuning table: which path a large all_reduce takes on this machine,
-measured on it (``python -m pycoll.bench.tune``), as MPICH's and Open MPI's
+"""A tuning table: which path a large all_reduce or reduce-scatter takes
+on this machine, measured on it (``python -m pycoll.bench.tune``), as MPICH's and Open MPI's
 tuning files do for their own algorithms.
 
 pycoll's built-in rule (pycoll.collectives.reduce) was measured on two
@@ -20,7 +20,9 @@ built-in rule.
 The file is JSON::
 
     {"pycoll_tuning": 1,
-     "all_reduce": {"2": [[1048576, "window"], [16777216, "ring"]], "4": ...}}
+     "all_reduce": {"2": [[1048576, "window"], [16777216, "ring"]], "4": ...},
+     "reduce_scatter": {"2": [[262144, "mpi"], [33554432, "window"]], ...},
+     "measured": {...}}
 
 For a group of that many ranks, an all_reduce of at least the first
 entry's bytes takes the path of the last entry at or below its size:
@@ -30,8 +32,14 @@ carry: where it beat MPI's own float32 SUM it beats the float16, bfloat16
 and AVG that MPI runs as user ops the more. ``"mpi"``: MPI's own call, for
 MPI's own ops. Anything else (smaller calls, other group sizes, an op the
 path cannot carry, a window the group cannot have, a user op where the
-table keeps MPI's call) keeps the built-in rule. Other keys (what the tool
-records of its run) are kept and ignored.
+table keeps MPI's call) keeps the built-in rule.
+
+A reduce_scatter_tensor or reduce_scatter of at least the first entry's
+bytes of input (every rank's parts together) takes MPI's own call
+(``"mpi"``) or the window (``"window"``, pycoll.collectives.shm.Block;
+MPI's call where the group cannot have one), whatever its op. What the tool
+records of its run ("measured") is kept and not read; any other key is an
+error (a misspelt collective would otherwise be ignored).
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from typing import Any, Dict, List, Optional, Tuple
 __all__ = [
     "ENV",
     "PATHS",
+    "COLLECTIVES",
     "Table",
     "parse",
     "read",
@@ -54,13 +63,19 @@ __all__ = [
 ]
 
 ENV = "PYCOLL_TUNING"
-PATHS = ("mpi", "ring", "window")
+# The paths each collective the table decides can take.
+COLLECTIVES: Dict[str, Tuple[str, ...]] = {
+    "all_reduce": ("mpi", "ring", "window"),
+    "reduce_scatter": ("mpi", "window"),
+}
+PATHS = COLLECTIVES["all_reduce"]
 VERSION = 1
 NEVER = 1 << 62  # a group with no entries: no size reaches it
+_OTHER_KEYS = ("pycoll_tuning", "measured")
 
-# {ranks: (starts, paths)}: for each group size, the entries' first sizes
-# (increasing) and their paths.
-Table = Dict[int, Tuple[List[int], List[str]]]
+Entries = Tuple[List[int], List[str]]  # the entries' first sizes (increasing), their paths
+# {collective: {ranks: entries}}
+Table = Dict[str, Dict[int, Entries]]
 
 TABLE: Optional[Table] = None  # the installed table (init_process_group)
 
@@ -86,34 +101,40 @@ def parse(text: str, source: str) -> Table:
         raise bad(f"not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("pycoll_tuning") != VERSION:
         raise bad(f'not a pycoll tuning table (no "pycoll_tuning": {VERSION})')
-    rules = doc.get("all_reduce", {})
-    if not isinstance(rules, dict):
-        raise bad('"all_reduce" must map a number of ranks to a list of entries')
+    for key in doc:
+        if key not in COLLECTIVES and key not in _OTHER_KEYS:
+            raise bad(f"{key!r} is none of {', '.join(map(repr, [*COLLECTIVES, *_OTHER_KEYS]))}")
     table: Table = {}
-    for ranks_text, entries in rules.items():
-        if not (isinstance(ranks_text, str) and ranks_text.isdigit() and int(ranks_text) > 1):
-            raise bad(f'"all_reduce" key {ranks_text!r} is not a number of ranks above 1')
-        if not isinstance(entries, list) or not entries:
-            raise bad(f'"all_reduce"["{ranks_text}"] must be a non-empty list of [bytes, path]')
-        starts: List[int] = []
-        paths: List[str] = []
-        for entry in entries:
-            if (
-                not isinstance(entry, list)
-                or len(entry) != 2
-                or type(entry[0]) is not int
-                or entry[0] < 0
-                or entry[1] not in PATHS
-            ):
-                raise bad(
-                    f'"all_reduce"["{ranks_text}"] has {entry!r}: an entry is [bytes, path] '
-                    f"with bytes >= 0 and path one of {', '.join(PATHS)}"
-                )
-            if starts and entry[0] <= starts[-1]:
-                raise bad(f'"all_reduce"["{ranks_text}"]: the sizes must increase')
-            starts.append(entry[0])
-            paths.append(entry[1])
-        table[int(ranks_text)] = (starts, paths)
+    for name, paths_allowed in COLLECTIVES.items():
+        rules = doc.get(name, {})
+        if not isinstance(rules, dict):
+            raise bad(f'"{name}" must map a number of ranks to a list of entries')
+        table[name] = {}
+        for ranks_text, entries in rules.items():
+            where = f'"{name}"["{ranks_text}"]'
+            if not (ranks_text.isdigit() and int(ranks_text) > 1):
+                raise bad(f'"{name}" key {ranks_text!r} is not a number of ranks above 1')
+            if not isinstance(entries, list) or not entries:
+                raise bad(f"{where} must be a non-empty list of [bytes, path]")
+            starts: List[int] = []
+            paths: List[str] = []
+            for entry in entries:
+                if (
+                    not isinstance(entry, list)
+                    or len(entry) != 2
+                    or type(entry[0]) is not int
+                    or entry[0] < 0
+                    or entry[1] not in paths_allowed
+                ):
+                    raise bad(
+                        f"{where} has {entry!r}: an entry is [bytes, path] with bytes >= 0 "
+                        f"and path one of {', '.join(paths_allowed)}"
+                    )
+                if starts and entry[0] <= starts[-1]:
+                    raise bad(f"{where}: the sizes must increase")
+                starts.append(entry[0])
+                paths.append(entry[1])
+            table[name][int(ranks_text)] = (starts, paths)
     return table
 
 
@@ -140,44 +161,55 @@ def install(table: Optional[Table]) -> None:
     TABLE = table
 
 
-_NONE = ([NEVER], ["mpi"])  # the entries of a group the table does not decide
+_NONE: Entries = ([NEVER], ["mpi"])  # the entries of a group the table does not decide
 
 
-def entries_for(ranks: int) -> Tuple[int, Tuple[List[int], List[str]]]:
-    """For a new group of ``ranks``: the least size the installed table
-    decides (NEVER where it has no entries for it), and the entries."""
-    entries = _NONE if TABLE is None else TABLE.get(ranks, _NONE)
+def entries_for(collective: str, ranks: int) -> Tuple[int, Entries]:
+    """For a new group of ``ranks``: the least size of ``collective`` the
+    installed table decides (NEVER where it has no entries for it), and the
+    entries."""
+    entries = _NONE if TABLE is None else TABLE[collective].get(ranks, _NONE)
     return entries[0][0], entries
 
 
-def decide(pg: Any, entries: Optional[Tuple[List[int], List[str]]]) -> None:
-    """Give the group ``pg`` these entries in place of the installed table's
-    (None: the table's again): pycoll.bench.tune forces each path so."""
+def decide(pg: Any, collective: str, entries: Optional[Entries]) -> None:
+    """Give the group ``pg`` these entries for ``collective`` in place of the
+    installed table's (None: the table's again): pycoll.bench.tune forces
+    each path so. (The group keeps them as ``_tuned_from, _tuned`` for
+    all_reduce and ``_tuned_rs_from, _tuned_rs`` for reduce_scatter.)"""
     if entries is None:
-        pg._tuned_from, pg._tuned = entries_for(pg.size())
+        least, entries = entries_for(collective, pg.size())
     else:
-        pg._tuned_from, pg._tuned = entries[0][0], entries
+        least = entries[0][0]
+    if collective == "all_reduce":
+        pg._tuned_from, pg._tuned = least, entries
+    else:
+        pg._tuned_rs_from, pg._tuned_rs = least, entries
 
 
-def path(entries: Tuple[List[int], List[str]], nbytes: int) -> str:
+def path(entries: Entries, nbytes: int) -> str:
     """The path of the last entry at or below ``nbytes`` (at least the first's)."""
     starts, paths = entries
     return paths[bisect_right(starts, nbytes) - 1]
 
 
 def merged(
-    existing: Optional[str], ranks: int, entries: List[List[Any]], about: Dict[str, Any]
+    existing: Optional[str],
+    ranks: int,
+    entries: Dict[str, List[List[Any]]],
+    about: Dict[str, Any],
 ) -> str:
     """A table's text: ``existing`` (a table's text, or None) with the
-    entries for ``ranks`` and what was measured for them (``about``)
-    replaced, the other rank counts kept."""
+    entries for ``ranks`` of each collective in ``entries`` and what was
+    measured for them (``about``) replaced, everything else kept."""
     import json
 
-    doc: Dict[str, Any] = {"pycoll_tuning": VERSION, "all_reduce": {}, "measured": {}}
+    doc: Dict[str, Any] = {"pycoll_tuning": VERSION, "measured": {}}
     if existing:
         old = json.loads(existing)
         if isinstance(old, dict) and old.get("pycoll_tuning") == VERSION:
             doc.update(old)
-    doc.setdefault("all_reduce", {})[str(ranks)] = entries
+    for name, rows in entries.items():
+        doc.setdefault(name, {})[str(ranks)] = rows
     doc.setdefault("measured", {})[str(ranks)] = about
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"

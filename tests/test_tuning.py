@@ -17,12 +17,18 @@ from pycoll.bench import tune
 from support import job_env, run_mpiexec
 
 GOOD = {"pycoll_tuning": 1, "all_reduce": {"2": [[1024, "window"], [8192, "ring"]],
-        "4": [[0, "mpi"]]}, "measured": {"2": {"anything": "kept"}}}  # fmt: skip
+        "4": [[0, "mpi"]]}, "reduce_scatter": {"2": [[4096, "window"]]},
+        "measured": {"2": {"anything": "kept"}}}  # fmt: skip
 
 
 def test_a_table_is_read_into_sizes_and_paths():
     table = tuning.parse(json.dumps(GOOD), "t.json")
-    assert table == {2: ([1024, 8192], ["window", "ring"]), 4: ([0], ["mpi"])}
+    assert table == {
+        "all_reduce": {2: ([1024, 8192], ["window", "ring"]), 4: ([0], ["mpi"])},
+        "reduce_scatter": {2: ([4096], ["window"])},
+    }
+    empty = tuning.parse('{"pycoll_tuning": 1}', "t.json")
+    assert empty == {"all_reduce": {}, "reduce_scatter": {}}
 
 
 @pytest.mark.parametrize(
@@ -40,6 +46,8 @@ def test_a_table_is_read_into_sizes_and_paths():
         ({"pycoll_tuning": 1, "all_reduce": {"2": [[1.5, "mpi"]]}}, "[1.5, 'mpi']"),
         ({"pycoll_tuning": 1, "all_reduce": {"2": [[True, "mpi"]]}}, "[True, 'mpi']"),
         ({"pycoll_tuning": 1, "all_reduce": {"2": [[8, "ring"], [8, "mpi"]]}}, "must increase"),
+        ({"pycoll_tuning": 1, "reduce_scatter": {"2": [[0, "ring"]]}}, "one of mpi, window"),
+        ({"pycoll_tuning": 1, "allreduce": {}}, "'allreduce' is none of 'all_reduce'"),
     ],
 )
 def test_a_table_that_cannot_be_used_is_named_with_the_fix(doc, problem):
@@ -70,14 +78,15 @@ def test_the_last_entry_at_or_below_a_size_decides():
     ]  # fmt: skip
 
 
-def test_a_merged_table_keeps_the_other_rank_counts():
-    text = tuning.merged(json.dumps(GOOD), 2, [[0, "ring"]], {"new": 1})
+def test_a_merged_table_keeps_the_other_rank_counts_and_collectives():
+    text = tuning.merged(json.dumps(GOOD), 2, {"all_reduce": [[0, "ring"]]}, {"new": 1})
     doc = json.loads(text)
     assert doc["all_reduce"] == {"2": [[0, "ring"]], "4": [[0, "mpi"]]}
+    assert doc["reduce_scatter"] == {"2": [[4096, "window"]]}
     assert doc["measured"] == {"2": {"new": 1}}
-    assert tuning.parse(text, "t.json")[2] == ([0], ["ring"])
-    fresh = json.loads(tuning.merged(None, 3, [[512, "window"]], {}))
-    assert fresh["pycoll_tuning"] == 1 and fresh["all_reduce"] == {"3": [[512, "window"]]}
+    assert tuning.parse(text, "t.json")["all_reduce"][2] == ([0], ["ring"])
+    fresh = json.loads(tuning.merged(None, 3, {"reduce_scatter": [[512, "window"]]}, {}))
+    assert fresh["pycoll_tuning"] == 1 and fresh["reduce_scatter"] == {"3": [[512, "window"]]}
 
 
 def test_the_tool_chooses_a_way_only_where_it_is_surely_faster():

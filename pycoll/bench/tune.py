@@ -1,15 +1,17 @@
-"""Measure which path a large all_reduce should take on this machine, and
-write it down as a tuning table (pycoll.tuning).
+"""Measure which path a large all_reduce and reduce_scatter_tensor should
+take on this machine, and write it down as a tuning table (pycoll.tuning).
 
     mpiexec -n 2 python -m pycoll.bench.tune -o tuning.json     # then -n 4 ... on the node
     PYCOLL_TUNING=tuning.json mpiexec -n 2 python train.py
 
-For each size (256 KiB to 128 MiB by default) it times float32 SUM in place
-three ways, each forced through the table itself: MPI's own call, pycoll's
-ring and the node's shared window. Every way's result is checked on every
-rank first. Then rounds of a block of calls each, the order rotated every
-round (pycoll.bench.table.rotated); a round's figure is the way's time over
-MPI's in that round. A way is chosen over MPI's own call only where the
+For each size (256 KiB to 128 MiB by default) it times float32 SUM each way
+the collective has, forced through the table itself: for all_reduce (in
+place) MPI's own call, pycoll's ring and the node's shared window; for
+reduce_scatter_tensor (out of place, the size its input) MPI's own call and
+the window. Every way's result is checked on every rank first. Then rounds
+of a block of calls each, the order rotated every round
+(pycoll.bench.table.rotated); a round's figure is the way's time over MPI's
+in that round. A way is chosen over MPI's own call only where the
 median of those is at most ``--margin`` (0.95) and the upper quartile under
 1, the fastest such: never slower than MPI's own call as far as the rounds
 can tell. The choices for this number of ranks go into the file (its other
@@ -39,8 +41,6 @@ from . import parse_size, sizes
 from .table import calibrate, rotated
 
 __all__ = ["main", "choose", "entries"]
-
-WAYS = tuning.PATHS  # ("mpi", "ring", "window"): "mpi" is what the others are timed against
 
 
 def choose(ratios: Dict[str, List[float]], margin: float) -> str:
@@ -79,16 +79,79 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--factor", type=int, default=2, help="from one size to the next")
     p.add_argument("-R", "--rounds", type=int, default=7, help="rounds per size")
     p.add_argument("--margin", type=float, default=0.95, help="most a way's time over MPI's")
+    p.add_argument(
+        "--collectives",
+        type=lambda text: [name.strip() for name in text.split(",") if name.strip()],
+        default=list(tuning.COLLECTIVES),
+        help=f"which to measure (default: {','.join(tuning.COLLECTIVES)})",
+    )
     return p
 
 
-def _check(way: str, count: int, pg: Any, n: int, me: int) -> int:
-    """Wrong elements of one forced all_reduce on this rank (exact in float32)."""
-    base = (np.arange(count) % 7).astype(np.float32)
-    x = base + np.float32(me + 1)
-    tuning.decide(pg, ([0], [way]))
-    pycoll.all_reduce(x, group=pg)
-    return int(np.count_nonzero(x != base * n + np.float32(n * (n + 1) // 2)))
+class _Case:
+    """One collective's calls, float32 SUM, on ``nbytes`` of input a rank:
+    ``check(way)`` the wrong elements of one call by that way, on this rank
+    (exact in float32); ``run(way)`` a block of ``k`` calls by it."""
+
+    def __init__(self, collective: str, nbytes: int, pg: Any) -> None:
+        self.collective, self.pg = collective, pg
+        n = pg.size()
+        self.count = nbytes // 4 // n * n  # (a reduce-scatter's parts even)
+        self.x = np.zeros(self.count, np.float32)
+        self.out = np.zeros(self.count // n, np.float32)
+
+    def call(self, x: np.ndarray) -> np.ndarray:
+        if self.collective == "all_reduce":
+            pycoll.all_reduce(x, group=self.pg)
+            return x
+        pycoll.reduce_scatter_tensor(self.out, x, group=self.pg)
+        return self.out
+
+    def check(self, way: str) -> int:
+        n, me = self.pg.size(), self.pg.rank()
+        base = (np.arange(self.count) % 7).astype(np.float32)
+        tuning.decide(self.pg, self.collective, ([0], [way]))
+        got = self.call(base + np.float32(me + 1))
+        want = base * n + np.float32(n * (n + 1) // 2)
+        if self.collective == "reduce_scatter":
+            want = want[me * got.size : (me + 1) * got.size]
+        return int(np.count_nonzero(got != want))
+
+    def run(self, way: str) -> Any:
+        forced = ([0], [way])
+
+        def calls(k: int) -> None:
+            tuning.decide(self.pg, self.collective, forced)
+            for _ in range(k):
+                self.call(self.x)
+
+        return calls
+
+
+def _measure(collective: str, measured: List[int], pg: Any, args: Any, comm: Any) -> Any:
+    """For each size: MPI's GB/s, each other way's ratios over it, the way
+    chosen; and the wrong elements seen on this rank."""
+    ways = tuning.COLLECTIVES[collective]
+    ratios: Dict[str, List[Dict[str, Any]]] = {way: [] for way in ways if way != "mpi"}
+    gbps: List[float] = []
+    chosen: List[str] = []
+    wrong = 0
+    for nbytes in measured:
+        case = _Case(collective, nbytes, pg)
+        wrong += sum(case.check(way) for way in ways)
+        runs = {way: case.run(way) for way in ways}
+        times = rotated(runs, calibrate(runs["mpi"], comm), args.rounds, comm, warmup=1)
+        per_round = {
+            way: [t / m for t, m in zip(times[way], times["mpi"])] for way in ways if way != "mpi"
+        }
+        chosen.append(choose(per_round, args.margin))
+        gbps.append(nbytes / statistics.median(times["mpi"]) / 1e9)
+        for way, values in per_round.items():
+            upper = statistics.quantiles(values, n=4)[2]
+            ratios[way].append({"median": round(statistics.median(values), 3),
+                                "upper": round(upper, 3)})  # fmt: skip
+    tuning.decide(pg, collective, None)
+    return gbps, ratios, chosen, wrong
 
 
 def _existing(path: str) -> Any:
@@ -107,9 +170,10 @@ def _existing(path: str) -> Any:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    if args.factor < 2 or args.rounds < 2 or not 0 < args.begin <= args.end:
-        print("pycoll.bench.tune: need -f 2 or more, -R 2 or more and 0 < -b <= -e",
-              file=sys.stderr)  # fmt: skip
+    unknown = [name for name in args.collectives if name not in tuning.COLLECTIVES]
+    if args.factor < 2 or args.rounds < 2 or not 0 < args.begin <= args.end or unknown:
+        print(f"pycoll.bench.tune: need -f 2 or more, -R 2 or more, 0 < -b <= -e and "
+              f"--collectives among {','.join(tuning.COLLECTIVES)}", file=sys.stderr)  # fmt: skip
         return 2
     pycoll.init_process_group()
     MPI = _mpi.MPI
@@ -130,39 +194,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     pg = pycoll.new_group()  # a group of its own, whose table it sets for each way
     assert isinstance(pg, pycoll.ProcessGroup)  # (every rank is a member)
     measured = sizes(args.begin - args.begin % 16, args.end, args.factor)
-    ratios: Dict[str, List[Dict[str, Any]]] = {way: [] for way in WAYS if way != "mpi"}
-    gbps: List[float] = []
-    chosen: List[str] = []
-    wrong = 0
-    for nbytes in measured:
-        count = nbytes // 4
-        wrong += sum(_check(way, count, pg, n, me) for way in WAYS)
-        x = np.zeros(count, np.float32)
-
-        def run(way: str, x: np.ndarray = x) -> Any:
-            forced = ([0], [way])
-
-            def calls(k: int) -> None:
-                tuning.decide(pg, forced)
-                for _ in range(k):
-                    pycoll.all_reduce(x, group=pg)
-
-            return calls
-
-        runs = {way: run(way) for way in WAYS}
-        times = rotated(runs, calibrate(runs["mpi"], comm), args.rounds, comm, warmup=1)
-        per_round = {
-            way: [t / m for t, m in zip(times[way], times["mpi"])] for way in WAYS if way != "mpi"
-        }
-        chosen.append(choose(per_round, args.margin))
-        gbps.append(nbytes / statistics.median(times["mpi"]) / 1e9)
-        for way, values in per_round.items():
-            upper = statistics.quantiles(values, n=4)[2]
-            ratios[way].append({"median": round(statistics.median(values), 3),
-                                "upper": round(upper, 3)})  # fmt: skip
-    wrong = comm.allreduce(wrong)
+    results = {name: _measure(name, measured, pg, args, comm) for name in args.collectives}
+    wrong = comm.allreduce(sum(result[3] for result in results.values()))
     if me == 0:
-        _report(n, measured, gbps, ratios, chosen, wrong)
+        for name, (gbps, ratios, chosen, _) in results.items():
+            _report(name, n, measured, gbps, ratios, chosen, wrong)
     if wrong == 0 and me == 0:
         about = {
             "mpi": MPI.Get_library_version().splitlines()[0].strip(),
@@ -172,11 +208,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             "rounds": args.rounds,
             "margin": args.margin,
             "sizes": measured,
-            "mpi_gbps": [round(g, 3) for g in gbps],
-            "over_mpi": ratios,
+            "mpi_gbps": {name: [round(g, 3) for g in r[0]] for name, r in results.items()},
+            "over_mpi": {name: r[1] for name, r in results.items()},
         }
+        rows = {name: entries(measured, r[2]) for name, r in results.items()}
         with open(args.output, "w") as f:
-            f.write(tuning.merged(existing, n, entries(measured, chosen), about))
+            f.write(tuning.merged(existing, n, rows, about))
         print(f"# wrote the entries for {n} ranks to {args.output}; "
               f"use it with {tuning.ENV}={os.path.abspath(args.output)}")  # fmt: skip
     pycoll.destroy_process_group()
@@ -184,6 +221,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _report(
+    collective: str,
     n: int,
     measured: List[int],
     gbps: List[float],
@@ -191,7 +229,8 @@ def _report(
     chosen: List[str],
     wrong: int,
 ) -> None:
-    print(f"# pycoll.bench.tune: all_reduce float32 SUM in place, {n} ranks; a way's time "
+    kind = "in place" if collective == "all_reduce" else "out of place, bytes of input"
+    print(f"# pycoll.bench.tune: {collective} float32 SUM {kind}, {n} ranks; a way's time "
           f"over MPI's own call, median of the rounds (upper quartile); wrong results: "
           f"{wrong}")  # fmt: skip
     ways = list(ratios)

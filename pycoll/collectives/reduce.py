@@ -280,7 +280,12 @@ def _scatter_window(
 ) -> Optional[Any]:
     """The group's shared window, where a reduce_scatter_tensor (or
     reduce_scatter) of ``nbytes`` of input goes through it; None otherwise
-    (shm.for_scatter: one node, an op the kernels reduce, a window at all)."""
+    (shm.for_scatter: one node, an op the kernels reduce, a window at all).
+    From its first size the group's tuning table (pycoll.tuning) decides."""
+    if nbytes >= pg._tuned_rs_from:
+        if tuning.path(pg._tuned_rs, nbytes) != "window":
+            return None
+        return shm.for_scatter(pg, how, dtype, func)
     least = SCATTER_SHM_BYTES_OPEN_MPI if _mpi.VENDOR == "Open MPI" else SCATTER_SHM_BYTES
     if not 0 < least <= nbytes:
         return None
@@ -740,8 +745,8 @@ def reduce_scatter_tensor(
         check_size(func, "input", input, output.size * n, "output.size x group size")
     how = _plan(op, dtype, func)
     desc = lambda: f"{func}({op.name}, output shape={output.shape}, input {sig(input)})"  # noqa: E731
-    if (  # (the size first: small calls, the hot path, make no call)
-        input.nbytes >= SCATTER_SHM_BYTES_OPEN_MPI
+    if (  # (the sizes first: small calls, the hot path, make no call)
+        (input.nbytes >= SCATTER_SHM_BYTES_OPEN_MPI or input.nbytes >= pg._tuned_rs_from)
         and (win := _scatter_window(pg, how, dtype, func, input.nbytes)) is not None
     ):
         flat, count = input.reshape(-1), output.size
