@@ -55,6 +55,7 @@ __all__ = [
     "Table",
     "parse",
     "read",
+    "for_job",
     "install",
     "entries_for",
     "decide",
@@ -153,6 +154,22 @@ def read(environ: Any = os.environ) -> Tuple[Optional[Table], Optional[str]]:
         return parse(text, source), None
     except ValueError as exc:
         return None, str(exc)
+
+
+def for_job(table: Optional[Table], one_node: bool, warn: bool) -> Optional[Table]:
+    """The table a job uses: ``table`` where its ranks share one node, where
+    it was measured; else none, with a warning (where ``warn``: rank 0)."""
+    if table is None or one_node:
+        return table
+    if warn:
+        import warnings
+
+        warnings.warn(
+            f"{ENV}: the table is ignored: this job's ranks are on several nodes, and "
+            f"it was measured on one (pycoll.tuning)",
+            stacklevel=3,
+        )
+    return None
 
 
 def install(table: Optional[Table]) -> None:

@@ -14,7 +14,6 @@ import atexit
 import os
 import sys
 import time
-import warnings
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -158,15 +157,7 @@ def init_process_group(
     if error is not None:
         own.Free()
         raise ValueError(f"init_process_group: {error}")
-    if table is not None and local_size != size:
-        if me == 0:
-            warnings.warn(
-                f"{tuning.ENV}: the table is ignored: this job's ranks are on several "
-                f"nodes, and it was measured on one (pycoll.tuning)",
-                stacklevel=2,
-            )
-        table = None
-    tuning.install(table)
+    tuning.install(tuning.for_job(table, one_node=local_size == size, warn=me == 0))
     STATE.local_rank, STATE.local_size = local_rank, local_size
     watch.set_spinning(STATE.local_size <= cores())
     STATE.board = Board(own, timeout.total_seconds())

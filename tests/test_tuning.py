@@ -9,6 +9,7 @@ import json
 import re
 import sys
 import textwrap
+import warnings
 
 import pytest
 
@@ -163,3 +164,14 @@ def test_a_bad_table_raises_on_every_rank_at_init(one_rank, tmp_path):
     assert [rank for rank, _ in raised] == ["0", "1"], out
     for _, message in raised:
         assert "[0, 'fast']" in message and "python -m pycoll.bench.tune" in message, message
+
+
+def test_a_job_over_several_nodes_warns_once_and_keeps_the_built_in_rule():
+    table = tuning.parse(json.dumps(GOOD), "t.json")
+    assert tuning.for_job(table, one_node=True, warn=True) is table
+    assert tuning.for_job(None, one_node=False, warn=True) is None
+    with pytest.warns(UserWarning, match="PYCOLL_TUNING: the table is ignored: .* several nodes"):
+        assert tuning.for_job(table, one_node=False, warn=True) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # rank 0 warns; the others say nothing
+        assert tuning.for_job(table, one_node=False, warn=False) is None
