@@ -175,3 +175,33 @@ def test_a_job_over_several_nodes_warns_once_and_keeps_the_built_in_rule():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # rank 0 warns; the others say nothing
         assert tuning.for_job(table, one_node=False, warn=False) is None
+
+
+def test_the_tool_writes_a_table_init_can_use(one_rank, tmp_path):
+    """python -m pycoll.bench.tune, end to end on 2 ranks (two small sizes,
+    two rounds: what it chooses is the machine's business, that the file is
+    a table with both collectives' entries for 2 ranks, kept beside another
+    rank count's, is the tool's)."""
+    out = tmp_path / "t.json"
+    out.write_text(tuning.merged(None, 4, {"all_reduce": [[0, "ring"]]}, {"by": "hand"}))
+    argv = [sys.executable, "-m", "pycoll.bench.tune", "-o", str(out), "-b", "64K", "-e", "128K",
+            "-R", "2"]  # fmt: skip
+    proc = run_mpiexec(2, argv, env={**job_env(), "PYCOLL_TIMEOUT": "60"}, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "wrong results: 0" in proc.stdout
+    table = tuning.parse(out.read_text(), str(out))
+    assert table["all_reduce"][4] == ([0], ["ring"])
+    for name in ("all_reduce", "reduce_scatter"):
+        starts, paths = table[name][2]
+        assert starts[0] == 64 << 10 and set(paths) <= set(tuning.COLLECTIVES[name]), table
+    assert json.loads(out.read_text())["measured"]["2"]["sizes"] == [64 << 10, 128 << 10]
+
+
+def test_the_tool_leaves_a_file_that_is_not_a_table_alone(one_rank, tmp_path):
+    out = tmp_path / "notes.json"
+    out.write_text("my notes\n")
+    argv = [sys.executable, "-m", "pycoll.bench.tune", "-o", str(out), "-b", "64K", "-e", "64K"]
+    proc = run_mpiexec(2, argv, env=job_env(), timeout=240)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "left as it is: name another file with -o" in proc.stderr
+    assert out.read_text() == "my notes\n"

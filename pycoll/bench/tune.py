@@ -70,8 +70,8 @@ def entries(measured: List[int], chosen: List[str]) -> List[List[Any]]:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m pycoll.bench.tune",
-        description="Measure which path a large all_reduce takes best on this node and "
-        "write a tuning table for PYCOLL_TUNING (run it under mpiexec, one node).",
+        description="Measure which path a large all_reduce and reduce-scatter take best on "
+        "this node and write a tuning table for PYCOLL_TUNING (run it under mpiexec, one node).",
     )
     p.add_argument("-o", "--output", default="pycoll-tuning.json", help="the table's file")
     p.add_argument("-b", "--begin", type=parse_size, default=256 << 10, help="smallest size")
