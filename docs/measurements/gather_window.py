@@ -19,10 +19,10 @@ for docs/benchmarks.md, not part of pycoll:
 import sys
 
 import numpy as np
+from window_sides import compare, forced, header
 
 import pycoll
 from pycoll import _mpi
-from pycoll.bench.table import _repeat, rotated
 from pycoll.collectives import coalesced
 
 pycoll.init_process_group()
@@ -31,10 +31,8 @@ comm = MPI.COMM_WORLD
 n, me = comm.size, comm.rank
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 
-if me == 0:
-    print(f"{n} ranks, float32, {rounds} rounds: us per call; ratios to mpi4py's one all-gather")
-    print(f"{'a rank':>8s} {'arrays':>6s} {'window':>9s} {'packed':>9s} {'mpi4py':>9s}"
-          f"  window/packed  window/mpi4py  packed/mpi4py")  # fmt: skip
+header(comm, f"{n} ranks, float32, {rounds} rounds: us per call; ratios to mpi4py's one "
+       f"all-gather", "a rank")  # fmt: skip
 for total in [1 << s for s in range(14, 25)]:
     count = min(1000, total // 1024)
     each = total // count // 4
@@ -42,43 +40,21 @@ for total in [1 << s for s in range(14, 25)]:
     outs = {side: [np.empty(n * each, np.float32) for _ in range(count)] for side in "wp"}
     one = np.concatenate(xs)
     one_out = np.empty(n * one.size, np.float32)
+    gather = pycoll.all_gather_into_tensor_coalesced
 
-    def side(threshold, outputs, inputs=xs):
-        def one_call():
-            coalesced.SHM_FROM = threshold
-            pycoll.all_gather_into_tensor_coalesced(outputs, inputs)
-
-        return one_call
+    def right(name, xs=xs, outs=outs, one=one, one_out=one_out, each=each):
+        if name == "mpi4py":
+            return np.array_equal(one_out.reshape(n, -1)[n - 1], one + (n - 1 - me) * 10000)
+        return all(
+            np.array_equal(o, np.repeat(np.arange(n, dtype=np.float32) * 10000 + i, each))
+            for i, o in enumerate(outs[name[0]])
+        )
 
     sides = {
-        "window": side(1, outs["w"]),
-        "packed": side(0, outs["p"]),
+        "window": forced(coalesced, "SHM_FROM", 1, gather, outs["w"], xs),
+        "packed": forced(coalesced, "SHM_FROM", 0, gather, outs["p"], xs),
         "mpi4py": lambda one=one, one_out=one_out: comm.Allgather(one, one_out),
     }
-    for name, call in sides.items():
-        call()
-        call()  # (the plan is kept from the second call)
-        if name == "mpi4py":
-            ok = np.array_equal(one_out.reshape(n, -1)[n - 1], one + (n - 1 - me) * 10000)
-        else:
-            got = outs["w" if name == "window" else "p"]
-            ok = all(
-                np.array_equal(o, np.repeat(np.arange(n, dtype=np.float32) * 10000 + i, each))
-                for i, o in enumerate(got)
-            )
-        if comm.allreduce(not ok, MPI.LOR):
-            raise SystemExit(f"{name} gave a wrong result at {total} bytes")
-    calls = max(2, min(50, (32 << 20) // (n * total)))
-    runs = {name: _repeat(call) for name, call in sides.items()}
-    times = rotated(runs, calls, rounds, comm, warmup=1)
-    if me == 0:
-        med = {name: float(np.median(v)) * 1e6 for name, v in times.items()}
-
-        def ratio(a, b, times=times):
-            return float(np.median([x / y for x, y in zip(times[a], times[b])]))
-
-        print(f"{total >> 10:6d} K {count:6d} {med['window']:9.0f} {med['packed']:9.0f} "
-              f"{med['mpi4py']:9.0f}  {ratio('window', 'packed'):13.2f}  "
-              f"{ratio('window', 'mpi4py'):13.2f}  {ratio('packed', 'mpi4py'):13.2f}")  # fmt: skip
+    compare(comm, rounds, total, count, sides, right)
 coalesced.SHM_FROM = 16 << 10
 pycoll.destroy_process_group()

@@ -22,11 +22,11 @@ docs/benchmarks.md, not part of pycoll:
 import sys
 
 import numpy as np
+from window_sides import compare, forced, header
 
 import pycoll
 from pycoll import _mpi
 from pycoll.bench import parse_size
-from pycoll.bench.table import _repeat, rotated
 from pycoll.collectives import coalesced
 
 pycoll.init_process_group()
@@ -43,10 +43,8 @@ totals = (
 ARRAYS = int(sys.argv[4]) if len(sys.argv) > 4 else 1000
 FROM = coalesced.SHM_SCATTER_FROM
 
-if me == 0:
-    print(f"{n} ranks, {dtype}, {rounds} rounds: us per call; ratios to mpi4py's reduce-scatter")
-    print(f"{'input':>8s} {'arrays':>6s} {'window':>9s} {'packed':>9s} {'mpi4py':>9s}"
-          f"  window/packed  window/mpi4py  packed/mpi4py")  # fmt: skip
+header(comm, f"{n} ranks, {dtype}, {rounds} rounds: us per call; ratios to mpi4py's "
+       f"reduce-scatter", "input")  # fmt: skip
 for total in totals:
     count = max(1, min(ARRAYS, total // 1024))
     each = total // count // dtype.itemsize // n * n  # elements of one input
@@ -55,40 +53,18 @@ for total in totals:
     one = np.concatenate([x.reshape(n, -1) for x in xs], axis=1).reshape(-1)  # packed by part
     one_out = np.empty(one.size // n, dtype)
     want = [np.full(each // n, n * (n + 1) // 2 * (1 + i % 5), dtype) for i in range(count)]
+    scatter = pycoll.reduce_scatter_tensor_coalesced
 
-    def side(threshold, outputs, inputs=xs):
-        def one_call():
-            coalesced.SHM_SCATTER_FROM = threshold
-            pycoll.reduce_scatter_tensor_coalesced(outputs, inputs)
-
-        return one_call
+    def right(name, outs=outs, one_out=one_out, want=want):
+        if name == "mpi4py":
+            return np.array_equal(one_out, np.concatenate(want))
+        return all(np.array_equal(o, w) for o, w in zip(outs[name[0]], want))
 
     sides = {
-        "window": side(1, outs["w"]),
-        "packed": side(0, outs["p"]),
+        "window": forced(coalesced, "SHM_SCATTER_FROM", 1, scatter, outs["w"], xs),
+        "packed": forced(coalesced, "SHM_SCATTER_FROM", 0, scatter, outs["p"], xs),
         "mpi4py": lambda one=one, one_out=one_out: comm.Reduce_scatter_block(one, one_out),
     }
-    for name, call in sides.items():
-        call()
-        call()  # (the plan is kept from the second call)
-        if name == "mpi4py":
-            ok = np.array_equal(one_out, np.concatenate(want))
-        else:
-            got = outs["w" if name == "window" else "p"]
-            ok = all(np.array_equal(o, w) for o, w in zip(got, want))
-        if comm.allreduce(not ok, MPI.LOR):
-            raise SystemExit(f"{name} gave a wrong result at {total} bytes")
-    calls = max(2, min(50, (32 << 20) // (n * total)))
-    runs = {name: _repeat(call) for name, call in sides.items()}
-    times = rotated(runs, calls, rounds, comm, warmup=1)
-    if me == 0:
-        med = {name: float(np.median(v)) * 1e6 for name, v in times.items()}
-
-        def ratio(a, b, times=times):
-            return float(np.median([x / y for x, y in zip(times[a], times[b])]))
-
-        print(f"{total >> 10:6d} K {count:6d} {med['window']:9.0f} {med['packed']:9.0f} "
-              f"{med['mpi4py']:9.0f}  {ratio('window', 'packed'):13.2f}  "
-              f"{ratio('window', 'mpi4py'):13.2f}  {ratio('packed', 'mpi4py'):13.2f}")  # fmt: skip
+    compare(comm, rounds, total, count, sides, right)
 coalesced.SHM_SCATTER_FROM = FROM
 pycoll.destroy_process_group()
