@@ -38,6 +38,15 @@ ALL_OPS = ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG", "PREMUL
 PREMUL_SCALE = 0.5
 
 
+def rop(name: str) -> Any:
+    """pycoll's ReduceOp of that name; PREMUL_SUM scaled by PREMUL_SCALE."""
+    import pycoll
+
+    if name == "PREMUL_SUM":
+        return pycoll.make_premul_sum(PREMUL_SCALE)
+    return getattr(pycoll.ReduceOp, name)
+
+
 def dtype_class(dtype: np.dtype) -> str:
     if dtype in BOOL:
         return "bool"

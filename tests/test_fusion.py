@@ -4,8 +4,17 @@ import numpy as np
 import pytest
 
 import pycoll
-from pycoll import FusedAllReduce, ReduceOp, make_premul_sum
-from support import BF16, assert_equal, data, fresh_group, reduce_all, valid_pairs, window_chunk
+from pycoll import FusedAllReduce, ReduceOp
+from support import (
+    BF16,
+    assert_equal,
+    data,
+    fresh_group,
+    reduce_all,
+    rop,
+    valid_pairs,
+    window_chunk,
+)
 
 SHAPES = [(3,), (2, 5), (1,), (4, 4, 2), (7,)]
 OPS = [
@@ -20,10 +29,6 @@ OPS = [
 
 def arrays(rank, dtype, salt=0):
     return [data(rank, dtype, shape, salt=salt + i) for i, shape in enumerate(SHAPES)]
-
-
-def rop(name):
-    return make_premul_sum(0.5) if name == "PREMUL_SUM" else getattr(ReduceOp, name)
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])

@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 
 import pycoll
-from pycoll import DebugLevel, ReduceOp, make_premul_sum
+from pycoll import DebugLevel, ReduceOp
 from pycoll.errors import CollectiveMismatchError, DistTimeoutError
 from support import (
     ALL_DTYPES,
-    PREMUL_SCALE,
     assert_equal,
     data,
     fresh_group,
     reduce_all,
+    rop,
     valid_pairs,
     window_chunk,
 )
@@ -24,10 +24,6 @@ ASYNC = pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"]
 PAIRS = valid_pairs()
 # Uneven sizes, empty and 0-d arrays among them, so pieces start anywhere.
 SHAPES = [(3,), (2, 2), (), (0,), (5,), (1, 3)]
-
-
-def rop(name):
-    return make_premul_sum(PREMUL_SCALE) if name == "PREMUL_SUM" else getattr(ReduceOp, name)
 
 
 def settle(work, async_op):

@@ -13,26 +13,22 @@ import numpy as np
 import pytest
 
 import pycoll
-from pycoll import ReduceOp, crosscheck, make_premul_sum
+from pycoll import ReduceOp, crosscheck
 from pycoll.collectives import reduce as reduce_mod
 from pycoll.collectives import shm
 from pycoll.errors import DistTimeoutError
 from support import (
-    PREMUL_SCALE,
     assert_equal,
     data,
     fresh_group,
     reduce_all,
+    rop,
     valid_pairs,
     window_chunk,
 )
 
 PAIRS = valid_pairs()
 SHAPE = (5, 7)  # 35 elements: chunks and slices cut unevenly
-
-
-def rop(name):
-    return make_premul_sum(PREMUL_SCALE) if name == "PREMUL_SUM" else getattr(ReduceOp, name)
 
 
 @pytest.fixture

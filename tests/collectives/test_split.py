@@ -9,9 +9,17 @@ import numpy as np
 import pytest
 
 import pycoll
-from pycoll import ReduceOp, make_premul_sum
+from pycoll import ReduceOp
 from pycoll.collectives import reduce as reduce_module
-from support import BF16, PREMUL_SCALE, assert_equal, count_rings, data, reduce_all, valid_pairs
+from support import (
+    BF16,
+    assert_equal,
+    count_rings,
+    data,
+    reduce_all,
+    rop,
+    valid_pairs,
+)
 
 CASES = [
     ("SUM", np.dtype(np.float16)),
@@ -20,10 +28,6 @@ CASES = [
     ("MAX", np.dtype(np.float32)),
     ("PRODUCT", BF16),
 ]
-
-
-def rop(name):
-    return make_premul_sum(0.5) if name == "PREMUL_SUM" else getattr(ReduceOp, name)
 
 
 @pytest.fixture(params=["large", "forced"])
@@ -123,10 +127,6 @@ def test_sync_and_async_calls_match(monkeypatch, rank, world_size):
 OWN_OPS = [(op, dtype) for op, dtype in valid_pairs() if op != "AVG"]
 
 
-def own_rop(name):
-    return make_premul_sum(PREMUL_SCALE) if name == "PREMUL_SUM" else getattr(ReduceOp, name)
-
-
 def ring_expected(world_size):
     from pycoll import _mpi
 
@@ -142,7 +142,7 @@ def test_mpis_own_ops_take_the_ring_from_ring_bytes(
     rings = count_rings(monkeypatch)
     shape = (5, 7)  # 35 elements: parts cut unevenly
     x = data(rank, dtype, shape)
-    work = pycoll.all_reduce(x, op=own_rop(op), async_op=async_op)
+    work = pycoll.all_reduce(x, op=rop(op), async_op=async_op)
     if async_op:
         assert work.wait() is True
     assert_equal(x, reduce_all(op, [data(r, dtype, shape) for r in range(world_size)], world_size))

@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 
 import pycoll
-from pycoll import ReduceOp, make_premul_sum, tuning
+from pycoll import ReduceOp, tuning
 from pycoll.arrays import BFLOAT16
 from pycoll.collectives import reduce as reduce_mod
 from support import (
-    PREMUL_SCALE,
     assert_equal,
     count_rings,
     data,
     fresh_group,
     reduce_all,
+    rop,
     window_chunk,
 )
 
@@ -67,10 +67,6 @@ def test_below_the_first_size_the_built_in_rule(group, monkeypatch, rank, world_
 
 OTHER_OPS = [("SUM", np.float16), ("SUM", BFLOAT16), ("MAX", np.float32), ("AVG", np.float32),
              ("AVG", BFLOAT16), ("PREMUL_SUM", np.float64)]  # fmt: skip
-
-
-def rop(name):
-    return make_premul_sum(PREMUL_SCALE) if name == "PREMUL_SUM" else getattr(ReduceOp, name)
 
 
 @pytest.mark.parametrize("op,dtype", OTHER_OPS, ids=str)
