@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, List, Optional
 
@@ -265,6 +266,20 @@ def still_alive(pids: List[int], within: float = 10.0) -> List[int]:
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.05)
+
+
+@contextmanager
+def at_detail() -> Iterator[None]:
+    """Inside, the debug level is DETAIL (every call checked against the
+    other ranks' before it runs); after, what it was."""
+    import pycoll
+
+    before = pycoll.get_debug_level()
+    pycoll.set_debug_level(pycoll.DebugLevel.DETAIL)
+    try:
+        yield
+    finally:
+        pycoll.set_debug_level(before)
 
 
 def fresh_group() -> Iterator[Any]:

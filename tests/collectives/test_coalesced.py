@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 import pycoll
-from pycoll import DebugLevel, ReduceOp
+from pycoll import ReduceOp
 from pycoll.errors import CollectiveMismatchError, DistTimeoutError
 from support import (
     ALL_DTYPES,
     assert_equal,
+    at_detail,
     data,
     fresh_group,
     reduce_all,
@@ -166,16 +167,12 @@ def test_bad_lists_are_refused_before_anything_is_sent(unsent, world_size, rank)
 def test_detail_names_the_lists_that_differ(pg, rank, world_size):
     if world_size == 1:
         pytest.skip("needs two ranks to disagree")
-    before = pycoll.get_debug_level()
-    pycoll.set_debug_level(DebugLevel.DETAIL)
-    try:
+    with at_detail():
         k = 3 if rank == world_size - 1 else 2
         ins = [np.zeros(k, np.float32), np.zeros(1, np.int8)]
         outs = [np.zeros(world_size * x.size, x.dtype) for x in ins]
         with pytest.raises(CollectiveMismatchError) as info:
             pycoll.all_gather_into_tensor_coalesced(outs, ins)
-    finally:
-        pycoll.set_debug_level(before)
     msg = str(info.value)
     assert "all_gather_into_tensor_coalesced(inputs=[((3,), 'float32'), ((1,), 'int8')])" in msg
     assert "all_gather_into_tensor_coalesced(inputs=[((2,), 'float32'), ((1,), 'int8')])" in msg
@@ -261,15 +258,11 @@ def test_detail_checks_a_kept_list(pg, rank, world_size):
     other = [np.zeros(3, np.float32), np.zeros(3, np.float64)]
     ins = other if rank == world_size - 1 else mine
     outs = [np.zeros(world_size * x.size, x.dtype) for x in ins]
-    before = pycoll.get_debug_level()
-    pycoll.set_debug_level(DebugLevel.DETAIL)
-    try:
+    with at_detail():
         for _ in range(2):  # agreeing on the count of bytes would not do: shapes differ
             with pytest.raises(CollectiveMismatchError, match=r"\(3,\), 'float32'"):
                 pycoll.all_gather_into_tensor_coalesced(outs, ins)
         assert any(entry[0] == "all_gather_into_tensor_coalesced" for entry in kept_plans(pg))
-    finally:
-        pycoll.set_debug_level(before)
     x = np.ones(1)
     pycoll.all_reduce(x)
     assert x[0] == world_size
@@ -342,9 +335,7 @@ def test_window_calls_take_turns_with_the_window_all_reduce(shared, monkeypatch,
 
 
 def test_detail_checks_calls_through_the_window(shared, rank, world_size):
-    before = pycoll.get_debug_level()
-    pycoll.set_debug_level(DebugLevel.DETAIL)
-    try:
+    with at_detail():
         ins = [np.full(7, rank, np.float32), np.full(3, -rank, np.int8)]
         outs = [np.zeros(world_size * x.size, x.dtype) for x in ins]
         pycoll.all_gather_into_tensor_coalesced(outs, ins, group=shared)
@@ -353,8 +344,6 @@ def test_detail_checks_calls_through_the_window(shared, rank, world_size):
         odd_outs = [np.zeros(world_size * x.size, x.dtype) for x in odd]
         with pytest.raises(CollectiveMismatchError, match=r"\(8,\), 'float32'"):
             pycoll.all_gather_into_tensor_coalesced(odd_outs, odd, group=shared)
-    finally:
-        pycoll.set_debug_level(before)
     assert_equal(outs[0], np.repeat(np.arange(world_size, dtype=np.float32), 7))
     assert through_window(shared)
 
@@ -481,9 +470,7 @@ def test_window_reduce_scatters_take_turns_with_the_other_window_calls(
 
 
 def test_detail_checks_reduce_scatters_through_the_window(scattering, rank, world_size):
-    before = pycoll.get_debug_level()
-    pycoll.set_debug_level(DebugLevel.DETAIL)
-    try:
+    with at_detail():
         xs = [np.full(world_size * 7, rank, np.float32)]
         outs = [np.zeros(7, np.float32)]
         pycoll.reduce_scatter_tensor_coalesced(outs, xs, group=scattering)
@@ -491,8 +478,6 @@ def test_detail_checks_reduce_scatters_through_the_window(scattering, rank, worl
         odd = [np.zeros(world_size * k, np.float32)]
         with pytest.raises(CollectiveMismatchError, match=rf"\({world_size * 8},\), 'float32'"):
             pycoll.reduce_scatter_tensor_coalesced([np.zeros(k, np.float32)], odd, group=scattering)
-    finally:
-        pycoll.set_debug_level(before)
     assert_equal(outs[0], np.full(7, world_size * (world_size - 1) / 2, np.float32))
     assert scattered_through_window(scattering)
 

@@ -19,6 +19,7 @@ from pycoll.collectives import shm
 from pycoll.errors import DistTimeoutError
 from support import (
     assert_equal,
+    at_detail,
     data,
     fresh_group,
     reduce_all,
@@ -90,14 +91,10 @@ def test_calls_in_flight_take_turns(group, rank, world_size):
 
 
 def test_detail_checks_it(group, rank, world_size):
-    before = pycoll.get_debug_level()
-    pycoll.set_debug_level(pycoll.DebugLevel.DETAIL)
-    try:
+    with at_detail():
         x = np.full(9, rank + 1.0, np.float32)
         pycoll.all_reduce(x, op=ReduceOp.AVG, group=group)
         assert_equal(x, np.full(9, (world_size + 1) / 2, np.float32))
-    finally:
-        pycoll.set_debug_level(before)
 
 
 def test_below_the_threshold_no_window_is_made(group):
