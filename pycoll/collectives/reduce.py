@@ -14,7 +14,6 @@ import numpy as np
 
 from .. import _mpi, crosscheck, debug, kernels, persistent, tuning
 from ..arrays import (
-    BFLOAT16,
     MPI_TYPES,
     check_input,
     check_list,
@@ -78,12 +77,6 @@ def _ring_from() -> int:
     """The size from which an all_reduce with one of MPI's own ops takes
     pycoll's ring: on MPICH only (0: never)."""
     return RING_BYTES if _mpi.VENDOR == "MPICH" else 0
-
-
-def _real(dtype: np.dtype) -> bool:
-    """Whether the kernels divide ``dtype`` in their last sum (an AVG in the
-    ring or the window): real floats, float16 and bfloat16."""
-    return dtype.kind == "f" or dtype == BFLOAT16
 
 
 def _mean_of_two(x: np.ndarray) -> bool:
@@ -174,7 +167,7 @@ def all_reduce(
         # MPI's own float32 SUM, it beats MPI's user ops and AVG the more); where
         # it keeps MPI's call, MPI's own ops follow it and the others the rule.
         chosen = tuning.path(pg._tuned, nbytes)
-        if chosen == "ring" and (not how.average or _real(tensor.dtype)):
+        if chosen == "ring" and (not how.average or kernels.divides(tensor.dtype)):
             return _all_reduce_ring(pg, tensor, op, how, async_op, key)
         if chosen == "window":
             win = shm.usable(pg, how, tensor.dtype, "all_reduce")
@@ -283,13 +276,11 @@ def _scatter_window(
     (shm.for_scatter: one node, an op the kernels reduce, a window at all).
     From its first size the group's tuning table (pycoll.tuning) decides."""
     if nbytes >= pg._tuned_rs_from:
-        if tuning.path(pg._tuned_rs, nbytes) != "window":
-            return None
-        return shm.for_scatter(pg, how, dtype, func)
-    least = SCATTER_SHM_BYTES_OPEN_MPI if _mpi.VENDOR == "Open MPI" else SCATTER_SHM_BYTES
-    if not 0 < least <= nbytes:
-        return None
-    return shm.for_scatter(pg, how, dtype, func)
+        wanted = tuning.path(pg._tuned_rs, nbytes) == "window"
+    else:
+        least = SCATTER_SHM_BYTES_OPEN_MPI if _mpi.VENDOR == "Open MPI" else SCATTER_SHM_BYTES
+        wanted = 0 < least <= nbytes
+    return shm.for_scatter(pg, how, dtype, func) if wanted else None
 
 
 def _reduce_scatter_shm(

@@ -49,7 +49,6 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import _mpi, kernels, progress, watch
-from ..arrays import BFLOAT16
 from ..groups import ProcessGroup
 from ..kernels import threads
 from ..ops import Plan, ReduceOp, env_bytes
@@ -184,7 +183,7 @@ def usable(pg: ProcessGroup, how: Plan, dtype: np.dtype, func: str) -> Optional[
     None otherwise."""
     if pg._size < 2 or pg._aliases:
         return None
-    if how.average and not (dtype.kind == "f" or dtype == BFLOAT16):
+    if how.average and not kernels.divides(dtype):
         return None
     return window(pg, func)
 

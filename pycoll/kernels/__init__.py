@@ -41,7 +41,7 @@ from ..arrays import (
 from ..ops import ReduceOp, check_pair
 from . import threads
 
-__all__ = ["reduce", "scale", "divide", "mpi_op", "warmup", "f16c", "num_threads"]
+__all__ = ["reduce", "scale", "divide", "divides", "mpi_op", "warmup", "f16c", "num_threads"]
 
 _OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
 _F16C: Optional[bool] = None
@@ -78,6 +78,13 @@ def _cpu_has_f16c() -> bool:
 def num_threads() -> int:
     """Threads this rank's parallel kernels use (see pycoll.kernels.threads)."""
     return threads.count()
+
+
+def divides(dtype: np.dtype) -> bool:
+    """Whether :func:`reduce`'s ``divide_by`` applies to ``dtype`` (real
+    floats and the half types): where an AVG can divide in its last sum, as
+    pycoll's ring and shared window do."""
+    return dtype_kind(dtype) in ("float", "half")
 
 
 def _storage(dtype: np.dtype) -> str:
@@ -145,7 +152,7 @@ def reduce(
             lambda p: reduce_kernel(name, storage, hw, p), dst.nbytes, _words(src), _words(dst)
         )
         return
-    if name != "SUM" or dtype_kind(dst.dtype) not in ("float", "half"):
+    if name != "SUM" or not divides(dst.dtype):
         raise ValueError(
             f"{func}: divide_by applies to SUM of real floating arrays, got "
             f"ReduceOp.{name} on {dst.dtype}"
