@@ -98,7 +98,7 @@ def parse(text: str, source: str) -> Table:
 
     try:
         doc = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise bad(f"not JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("pycoll_tuning") != VERSION:
         raise bad(f'not a pycoll tuning table (no "pycoll_tuning": {VERSION})')
@@ -148,8 +148,9 @@ def read(environ: Any = os.environ) -> Tuple[Optional[Table], Optional[str]]:
     try:
         with open(source) as f:
             text = f.read()
-    except OSError as exc:
-        return None, f"{ENV}={source}: cannot be read ({exc.strerror}); {_fix(source)}"
+    except (OSError, ValueError) as exc:  # (ValueError: not text, UnicodeDecodeError)
+        why = exc.strerror if isinstance(exc, OSError) else "not text"
+        return None, f"{ENV}={source}: cannot be read ({why}); {_fix(source)}"
     try:
         return parse(text, source), None
     except ValueError as exc:

@@ -67,6 +67,14 @@ def test_read_from_the_environment(tmp_path):
     missing = tmp_path / "none.json"
     table, error = tuning.read({"PYCOLL_TUNING": str(missing)})
     assert table is None and f"PYCOLL_TUNING={missing}: cannot be read" in error
+    binary = tmp_path / "table.bin"
+    binary.write_bytes(b"\xff\xfe\x00table")
+    table, error = tuning.read({"PYCOLL_TUNING": str(binary)})
+    assert table is None and f"PYCOLL_TUNING={binary}: cannot be read (not text)" in error
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000)
+    table, error = tuning.read({"PYCOLL_TUNING": str(deep)})
+    assert table is None and "not JSON" in error
     good = tmp_path / "t.json"
     good.write_text(json.dumps(GOOD))
     assert tuning.read({"PYCOLL_TUNING": str(good)}) == (tuning.parse(json.dumps(GOOD), ""), None)

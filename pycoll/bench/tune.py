@@ -159,8 +159,11 @@ def _existing(path: str) -> Any:
     over, or None)."""
     if not os.path.exists(path):
         return None, None
-    with open(path) as f:
-        text = f.read()
+    try:
+        with open(path) as f:
+            text = f.read()
+    except (OSError, ValueError) as exc:  # (ValueError: not text, UnicodeDecodeError)
+        return None, f"{path} cannot be read ({exc}; left as it is: name another file with -o)"
     try:
         tuning.parse(text, path)
     except ValueError as exc:
