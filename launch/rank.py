@@ -209,13 +209,7 @@ def spawn(argv: List[str], env: Dict[str, str], prctl: Any = None) -> Child:
         _exec(argv, env, [null, out_w, err_w], fail_w, prctl, parent)
     for fd in (null, out_w, err_w, fail_w):
         os.close(fd)
-    reason = b""
-    while True:
-        data = os.read(fail_r, 4096)
-        if not data:
-            break
-        reason += data
-    os.close(fail_r)
+    reason = _read_all(fail_r)  # (nothing: the exec closed it)
     if reason:
         os.waitpid(pid, 0)
         os.close(out_r)
@@ -225,6 +219,7 @@ def spawn(argv: List[str], env: Dict[str, str], prctl: Any = None) -> Child:
 
 
 def _read_all(fd: int) -> bytes:
+    """Everything from ``fd`` to its end; then it is closed."""
     chunks: List[bytes] = []
     while True:
         data = os.read(fd, 65536)
