@@ -26,7 +26,7 @@ import sys
 # wrapper's start costs on each rank (mypy takes this name as true).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Iterator, List, Optional
+    from typing import Any, Dict, List, Optional
 
     Message = Dict[str, Any]
 
@@ -69,31 +69,31 @@ class Reader:
         self._greeting = None if token is None else greeting(token)
         self._closed = False
 
-    def feed(self, data: bytes) -> Iterator[Any]:
-        """The complete messages in ``data`` (and what came before), in order."""
+    def feed(self, data: bytes) -> List[Message]:
+        """The complete messages in ``data`` (and what came before), in order.
+        (A list, the reader's state already moved past them: a caller may
+        stop reading them part-way.)"""
         if self._closed:
-            return
+            return []
         buffer = self._buffer + data
         if self._greeting is not None:
             line, newline, rest = buffer.partition(b"\n")
             if not newline and len(buffer) <= LONGEST_GREETING:
                 self._buffer = buffer  # the first line is not whole yet
-                return
+                return []
             if line + newline != self._greeting:
-                self._closed = True
-                self._buffer = b""
-                yield {"t": STRANGER, "line": line[:80].decode("utf-8", "replace")}
-                return
+                self._closed, self._buffer = True, b""
+                return [{"t": STRANGER, "line": line[:80].decode("utf-8", "replace")}]
             self._greeting = None
             buffer = rest
+        out: List[Message] = []
         at = 0
         while len(buffer) - at >= _HEAD:
             size = int.from_bytes(buffer[at : at + _HEAD], "big")
             if size > FRAME_LIMIT:
-                self._closed = True  # no way to find the next frame
-                self._buffer = b""
-                yield {"t": MALFORMED, "line": f"a frame of {size} bytes"}
-                return
+                self._closed, self._buffer = True, b""  # no way to find the next frame
+                out.append({"t": MALFORMED, "line": f"a frame of {size} bytes"})
+                return out
             end = at + _HEAD + size
             if end > len(buffer):
                 break
@@ -104,9 +104,10 @@ class Reader:
             if not isinstance(message, dict) or not isinstance(message.get("t"), str):
                 start = buffer[at + _HEAD : min(end, at + _HEAD + 80)]
                 message = {"t": MALFORMED, "line": start.decode("utf-8", "replace")}
+            out.append(message)
             at = end
-            yield message
         self._buffer = buffer[at:]
+        return out
 
 
 class Lines:
@@ -132,7 +133,7 @@ def receive(sock: Any, reader: Reader) -> Optional[List[Message]]:
     data = sock.recv(65536)
     if not data:
         return None
-    return list(reader.feed(data))
+    return reader.feed(data)
 
 
 def exit_now(code: int) -> None:

@@ -74,3 +74,12 @@ def test_lines():
     assert lines.feed(b"c\n\nd") == [b"bc", b""]
     assert lines.rest() == b"d"
     assert lines.rest() is None
+
+
+def test_a_caller_may_stop_reading_part_way():
+    """The supervisor drops a stranger's connection at its first message: what
+    the reader has taken in is behind it either way, never read twice."""
+    reader = wire.Reader(TOKEN)
+    first = next(iter(reader.feed(_stream(HELLO, ENV))))
+    assert first == HELLO
+    assert reader.feed(wire.encode({"t": "stop"})) == [{"t": "stop"}]
