@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from pycoll.gpu.backend_config import BackendConfig
 
-from . import _mpi, crosscheck, debug, persistent, progress, tuning, watch
+from . import _mpi, crosscheck, debug, native, persistent, progress, tuning, watch
 from .groups import (
     BACKEND,
     STATE,
@@ -128,6 +128,7 @@ def init_process_group(
     watch.install_excepthook()
     MPI = _mpi.load()
     persistent.configure()
+    native.configure()
     if comm is None:
         comm = MPI.COMM_WORLD
     elif not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
@@ -245,7 +246,7 @@ def _free(pg: ProcessGroup) -> None:
         board = pg._board
         if board is not None and not board.closed:
             board.release(pg._word)  # the slot is free for a later group
-        pg._rec = pg._board = None
+        pg._rec = pg._board = pg._native = None  # (the compiled path wrote to the record)
 
 
 def _at_exit() -> None:

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from threading import get_ident
 from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
 
-from .. import _mpi, crosscheck, debug, watch
+from .. import _mpi, crosscheck, debug, native, watch
 from ..groups import STATE, ProcessGroup, resolve
 from ..progress import BUSY_CODE, LAST
 from ..trace import recorder
@@ -143,6 +143,8 @@ def claim(pg: ProcessGroup) -> None:
     owner = pg._owner
     if owner is None:
         pg._owner = me
+        if native.MODE == native.ON:
+            native.attach(pg)  # from the group's first call
     elif owner != me and not pg._shared:
         pg._shared = True
         while pg._busy:
@@ -185,6 +187,8 @@ def plain(
         pg._keys[slot] = key
         if slot == pg._mask:
             crosscheck.exchange(pg, op, seq, watch.wait)
+            if pg._native is None:
+                native.attach(pg)  # a group making many calls: the compiled path from here
         ring = pg._flight  # the flight recorder's entry: on this path, the key alone
         if ring is not None:
             ring.append(key)

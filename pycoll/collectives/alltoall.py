@@ -14,7 +14,7 @@ from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
-from .. import _mpi, crosscheck, debug, persistent, watch
+from .. import _mpi, crosscheck, debug, native, persistent, watch
 from ..arrays import (
     MPI_TYPES,
     check_input,
@@ -231,6 +231,13 @@ def all_to_all_single(
             check_size(func, "output", output, input.size, "the size of input")
     comm = pg.comm
     if even:
+        if (  # the same call as before on these arrays: compiled (pycoll.native)
+            pg._native is not None
+            and not async_op
+            and debug.PLAIN
+            and native.again(pg, func, output, _mpi.IN_PLACE if input is output else input, None)
+        ):
+            return None
         desc = f"{func}(even, {sig(input)})" if debug.LEVEL >= DETAIL else None
         key = crosscheck.key(func, dtype, input.size)
         if pg._plans is not None and input.nbytes <= PLAN_LIMIT:  # a repeated small call?
@@ -245,6 +252,13 @@ def all_to_all_single(
             send = [detach(input, output), mpitype]
         args = (send, [output, mpitype])
         if not async_op and debug.PLAIN:
+            if pg._native is not None:
+                given = send if send is _mpi.MPI.IN_PLACE else send[0]  # (input, or its copy)
+                if native.call(
+                    pg, func, key, native.ALL_TO_ALL, given, output, output.size // n, mpitype,
+                    None, 0, output, given, None,
+                ):  # fmt: skip
+                    return None
             plain(pg, func, key, comm.Ialltoall, comm.Alltoall, *args)
             return None
         return run(

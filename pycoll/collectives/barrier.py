@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from .. import _mpi, crosscheck, debug, watch
+from .. import _mpi, crosscheck, debug, native, watch
 from ..errors import DistTimeoutError
 from ..groups import STATE, ProcessGroup, resolve
 from ..work import Work, to_seconds
@@ -39,6 +39,25 @@ def barrier(
     # the fast paths' blocking calls end the job on a timeout: a barrier's
     # timeout raises there as everywhere (it is how programs wait for a peer).
     if not async_op and debug.PLAIN and not watch.BLOCKING:
+        if pg._native is not None and (
+            native.again(pg, "barrier", native.NOTHING, None, None)
+            or native.call(
+                pg,
+                "barrier",
+                _KEY,
+                native.BARRIER,
+                None,
+                None,
+                0,
+                None,
+                None,
+                0,
+                native.NOTHING,
+                None,
+                None,
+            )  # fmt: skip
+        ):
+            return None
         plain(pg, "barrier", _KEY, comm.Ibarrier, comm.Barrier)
         return None
     return run(pg, "barrier", 0, comm.Ibarrier, (), async_op, call="barrier()")

@@ -6,7 +6,7 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from .. import _mpi, crosscheck, debug, persistent
+from .. import _mpi, crosscheck, debug, native, persistent
 from ..arrays import (
     MPI_TYPES,
     check_input,
@@ -148,6 +148,14 @@ def all_gather_into_tensor(
             or (in_place := inp.base is out and _own_part(inp, out, pg._rank))
         )
     )
+    if (  # the same call as before on these arrays: compiled (pycoll.native)
+        fast
+        and pg._native is not None
+        and not async_op
+        and debug.PLAIN
+        and native.again(pg, func, out, _mpi.IN_PLACE if in_place else inp, None)
+    ):
+        return None
     if not fast:
         out = check_output(func, "output_tensor", output_tensor)
         inp = check_input(func, "input_tensor", input_tensor)
@@ -164,6 +172,13 @@ def all_gather_into_tensor(
             return made.call(pg, func, inp, out, async_op, desc)
     comm = pg.comm
     if fast and not async_op and debug.PLAIN:  # (debug OFF, no timeline being recorded)
+        if pg._native is not None:
+            given = _mpi.IN_PLACE if in_place else inp
+            if native.call(
+                pg, func, key, native.ALL_GATHER, given, out, inp.size, datatype, None, 0,
+                out, given, None,
+            ):  # fmt: skip
+                return None
         send = _mpi.MPI.IN_PLACE if in_place else [inp, datatype]
         plain(pg, func, key, comm.Iallgather, comm.Allgather, send, [out, datatype])
         return None

@@ -12,7 +12,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from .. import _mpi, crosscheck, debug, kernels, persistent, tuning
+from .. import _mpi, crosscheck, debug, kernels, native, persistent, tuning
 from ..arrays import (
     MPI_TYPES,
     check_input,
@@ -143,6 +143,13 @@ def all_reduce(
     # MPI: this is the call training loops make thousands of times a step.
     if type(tensor) is not np.ndarray or not ((f := tensor.flags).c_contiguous and f.writeable):
         tensor = check_output("all_reduce", "tensor", tensor)
+    if (  # the same call as before on this array: compiled (pycoll.native)
+        pg._native is not None
+        and not async_op
+        and debug.PLAIN
+        and native.again(pg, "all_reduce", tensor, _mpi.IN_PLACE, op)
+    ):
+        return None
     try:
         how = op._plans[tensor.dtype]
     except (AttributeError, KeyError):
@@ -191,6 +198,11 @@ def all_reduce(
         mpi_op, plainly, average = kernels.mean_of_two_op(tensor.dtype), True, False
     comm = pg.comm
     if plainly and not async_op and debug.PLAIN:
+        if pg._native is not None and native.call(
+            pg, "all_reduce", key, native.ALL_REDUCE, _mpi.IN_PLACE, tensor, tensor.size,
+            how.datatype, mpi_op, 0, tensor, _mpi.IN_PLACE, op,
+        ):  # fmt: skip
+            return None
         plain(
             pg,
             "all_reduce",
@@ -552,11 +564,25 @@ def reduce(
     ):
         check = check_output if is_root else check_input  # only dst writes
         tensor = check(func, "tensor", tensor)
+    into = _mpi.IN_PLACE if is_root else None  # (where the result goes, besides the input)
+    if (  # the same call as before on this array: compiled (pycoll.native)
+        pg._native is not None
+        and not async_op
+        and debug.PLAIN
+        and native.again(pg, func, tensor, into, (op, root))
+    ):
+        return None
     how = _plan(op, tensor.dtype, func)
     mpitype = how.datatype
     comm = pg.comm
     if how.plain and not async_op and debug.PLAIN:  # the common case, straight to MPI
         key = crosscheck.key(func, tensor.dtype, tensor.size, root, op.name)
+        if pg._native is not None and native.call(
+            pg, func, key, native.REDUCE, tensor if into is None else into,
+            tensor if is_root else None, tensor.size, mpitype, how.mpi_op, root,
+            tensor, into, (op, root),
+        ):  # fmt: skip
+            return None
         if is_root:
             plain(pg, func, key, comm.Ireduce, comm.Reduce, _mpi.IN_PLACE, [tensor, mpitype],
                   how.mpi_op, root)  # fmt: skip
@@ -734,6 +760,13 @@ def reduce_scatter_tensor(
         input = check_input(func, "input", input)
         dtype = check_same_dtype(func, [output, input])
         check_size(func, "input", input, output.size * n, "output.size x group size")
+    elif (  # the same call as before on these arrays: compiled (pycoll.native)
+        pg._native is not None
+        and not async_op
+        and debug.PLAIN
+        and native.again(pg, func, output, input, op)
+    ):
+        return None
     how = _plan(op, dtype, func)
     desc = lambda: f"{func}({op.name}, output shape={output.shape}, input {sig(input)})"  # noqa: E731
     if (  # (the sizes first: small calls, the hot path, make no call)
@@ -754,6 +787,27 @@ def reduce_scatter_tensor(
         # torch's in-place form receives beside the input, as below.
         into = scratch.beside(pg, output) if may_alias(input, output) else None
         key = how.key | _REDUCE_SCATTER_TENSOR | output.size & COUNT
+        if (
+            into is None
+            and pg._native is not None
+            and not _mpi.reduce_scatter_v(output.nbytes)
+            and native.call(
+                pg,
+                func,
+                key,
+                native.REDUCE_SCATTER,
+                input,
+                output,
+                output.size,
+                how.datatype,
+                how.mpi_op,
+                0,
+                output,
+                input,
+                op,
+            )  # fmt: skip
+        ):
+            return None
         recv = output if into is None else into
         start, blocking, args = _mpi_reduce_scatter(pg.comm, n, how, input, recv)
         plain(pg, func, key, start, blocking, *args)

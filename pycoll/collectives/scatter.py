@@ -6,7 +6,7 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from .. import _mpi, crosscheck, debug, persistent
+from .. import _mpi, crosscheck, debug, native, persistent
 from ..arrays import (
     MPI_TYPES,
     check_input,
@@ -73,6 +73,14 @@ def broadcast(
         and (f.writeable or mine)
         and (datatype := MPI_TYPES.get(tensor.dtype)) is not None
     )
+    if (  # the same call as before on this array: compiled (pycoll.native)
+        fast
+        and pg._native is not None
+        and not async_op
+        and debug.PLAIN
+        and native.again(pg, func, tensor, None, root)
+    ):
+        return None
     if not fast:
         tensor = (
             check_input(func, "tensor", tensor) if mine else check_output(func, "tensor", tensor)
@@ -88,6 +96,11 @@ def broadcast(
             )
     comm = pg.comm
     if fast and not async_op and debug.PLAIN:  # (debug OFF, no timeline being recorded)
+        if pg._native is not None and native.call(
+            pg, func, key, native.BROADCAST, None, tensor, tensor.size, datatype, None, root,
+            tensor, None, root,
+        ):  # fmt: skip
+            return None
         plain(pg, func, key, comm.Ibcast, comm.Bcast, [tensor, datatype], root)
         return None
     return run(

@@ -1,0 +1,199 @@
+"""MPI's nonblocking collectives started and tested from compiled code.
+
+pycoll's synchronous fast path (pycoll.native) hands one call
+here: publish the operation on this rank's progress record, start MPI's
+nonblocking collective, and test it up to a number of times, with no Python
+between the steps. mpi4py would turn each buffer argument into a message
+spec, make a Request object and go back to Python between tests; at 8 bytes
+that costs more than MPI's own call (docs/benchmarks.md, "A compiled fast
+path").
+
+The C functions are those of the libmpi that mpi4py loaded (pycoll._mpi.library),
+bound by name with ``llvmlite.binding.add_symbol``, so the compiled code holds
+no addresses and numba's disk cache serves every process. Handles are the one
+vendor difference: an ``int`` in MPICH and its derivatives, a pointer in Open
+MPI and the standard ABI. Each function is bound twice under pycoll's own
+names, once per handle width, and :func:`start` picks at run time by the
+state's ``WIDE`` word: the same compiled code serves both kinds of MPI, and a
+cache written under one is right under the other. Buffers and pointers are
+passed as 64-bit integers, as the C calling conventions of the 64-bit
+platforms pycoll runs on pass a pointer.
+
+numba is imported with this module, which pycoll imports on first use of the
+compiled path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Dict
+
+import llvmlite.binding as llvm
+import numpy as np
+from llvmlite import ir
+from numba import carray, njit, types
+from numba.extending import intrinsic
+
+from .. import _mpi
+from ..native import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    BROADCAST,
+    COUNT,
+    DATATYPE,
+    OP,
+    RECV,
+    REDUCE,
+    REDUCE_SCATTER,
+    ROOT,
+    SEND,
+    WHAT,
+)
+from ..progress import LAST, WORDS
+
+__all__ = ["start", "bind", "STATE_WORDS"]
+
+# A group's state words (an int64 array, one per group: its calls' scratch).
+WIDE = 0  # 1 where MPI's handles are 64 bits wide
+COMM = 1  # the group's communicator
+RECORD = 2  # the address of this rank's progress record (pycoll.progress.WORDS words)
+SPINS = 3  # tests before start gives the wait back to Python
+REQUEST = 4  # the request of a call whose tests ran out
+FLAG = 5  # MPI_Test's flag
+STATUS = 6  # MPI_Test's status (up to 10 words: larger than any MPI's MPI_Status)
+STATE_WORDS = 16
+
+
+# The C functions, as (name, parameters): "p" a pointer, "i" an int, "h" a handle.
+_FUNCTIONS = {
+    "MPI_Iallreduce": "ppihhhp",
+    "MPI_Ibcast": "pihihp",
+    "MPI_Ireduce": "ppihhihp",
+    "MPI_Iallgather": "pihpihhp",
+    "MPI_Ireduce_scatter_block": "ppihhhp",
+    "MPI_Ialltoall": "pihpihhp",
+    "MPI_Ibarrier": "hp",
+    "MPI_Test": "ppp",
+}
+
+
+def _external(name: str, wide: bool) -> Any:
+    """``name`` under pycoll's own symbol for one handle width."""
+    params = {"p": types.int64, "i": types.int32, "h": types.int64 if wide else types.int32}
+    alias = f"pycoll_{'wide' if wide else 'narrow'}_{name}"
+    sig = types.int32(*[params[c] for c in _FUNCTIONS[name]])
+    return types.ExternalFunction(alias, sig)
+
+
+def bind() -> None:
+    """Point pycoll's symbols at the libmpi mpi4py loaded (before the first
+    call of :func:`start` in this process, compiled or loaded from cache)."""
+    lib = _mpi.library()
+    for name in _FUNCTIONS:
+        address = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+        for wide in (False, True):
+            llvm.add_symbol(f"pycoll_{'wide' if wide else 'narrow'}_{name}", address)
+
+
+_N: Dict[str, Any] = {name: _external(name, False) for name in _FUNCTIONS}
+_W: Dict[str, Any] = {name: _external(name, True) for name in _FUNCTIONS}
+n_allreduce, w_allreduce = _N["MPI_Iallreduce"], _W["MPI_Iallreduce"]
+n_bcast, w_bcast = _N["MPI_Ibcast"], _W["MPI_Ibcast"]
+n_reduce, w_reduce = _N["MPI_Ireduce"], _W["MPI_Ireduce"]
+n_allgather, w_allgather = _N["MPI_Iallgather"], _W["MPI_Iallgather"]
+n_reduce_scatter, w_reduce_scatter = (
+    _N["MPI_Ireduce_scatter_block"],
+    _W["MPI_Ireduce_scatter_block"],
+)
+n_alltoall, w_alltoall = _N["MPI_Ialltoall"], _W["MPI_Ialltoall"]
+n_barrier, w_barrier = _N["MPI_Ibarrier"], _W["MPI_Ibarrier"]
+mpi_test = _N["MPI_Test"]  # (no handle among its parameters)
+
+
+@intrinsic
+def _words(typingctx: Any, address: Any) -> Any:
+    """The int64 words at ``address``, as a pointer numba can index."""
+    sig = types.CPointer(types.int64)(types.int64)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+
+    return sig, codegen
+
+
+@njit(cache=True)
+def _start_narrow(st, call):
+    comm, request = np.int32(st[COMM]), st.ctypes.data + REQUEST * 8
+    what, send, recv = call[WHAT], call[SEND], call[RECV]
+    count, root = np.int32(call[COUNT]), np.int32(call[ROOT])
+    dt, op = np.int32(call[DATATYPE]), np.int32(call[OP])
+    if what == ALL_REDUCE:
+        return n_allreduce(send, recv, count, dt, op, comm, request)
+    if what == BROADCAST:
+        return n_bcast(recv, count, dt, root, comm, request)
+    if what == REDUCE:
+        return n_reduce(send, recv, count, dt, op, root, comm, request)
+    if what == ALL_GATHER:
+        return n_allgather(send, count, dt, recv, count, dt, comm, request)
+    if what == REDUCE_SCATTER:
+        return n_reduce_scatter(send, recv, count, dt, op, comm, request)
+    if what == ALL_TO_ALL:
+        return n_alltoall(send, count, dt, recv, count, dt, comm, request)
+    return n_barrier(comm, request)
+
+
+@njit(cache=True)
+def _start_wide(st, call):
+    comm, request = st[COMM], st.ctypes.data + REQUEST * 8
+    what, send, recv = call[WHAT], call[SEND], call[RECV]
+    count, root = np.int32(call[COUNT]), np.int32(call[ROOT])
+    dt, op = call[DATATYPE], call[OP]
+    if what == ALL_REDUCE:
+        return w_allreduce(send, recv, count, dt, op, comm, request)
+    if what == BROADCAST:
+        return w_bcast(recv, count, dt, root, comm, request)
+    if what == REDUCE:
+        return w_reduce(send, recv, count, dt, op, root, comm, request)
+    if what == ALL_GATHER:
+        return w_allgather(send, count, dt, recv, count, dt, comm, request)
+    if what == REDUCE_SCATTER:
+        return w_reduce_scatter(send, recv, count, dt, op, comm, request)
+    if what == ALL_TO_ALL:
+        return w_alltoall(send, count, dt, recv, count, dt, comm, request)
+    return w_barrier(comm, request)
+
+
+@njit(cache=True)
+def start(st, call, busy, word):
+    """Publish and start one collective, and test it up to ``st[SPINS]`` times.
+
+    ``call`` holds what to start, with its buffers' addresses and MPI's
+    arguments (pycoll.native's words WHAT to ROOT); ``busy`` is the operation's progress word
+    (seq, op code, busy bit), stored at ``word`` of the record and cleared of
+    its busy bit once the call is done.
+
+    Returns 0 when the call is done, -1 when it is still under way after the
+    tests (its request is then in ``st[REQUEST]``), or MPI's error code.
+    """
+    record = carray(_words(st[RECORD]), (WORDS,))
+    record[word] = busy
+    record[LAST] = word
+    st[REQUEST] = 0
+    if st[WIDE]:
+        err = _start_wide(st, call)
+    else:
+        err = _start_narrow(st, call)
+    if err:
+        return err
+    p = st.ctypes.data
+    for _ in range(st[SPINS]):
+        st[FLAG] = 0
+        err = mpi_test(p + REQUEST * 8, p + FLAG * 8, p + STATUS * 8)
+        if err:
+            return err
+        if st[FLAG]:
+            if record[word] == busy:
+                record[word] = busy - 1
+            return 0
+    return -1

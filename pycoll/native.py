@@ -1,0 +1,306 @@
+"""The synchronous fast path, compiled (``PYCOLL_NATIVE``).
+
+A training loop makes the same small synchronous collective thousands of
+times. In :func:`pycoll.collectives._common.plain` each such call pays for
+its bookkeeping in Python (sequence number, progress board, call check,
+flight recorder) and for mpi4py's handling of its arguments (a message spec
+per buffer, a Request object, a return to Python between tests): at 8 bytes
+more than MPI's own call. :func:`call` keeps in Python only what touches
+Python objects (the group's owner and sequence number, the call check's
+ledger, the flight recorder's ring) and makes one call into compiled code
+(pycoll.kernels.starts) that publishes the operation on the progress board,
+starts MPI's nonblocking collective and tests it. Where the tests run out, the
+wait goes on in Python within the group's timeout, as on the plain path
+(watch.wait1_yielding): the same MPI operations, the same checks and
+diagnoses, from fewer instructions.
+
+When. A group takes the compiled path from the first call check exchange
+point its synchronous calls reach (its 256th call with the check on, its
+1024th with it off): numba is imported, and the code loaded from numba's disk
+cache or compiled, only by a job that makes many calls, once per process.
+``PYCOLL_NATIVE=1`` takes it from a group's first call (loaded at init),
+``0`` never. Not under ``PYCOLL_WAIT=blocking`` (whose fast path makes MPI's
+blocking calls), and only on the calls the plain path serves.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import weakref
+from threading import get_ident
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from . import _mpi, watch
+from .groups import ProcessGroup
+from .progress import BUSY_CODE, WORDS
+
+__all__ = ["ENV", "NOTHING", "configure", "attach", "detach", "again", "call", "loaded"]
+
+# What a call starts (call's ``what``).
+ALL_REDUCE, BROADCAST, REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, BARRIER = range(7)
+
+# A call's words, as the compiled code reads them: what it starts, the send
+# buffer's address (MPI_IN_PLACE's value, or 0), the receive buffer's (or 0),
+# then MPI's count, datatype, op and root.
+WHAT, SEND, RECV, COUNT, DATATYPE, OP, ROOT = range(7)
+
+# What a call with no array (a barrier) is known by.
+NOTHING = np.empty(0, np.uint8)
+
+ENV = "PYCOLL_NATIVE"
+# Calls kept per group (each with its buffers: see call), and the most bytes
+# of buffer one kept call may hold. Larger calls take the plain path: from
+# 1 MiB a call takes 100 us and more, and pycoll's Python costs 1-2 us.
+KEPT_CALLS = 64
+KEPT_BYTES = 1 << 20
+AUTO, ON, OFF = "auto", "1", "0"
+MODE = AUTO
+
+# Set by _load(): pycoll.kernels.starts, MPI_IN_PLACE's value, the mask that
+# reads a handle as the C type holds it, and mpi4py's buffer (an address in
+# 100 ns, where numpy's own interfaces take 900).
+_starts: Any = None
+_in_place = 0
+_handle_mask = 0
+_buffer: Any = None
+_failed: Optional[str] = None
+
+
+def configure() -> None:
+    """Read ``PYCOLL_NATIVE`` (at init): ``auto`` (the default), ``1`` or ``0``.
+    Under ``1`` the compiled code is loaded now, so that a failure is an error
+    at init rather than in a collective."""
+    global MODE
+    raw = os.environ.get(ENV, "").strip().lower() or AUTO
+    if raw not in (AUTO, ON, OFF):
+        raise ValueError(
+            f"{ENV}={raw!r}: set it to auto (the default: compiled from a group's first "
+            f"call check exchange), 1 (from a group's first call) or 0 (never)"
+        )
+    MODE = raw
+    if MODE == ON:
+        _load(strict=True)
+
+
+def loaded() -> bool:
+    """Whether this process has loaded the compiled path."""
+    return _starts is not None
+
+
+def _load(strict: bool = False) -> bool:
+    """Import and bind pycoll.kernels.starts (numba) once; False where it cannot
+    be (warned once, or raised under ``strict``)."""
+    global _starts, _in_place, _handle_mask, _buffer, _failed
+    if _starts is not None:
+        return True
+    if _failed is not None and not strict:
+        return False
+    try:
+        MPI = _mpi.load()
+        if np.dtype(np.intp).itemsize != 8:
+            raise RuntimeError("it needs a 64-bit platform")
+        from .kernels import starts
+
+        starts.bind()
+    except Exception as exc:  # (numba missing or broken, an MPI without a symbol)
+        _failed = f"pycoll: the compiled fast path is off ({type(exc).__name__}: {exc})"
+        if strict:
+            raise RuntimeError(
+                f"{_failed}; unset {ENV} (or set {ENV}=0) to run without it"
+            ) from exc
+        warnings.warn(f"{_failed}; the calls take the Python path", RuntimeWarning, stacklevel=3)
+        return False
+    wide = MPI._sizeof(MPI.Comm) == 8
+    _in_place = int(MPI.IN_PLACE)
+    _handle_mask = (1 << 63) - 1 if wide else 0xFFFFFFFF
+    _buffer = MPI.buffer
+    _starts = starts
+    return True
+
+
+def attach(pg: ProcessGroup) -> None:
+    """Give ``pg``'s synchronous fast calls the compiled path, where it applies
+    (pycoll.collectives._common calls this at a group's first call under
+    ``PYCOLL_NATIVE=1``, and at its call check exchanges otherwise)."""
+    if MODE == OFF or watch.BLOCKING or pg._native is not None or pg._destroyed:
+        return
+    if not _load():
+        return
+    MPI = _mpi.MPI
+    wide = MPI._sizeof(MPI.Comm) == 8
+    st = np.zeros(_starts.STATE_WORDS + WORDS, np.int64)
+    st[_starts.WIDE] = wide
+    st[_starts.COMM] = pg.comm.handle & _handle_mask
+    # The progress record lives as long as the group (world._free drops this
+    # state where it lets the record go); without a board, the stores land in
+    # the state's own spare words.
+    record = pg._rec if pg._rec is not None else st[_starts.STATE_WORDS :]
+    st[_starts.RECORD] = _buffer(record).address
+    st[_starts.SPINS] = len(watch.spin_tests)
+    pg._native = _State(st)
+
+
+class _State:
+    """A group's compiled path: its state words (pycoll.kernels.starts), the
+    calls it keeps by their main array's id, and the arrays seen once."""
+
+    __slots__ = ("st", "calls", "seen")
+
+    def __init__(self, st: Any) -> None:
+        self.st = st
+        self.calls: Dict[int, Tuple[Any, ...]] = {}
+        self.seen: Dict[int, Any] = {}
+
+
+def detach(pg: ProcessGroup) -> None:
+    """Take ``pg`` back to the Python path (its state dropped)."""
+    pg._native = None
+
+
+def again(
+    pg: ProcessGroup,
+    op: str,
+    main: Any,
+    other: Any,
+    extra: Any,
+    known: Any = None,
+) -> bool:
+    """Make a synchronous collective on the compiled path where this group's
+    last call on ``main`` (an array, its dict key) was the same call: the same
+    ``other`` buffer (an array, ``_mpi.IN_PLACE`` or None), the same ``extra``
+    (the op, the root: what else decides the call), ``main`` of the same dtype.
+    True once the call is done; False where the caller must go on (a call not
+    kept; another thread holds or shares the group; an exchange point, which
+    the plain path makes).
+
+    Collectives call this once their arguments are checked and before the
+    rest of their path (:func:`call` keeps the calls): a kept call is one
+    the rest would send here again.
+    """
+    state = pg._native
+    if state is None or pg._owner != get_ident() or pg._shared:
+        return False  # the locked path, in plain
+    if known is None:
+        known = state.calls.get(id(main))
+        if (
+            known is None
+            or known[2] is not main
+            or known[3] is not other
+            or known[5] is not main.dtype
+            or known[4] is not extra
+            and known[4] != extra
+        ):
+            return False
+    pg._busy = True  # then look again: a second thread may have just come
+    if pg._shared:
+        pg._busy = False
+        return False
+    try:
+        if pg._broken is not None:
+            raise watch.broken(pg, op)
+        seq = pg._seq + 1
+        slot = seq & pg._mask
+        if slot == pg._mask:
+            return False  # the call check's exchange point: plain makes it
+        pg._seq = seq
+        key = known[1]
+        pg._keys[slot] = key
+        ring = pg._flight  # the flight recorder's entry: on this path, the key alone
+        if ring is not None:
+            ring.append(key)
+        busy = seq << 8 | BUSY_CODE[op]
+        err = _starts.start(state.st, known[0], busy, pg._word)
+    finally:
+        pg._busy = False
+    if err:
+        _unfinished(pg, state.st, op, seq, busy, err)
+    return True
+
+
+def call(
+    pg: ProcessGroup,
+    op: str,
+    key: int,
+    what: int,
+    send: Any,
+    recv: Any,
+    count: int,
+    datatype: Any,
+    mpi_op: Any,
+    root: int,
+    main: Any,
+    other: Any,
+    extra: Any,
+) -> bool:
+    """Keep a synchronous collective for :func:`again` and make it there, once
+    it is made a second time on the same ``main`` array (an array seen once,
+    as one made afresh for each call, takes the plain path: keeping it would
+    cost more than the compiled path saves). False where the caller's plain
+    path must make it.
+
+    ``key`` is the call check's key of the call; ``send`` and ``recv`` the
+    buffers MPI gets (arrays, ``_mpi.IN_PLACE``, or None); ``datatype`` and
+    ``mpi_op`` mpi4py's objects (None where the collective takes none);
+    ``count`` and ``root`` as MPI takes them; ``main``, ``other`` and
+    ``extra`` what :func:`again` will know the call by.
+    """
+    state = pg._native
+    if state is None or pg._owner != get_ident() or pg._shared:
+        return False
+    held = main.nbytes + (other.nbytes if type(other) is np.ndarray else 0)
+    if held > KEPT_BYTES:
+        return False
+    seen = state.seen
+    was = seen.get(id(main))
+    if was is None or was() is not main:
+        if len(seen) >= KEPT_CALLS:
+            seen.clear()
+        seen[id(main)] = weakref.ref(main)
+        return False
+    mask = _handle_mask
+    words = np.array(
+        (
+            what,
+            _address(send),
+            _address(recv),
+            count,
+            0 if datatype is None else datatype.handle & mask,
+            0 if mpi_op is None else mpi_op.handle & mask,
+            root,
+            0,
+        ),
+        np.int64,
+    )  # (WHAT to ROOT, and a spare word)
+    known = (words, key, main, other, extra, main.dtype)
+    # Kept, a call holds its arrays: their addresses stay valid (numpy will
+    # not resize an array another object holds), and the memory held stays
+    # small (KEPT_CALLS calls of at most KEPT_BYTES each).
+    calls = state.calls
+    if len(calls) >= KEPT_CALLS:
+        calls.clear()
+    calls[id(main)] = known
+    return again(pg, op, main, other, extra, known)
+
+
+def _address(x: Any) -> int:
+    """A buffer argument's address: MPI_IN_PLACE's value, 0 for None."""
+    if x is _mpi.IN_PLACE:
+        return _in_place
+    if x is None:
+        return 0
+    return int(_buffer(x).address)
+
+
+def _unfinished(pg: ProcessGroup, st: Any, op: str, seq: int, busy: int, err: int) -> None:
+    """A call the compiled tests did not see done: wait for it in Python, or
+    raise MPI's error as the plain path does."""
+    if err != -1:
+        raise watch.backend_error(op, seq, _mpi.MPI.Exception(err))
+    request = _mpi.MPI.Request.fromhandle(int(st[_starts.REQUEST]) & _handle_mask)
+    watch.wait1_yielding(pg, op, seq, request)
+    rec, word = pg._rec, pg._word
+    if rec is not None and rec[word] == busy:
+        rec[word] = busy - 1

@@ -1,0 +1,335 @@
+"""pycoll.native: synchronous fast calls made from compiled code.
+
+Each test makes its own group with the compiled path attached from its first
+call (PYCOLL_NATIVE=1's effect) and makes its calls several times on the same
+arrays: the first call on an array takes the plain path, the second keeps the
+call and makes it compiled, and the rest are made compiled. Every result is
+checked against numpy on every rank, and a count of the plain path's calls
+says which path ran. The fault tests (a mismatch, a late rank, a second
+thread) show the compiled path keeps what the plain path promises."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Dict, List
+
+import numpy as np
+import pytest
+from numpy.testing import assert_array_equal
+
+import pycoll
+from pycoll import CollectiveMismatchError, crosscheck, native, watch
+from pycoll.collectives import _common, alltoall, barrier, gather, reduce, scatter
+from pycoll.errors import DistTimeoutError
+from pycoll.progress import BUSY
+from support import BF16
+
+CALLS = 4  # plain, kept (compiled), compiled, compiled
+
+
+@pytest.fixture
+def group(pg, debug_off):
+    """A new group of every rank on the compiled path (DETAIL off: DETAIL's
+    calls take the checked path)."""
+    if watch.BLOCKING:
+        pytest.skip("the compiled path serves the default wait mode (PYCOLL_WAIT=blocking)")
+    g = pycoll.new_group()
+    native.attach(g)
+    assert g._native is not None, "the compiled path did not load"
+    pycoll.barrier(group=g)  # the group's first call makes this thread its owner
+    yield g
+    try:
+        pycoll.destroy_process_group(g)
+    except CollectiveMismatchError:
+        pass  # (test_a_mismatch_on_the_compiled_path_is_found has checked it)
+    assert g._native is None  # dropped with the group's progress record
+
+
+@pytest.fixture
+def plain_calls(monkeypatch) -> Dict[str, int]:
+    """How many calls each collective made through the plain (Python) path."""
+    counts: Dict[str, int] = {}
+    real = _common.plain
+
+    def counting(pg, op, *args):
+        counts[op] = counts.get(op, 0) + 1
+        return real(pg, op, *args)
+
+    for module in (reduce, scatter, gather, alltoall, barrier):
+        monkeypatch.setattr(module, "plain", counting)
+    return counts
+
+
+DTYPES = [np.float32, np.float64, np.int64, np.uint8, np.complex128, np.float16, BF16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_all_reduce(group, plain_calls, rank, world_size, dtype):
+    x = np.zeros((2, 3), dtype)
+    for i in range(CALLS):
+        x[...] = np.arange(6).reshape(2, 3) + rank + i
+        pycoll.all_reduce(x, group=group)
+        want = sum(np.arange(6).reshape(2, 3) + r + i for r in range(world_size))
+        assert_array_equal(x, want.astype(dtype))
+    assert plain_calls == {"all_reduce": 1}
+
+
+@pytest.mark.parametrize("op", ["MAX", "MIN", "PRODUCT"])
+def test_all_reduce_with_other_ops_on_the_same_array(group, plain_calls, rank, world_size, op):
+    """A kept call is the call with its op: SUM then another op on one array
+    are two calls, each made compiled (the one kept in turn)."""
+    x = np.zeros(4, np.int32)
+    for i in range(CALLS):
+        for name in ("SUM", op):
+            x[...] = rank + 1 + i
+            pycoll.all_reduce(x, op=getattr(pycoll.ReduceOp, name), group=group)
+            values = [r + 1 + i for r in range(world_size)]
+            want = {"SUM": sum, "MAX": max, "MIN": min, "PRODUCT": np.prod}[name](values)
+            assert_array_equal(x, np.full(4, want, np.int32))
+    assert plain_calls == {"all_reduce": 1}
+
+
+def test_broadcast_from_every_root(group, plain_calls, rank, world_size):
+    x = np.zeros(3, np.int32)
+    for i in range(CALLS):
+        for root in range(world_size):
+            x[...] = 100 * root + i if rank == root else -1
+            pycoll.broadcast(x, src=root, group=group)
+            assert_array_equal(x, np.full(3, 100 * root + i, np.int32))
+    assert plain_calls == {"broadcast": 1}
+
+
+def test_reduce_to_every_root(group, plain_calls, rank, world_size):
+    x = np.zeros(5, np.float64)
+    for i in range(CALLS):
+        for root in range(world_size):
+            x[...] = rank + i
+            pycoll.reduce(x, dst=root, group=group)
+            want = sum(r + i for r in range(world_size)) if rank == root else rank + i
+            assert_array_equal(x, np.full(5, want, np.float64))
+    assert plain_calls == {"reduce": 1}
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out-of-place", "in-place"])
+def test_all_gather_into_tensor(group, plain_calls, rank, world_size, in_place):
+    out = np.zeros(3 * world_size, np.float32)
+    mine = np.zeros(3, np.float32)
+    for i in range(CALLS):
+        out[...] = -1
+        values = np.arange(3, dtype=np.float32) + 10 * rank + i
+        if in_place:
+            out[3 * rank : 3 * rank + 3] = values
+            inp = out[3 * rank : 3 * rank + 3]  # a new view each call, as torch users make it
+        else:
+            mine[...] = values
+            inp = mine
+        pycoll.all_gather_into_tensor(out, inp, group=group)
+        want = np.concatenate([np.arange(3) + 10 * r + i for r in range(world_size)])
+        assert_array_equal(out, want.astype(np.float32))
+    assert plain_calls == {"all_gather_into_tensor": 1}
+
+
+def test_one_output_from_two_inputs(group, plain_calls, rank, world_size):
+    """A kept call is the call with its buffers: one output array gathered
+    from two input arrays in turn is two calls."""
+    out = np.zeros(2 * world_size, np.int32)
+    inputs = [np.full(2, rank, np.int32), np.full(2, 10 + rank, np.int32)]
+    for _ in range(CALLS):
+        for k, inp in enumerate(inputs):
+            pycoll.all_gather_into_tensor(out, inp, group=group)
+            assert_array_equal(out, np.repeat(np.arange(world_size) + 10 * k, 2))
+    assert plain_calls == {"all_gather_into_tensor": 1}  # (then each kept in turn)
+
+
+def test_reduce_scatter_tensor(group, plain_calls, rank, world_size):
+    out = np.zeros(2, np.int64)
+    inp = np.zeros(2 * world_size, np.int64)
+    for i in range(CALLS):
+        inp[...] = np.arange(2 * world_size) * (rank + 1) + i
+        pycoll.reduce_scatter_tensor(out, inp, group=group)
+        total = sum(np.arange(2 * world_size) * (r + 1) + i for r in range(world_size))
+        assert_array_equal(out, total[2 * rank : 2 * rank + 2])
+    assert plain_calls == {"reduce_scatter_tensor": 1}
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out-of-place", "in-place"])
+def test_all_to_all_single(group, plain_calls, rank, world_size, in_place):
+    out = np.zeros(2 * world_size, np.float64)
+    inp = out if in_place else np.zeros(2 * world_size, np.float64)
+    for i in range(CALLS):
+        inp[...] = np.arange(2 * world_size) + 100 * rank + i
+        pycoll.all_to_all_single(out, inp, group=group)
+        want = np.concatenate([np.arange(2 * rank, 2 * rank + 2) + 100 * r + i
+                               for r in range(world_size)])  # fmt: skip
+        assert_array_equal(out, want)
+    assert plain_calls == {"all_to_all_single": 1}
+
+
+def test_barrier(group, plain_calls, rank, world_size):
+    for _ in range(CALLS):
+        pycoll.barrier(group=group)
+    assert plain_calls == {"barrier": 1}
+
+
+def test_arrays_made_afresh_take_the_plain_path(group, plain_calls, rank, world_size):
+    """Keeping a call that is never made again would cost more than it saves."""
+    for i in range(CALLS):
+        x = np.full(3, rank + i, np.float32)
+        pycoll.all_reduce(x, group=group)
+        assert_array_equal(x, np.full(3, sum(r + i for r in range(world_size)), np.float32))
+    assert plain_calls == {"all_reduce": CALLS}
+    assert group._native.calls == {}
+
+
+def test_large_calls_take_the_plain_path(group, plain_calls, rank, world_size):
+    x = np.zeros(native.KEPT_BYTES // 8 + 1, np.float64)
+    for i in range(3):
+        x[...] = i if rank == 0 else -1
+        pycoll.broadcast(x, src=0, group=group)
+        assert (x == i).all()
+    assert plain_calls == {"broadcast": 3}
+
+
+def test_a_dtype_changed_in_place_is_a_new_call(group, rank, world_size):
+    """numpy lets an array's dtype be set to another of the same item size: the
+    kept call (MPI's float datatype) must not serve the int32 array it became."""
+    x = np.zeros(3, np.float32)
+    for i in range(CALLS):
+        x[...] = rank + i
+        pycoll.all_reduce(x, group=group)
+    x.dtype = np.int32
+    x[...] = -(rank + 1)  # (as float32 a NaN: a float sum would not give the int sum)
+    pycoll.all_reduce(x, group=group)
+    assert_array_equal(x, np.full(3, -world_size * (world_size + 1) // 2, np.int32))
+
+
+def test_the_bookkeeping_is_the_plain_paths(group, rank, world_size):
+    """Sequence numbers, the progress record and the flight recorder read the
+    same after a compiled call as after a plain one."""
+    x = np.ones(2, np.float32)
+    words: List[int] = []
+    for _ in range(CALLS):
+        before = group.sequence_number()
+        pycoll.all_reduce(x, group=group)
+        assert group.sequence_number() == before + 1
+        word = group._rec[group._word]
+        assert word >> 8 == before + 1 and not word & BUSY  # done, at that seq
+        words.append(word & 0xFF)
+    assert len(set(words)) == 1  # the same op code, plain (first) and compiled
+    ring = list(group._flight)[-CALLS:]
+    assert len(set(ring)) == 1  # the same key for the flight recorder
+
+
+def test_a_mismatch_on_the_compiled_path_is_found(group, rank, world_size):
+    """The call check sees compiled calls: ranks that disagree are told within
+    two exchanges, with the first call they disagreed on."""
+    if world_size == 1:
+        pytest.skip("needs two ranks to disagree")
+    last = world_size - 1
+    x = np.ones(6, np.float32)
+    for _ in range(3):  # kept on every rank
+        pycoll.all_reduce(x, group=group)
+    seq = group.sequence_number() + 1
+    op = pycoll.ReduceOp.MAX if rank == last else pycoll.ReduceOp.SUM
+    for _ in range(3):  # compiled on every rank; MPI runs them: the results are wrong
+        pycoll.all_reduce(x, op=op, group=group)
+    assert group._native.calls[id(x)][4] is op  # (the call kept, and so made compiled)
+    with pytest.raises(CollectiveMismatchError) as error:
+        for _ in range(2 * crosscheck.DEFAULT_EVERY + 2):
+            pycoll.all_reduce(x, group=group)
+    assert f"called different collectives at seq {seq}: " in str(error.value)
+    assert f"rank {last} called all_reduce(MAX, float32, 6 elements)" in str(error.value)
+
+
+def test_a_late_rank_is_named_by_the_timeout(pg, rank, world_size, debug_off):
+    """A compiled call that one rank never makes: its tests run out, the wait
+    goes on in Python, and the group's timeout names the rank that did not come."""
+    if world_size == 1:
+        pytest.skip("needs a rank to be late")
+    if watch.BLOCKING:
+        pytest.skip("the compiled path serves the default wait mode (PYCOLL_WAIT=blocking)")
+    g = pycoll.new_group(timeout=timedelta(seconds=3))
+    native.attach(g)
+    x = np.ones(2)
+    for _ in range(3):  # (the first makes this thread the owner) kept: the next is compiled
+        pycoll.all_reduce(x, group=g)
+    assert g._native.calls
+    last = world_size - 1
+    if rank != last:
+        with pytest.raises(DistTimeoutError) as exc:
+            pycoll.all_reduce(x, group=g)
+        assert f"rank {last}: has not reached it" in str(exc.value), str(exc.value)
+    pycoll.barrier()  # (the default group: the late rank joins here)
+
+
+def test_a_second_thread_sends_the_group_to_the_plain_path(group, plain_calls, rank, world_size):
+    x = np.zeros(2, np.int64)
+    errors: List[BaseException] = []
+
+    def step(i: int) -> None:
+        try:
+            x[...] = rank + i
+            pycoll.all_reduce(x, group=group)
+            assert_array_equal(x, np.full(2, sum(r + i for r in range(world_size))))
+        except BaseException as error:  # (a thread's exception would be lost)
+            errors.append(error)
+
+    for i in range(CALLS):
+        step(i)
+    assert plain_calls == {"all_reduce": 1}
+    helper = threading.Thread(target=step, args=(CALLS,))
+    helper.start()
+    helper.join()
+    assert group._shared
+    for i in range(CALLS):
+        step(CALLS + 1 + i)
+    assert errors == []
+    assert plain_calls == {"all_reduce": 2 + CALLS}  # the locked path, every call
+
+
+def test_a_group_takes_the_compiled_path_from_its_first_exchange(pg, monkeypatch, debug_off):
+    if watch.BLOCKING:
+        pytest.skip("the compiled path serves the default wait mode (PYCOLL_WAIT=blocking)")
+    monkeypatch.setattr(native, "MODE", native.AUTO)
+    g = pycoll.new_group()
+    try:
+        x = np.ones(2)
+        while g.sequence_number() < g._mask - 1:
+            pycoll.all_reduce(x, group=g)
+        assert g._native is None  # not before
+        pycoll.all_reduce(x, group=g)  # the exchange point (seq & mask == mask)
+        assert g._native is not None
+    finally:
+        pycoll.destroy_process_group(g)
+
+
+def test_off_and_blocking_groups_stay_plain(pg, monkeypatch):
+    monkeypatch.setattr(native, "MODE", native.OFF)
+    g = pycoll.new_group()
+    try:
+        native.attach(g)
+        assert g._native is None
+        monkeypatch.setattr(native, "MODE", native.ON)
+        monkeypatch.setattr(watch, "BLOCKING", True)
+        native.attach(g)
+        assert g._native is None
+    finally:
+        pycoll.destroy_process_group(g)
+
+
+def test_the_setting_is_checked(monkeypatch, pg):
+    before = native.MODE
+    try:
+        monkeypatch.setenv(native.ENV, "yes")
+        with pytest.raises(ValueError, match=r"PYCOLL_NATIVE='yes': set it to auto"):
+            native.configure()
+        for value, mode in (("0", native.OFF), ("", native.AUTO), (" AUTO ", native.AUTO)):
+            monkeypatch.setenv(native.ENV, value)
+            native.configure()
+            assert native.MODE == mode
+        monkeypatch.setenv(native.ENV, "1")
+        native.configure()
+        assert native.MODE == native.ON and native.loaded()
+    finally:
+        native.MODE = before
