@@ -172,6 +172,35 @@ def test_barrier(group, plain_calls, rank, world_size):
     assert plain_calls == {"barrier": 1}
 
 
+def test_kept_calls_are_still_checked(group, pg, rank, world_size):
+    """A kept call is found only after the arguments that decide it are
+    checked: a bad root or an array made read-only still raises on every rank."""
+    native.attach(pg)  # (the default group's lanes come before the root's checks)
+    assert pg._native is not None
+    root = 1 if world_size > 1 else 0  # (True == 1: a bool must not pass for root 1)
+    x, y = np.zeros(3, np.float32), np.zeros(3, np.float32)
+    for _ in range(CALLS):
+        pycoll.broadcast(x, src=root)  # (the default group: the lanes before the root's checks)
+        pycoll.reduce(y, dst=root)
+    assert_array_equal(x, np.zeros(3, np.float32))
+    with pytest.raises(TypeError, match="src must be an int"):
+        pycoll.broadcast(x, src=bool(root))
+    with pytest.raises(TypeError, match="dst must be an int"):
+        pycoll.reduce(y, dst=bool(root))
+    with pytest.raises(ValueError, match=f"src={world_size} is not a rank of the group"):
+        pycoll.broadcast(x, src=world_size)
+    with pytest.raises(ValueError, match=f"dst={world_size} is not a rank of the group"):
+        pycoll.reduce(y, dst=world_size)
+    x.flags.writeable = False
+    y.flags.writeable = False
+    if rank != root:  # (the source only reads it: it would go ahead, alone)
+        with pytest.raises(ValueError, match="tensor is read-only"):
+            pycoll.broadcast(x, src=root)
+    else:  # (the others only read it)
+        with pytest.raises(ValueError, match="tensor is read-only"):
+            pycoll.reduce(y, dst=root)
+
+
 def test_arrays_made_afresh_take_the_plain_path(group, plain_calls, rank, world_size):
     """Keeping a call that is never made again would cost more than it saves."""
     for i in range(CALLS):

@@ -227,6 +227,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise RuntimeError("pycoll-bench: the default process group did not initialize")
     if not 0 <= args.root < world.size():
         parser.error(f"--root {args.root} is not a rank (0..{world.size() - 1})")
+    # The compiled fast path as a training loop has it after its first calls
+    # (loaded now, not inside a timed block; PYCOLL_NATIVE=0 still turns it off).
+    from pycoll import native
+
+    native.attach(world)
     from mpi4py import MPI
 
     comm = world.comm.Dup()  # the raw side gets a communicator of its own
