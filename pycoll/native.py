@@ -1,26 +1,31 @@
 """The synchronous fast path, compiled (``PYCOLL_NATIVE``).
 
-A training loop makes the same small synchronous collective thousands of
-times. In :func:`pycoll.collectives._common.plain` each such call pays for
-its bookkeeping in Python (sequence number, progress board, call check,
-flight recorder) and for mpi4py's handling of its arguments (a message spec
-per buffer, a Request object, a return to Python between tests): at 8 bytes
-more than MPI's own call. :func:`call` keeps in Python only what touches
-Python objects (the group's owner and sequence number, the call check's
-ledger, the flight recorder's ring) and makes one call into compiled code
-(pycoll.kernels.starts) that publishes the operation on the progress board,
-starts MPI's nonblocking collective and tests it. Where the tests run out, the
-wait goes on in Python within the group's timeout, as on the plain path
-(watch.wait1_yielding): the same MPI operations, the same checks and
-diagnoses, from fewer instructions.
+A training loop makes the same small synchronous collective on the same
+arrays thousands of times. In :func:`pycoll.collectives._common.plain` each
+such call pays for its bookkeeping in Python (sequence number, progress
+board, call check, flight recorder) and for mpi4py's handling of its
+arguments (a message spec per buffer, a Request object, a return to Python
+between tests): at 8 bytes, more than MPI's own call costs.
+
+Here a call made a second time on the same arrays is kept: its words for
+the compiled code (what it starts, its buffers' addresses, MPI's count,
+datatype, op and root), holding its arrays so that their addresses stay
+valid. From then on :func:`again` finds it by its main array, does in
+Python only what touches Python objects (the group's owner and sequence
+number, the call check's ledger, the flight recorder's ring) and makes one
+call into compiled code (pycoll.kernels.starts) that publishes the operation
+on the progress board, starts MPI's nonblocking collective and tests it.
+Where the tests run out, the wait goes on in Python within the group's
+timeout, as on the plain path (watch.wait1_yielding): the same MPI
+operations, the same checks and diagnoses, from fewer instructions.
 
 When. A group takes the compiled path from the first call check exchange
-point its synchronous calls reach (its 256th call with the check on, its
-1024th with it off): numba is imported, and the code loaded from numba's disk
-cache or compiled, only by a job that makes many calls, once per process.
+point its synchronous calls reach (its 128th call; its 1024th with the check
+off): numba is imported, and the code loaded from numba's disk cache or
+compiled, only by a job that makes many calls, once per process.
 ``PYCOLL_NATIVE=1`` takes it from a group's first call (loaded at init),
 ``0`` never. Not under ``PYCOLL_WAIT=blocking`` (whose fast path makes MPI's
-blocking calls), and only on the calls the plain path serves.
+blocking calls), not at DETAIL, and only on the calls the plain path serves.
 """
 
 from __future__ import annotations

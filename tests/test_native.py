@@ -11,6 +11,7 @@ thread) show the compiled path keeps what the plain path promises."""
 from __future__ import annotations
 
 import threading
+import warnings
 from datetime import timedelta
 from typing import Dict, List
 
@@ -362,3 +363,35 @@ def test_the_setting_is_checked(monkeypatch, pg):
         assert native.MODE == native.ON and native.loaded()
     finally:
         native.MODE = before
+
+
+def test_a_path_that_cannot_load_is_named(monkeypatch, pg):
+    """Under auto, a compiled path that cannot load warns once and leaves the
+    calls on the Python path; under 1 it is an error naming the way out."""
+    from pycoll.kernels import starts
+
+    def broken() -> None:
+        raise OSError("no libmpi here")
+
+    monkeypatch.setattr(starts, "bind", broken)
+    monkeypatch.setattr(native, "_starts", None)
+    monkeypatch.setattr(native, "_failed", None)
+    monkeypatch.setattr(native, "MODE", native.AUTO)
+    g = pycoll.new_group()
+    try:
+        with pytest.warns(RuntimeWarning, match=r"compiled fast path is off \(OSError: no libmpi"):
+            native.attach(g)
+        assert g._native is None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (warned once: no second warning, no second try)
+            native.attach(g)
+        assert g._native is None
+        monkeypatch.setenv(native.ENV, "1")
+        with pytest.raises(RuntimeError, match=r"no libmpi here\); unset PYCOLL_NATIVE"):
+            native.configure()
+        x = np.ones(2)
+        for _ in range(CALLS):
+            pycoll.all_reduce(x, group=g)
+        assert x[0] == pycoll.get_world_size() ** CALLS
+    finally:
+        pycoll.destroy_process_group(g)
