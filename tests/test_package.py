@@ -100,6 +100,8 @@ LATE = {
     ("pycoll/ops.py", "."),
     ("pycoll/kernels/__init__.py", ".elementwise"),
     ("pycoll/kernels/__init__.py", "."),
+    # the compiled fast path: numba only for a job that makes many calls
+    ("pycoll/native.py", ".kernels"),
     # the pytest plugin is loaded by every pytest run: pycoll only when used
     ("pycoll/testing/plugin.py", "pycoll"),
     # torch's import-torch hook: inside its try, so a failure never breaks `import torch`
