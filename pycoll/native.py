@@ -24,8 +24,10 @@ point its synchronous calls reach (its 128th call; its 1024th with the check
 off): numba is imported, and the code loaded from numba's disk cache or
 compiled, only by a job that makes many calls, once per process.
 ``PYCOLL_NATIVE=1`` takes it from a group's first call (loaded at init),
-``0`` never. Not under ``PYCOLL_WAIT=blocking`` (whose fast path makes MPI's
-blocking calls), not at DETAIL, and only on the calls the plain path serves.
+``0`` never. Under ``PYCOLL_WAIT=blocking`` the compiled code makes MPI's
+blocking call, with the GIL released, watched by the watchdog thread as the
+plain path's blocking calls are. Not at DETAIL, and only on the calls the
+plain path serves.
 """
 
 from __future__ import annotations
@@ -130,7 +132,7 @@ def attach(pg: ProcessGroup) -> None:
     """Give ``pg``'s synchronous fast calls the compiled path, where it applies
     (pycoll.collectives._common calls this at a group's first call under
     ``PYCOLL_NATIVE=1``, and at its call check exchanges otherwise)."""
-    if MODE == OFF or watch.BLOCKING or pg._native is not None or pg._destroyed:
+    if MODE == OFF or pg._native is not None or pg._destroyed:
         return
     if not _load():
         return
@@ -217,7 +219,12 @@ def again(
         if ring is not None:
             ring.append(key)
         busy = seq << 8 | BUSY_CODE[op]
-        err = _starts.start(state.st, known[0], busy, pg._word)
+        if watch.BLOCKING:  # MPI's blocking call, watched by the watchdog thread
+            watch.inflight = (pg, op, seq)
+            err = _starts.block(state.st, known[0], busy, pg._word)
+            watch.inflight = None
+        else:
+            err = _starts.start(state.st, known[0], busy, pg._word)
     finally:
         pg._busy = False
     if err:

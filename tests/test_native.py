@@ -33,8 +33,6 @@ CALLS = 4  # plain, kept (compiled), compiled, compiled
 def group(pg, debug_off):
     """A new group of every rank on the compiled path (DETAIL off: DETAIL's
     calls take the checked path)."""
-    if watch.BLOCKING:
-        pytest.skip("the compiled path serves the default wait mode (PYCOLL_WAIT=blocking)")
     g = pycoll.new_group()
     native.attach(g)
     assert g._native is not None, "the compiled path did not load"
@@ -168,6 +166,8 @@ def test_all_to_all_single(group, plain_calls, rank, world_size, in_place):
 
 
 def test_barrier(group, plain_calls, rank, world_size):
+    if watch.BLOCKING:
+        pytest.skip("under PYCOLL_WAIT=blocking a barrier takes the checked path (it raises)")
     for _ in range(CALLS):
         pycoll.barrier(group=group)
     assert plain_calls == {"barrier": 1}
@@ -256,6 +256,8 @@ def test_a_mismatch_on_the_compiled_path_is_found(group, rank, world_size):
     two exchanges, with the first call they disagreed on."""
     if world_size == 1:
         pytest.skip("needs two ranks to disagree")
+    if watch.BLOCKING:
+        pytest.skip("MPICH's blocking all_reduce reports this mismatch itself (truncated)")
     last = world_size - 1
     x = np.ones(6, np.float32)
     for _ in range(3):  # kept on every rank
@@ -278,7 +280,7 @@ def test_a_late_rank_is_named_by_the_timeout(pg, rank, world_size, debug_off):
     if world_size == 1:
         pytest.skip("needs a rank to be late")
     if watch.BLOCKING:
-        pytest.skip("the compiled path serves the default wait mode (PYCOLL_WAIT=blocking)")
+        pytest.skip("a blocking call's timeout ends the job (tests/test_hangs.py)")
     g = pycoll.new_group(timeout=timedelta(seconds=3))
     native.attach(g)
     x = np.ones(2)
@@ -319,8 +321,6 @@ def test_a_second_thread_sends_the_group_to_the_plain_path(group, plain_calls, r
 
 
 def test_a_group_takes_the_compiled_path_from_its_first_exchange(pg, monkeypatch, debug_off):
-    if watch.BLOCKING:
-        pytest.skip("the compiled path serves the default wait mode (PYCOLL_WAIT=blocking)")
     monkeypatch.setattr(native, "MODE", native.AUTO)
     g = pycoll.new_group()
     try:
@@ -334,18 +334,40 @@ def test_a_group_takes_the_compiled_path_from_its_first_exchange(pg, monkeypatch
         pycoll.destroy_process_group(g)
 
 
-def test_off_and_blocking_groups_stay_plain(pg, monkeypatch):
+def test_groups_stay_plain_with_the_setting_off(pg, monkeypatch):
     monkeypatch.setattr(native, "MODE", native.OFF)
     g = pycoll.new_group()
     try:
         native.attach(g)
         assert g._native is None
-        monkeypatch.setattr(native, "MODE", native.ON)
-        monkeypatch.setattr(watch, "BLOCKING", True)
-        native.attach(g)
+        x = np.ones(2)
+        for _ in range(g._mask + 2):  # past the exchange point
+            pycoll.all_reduce(x, group=g)
         assert g._native is None
     finally:
         pycoll.destroy_process_group(g)
+
+
+def test_blocking_calls_are_watched(group, monkeypatch, rank, world_size):
+    """Under PYCOLL_WAIT=blocking a compiled call is MPI's blocking call, shown
+    to the watchdog thread while it runs (watch.inflight) and cleared after."""
+    seen: List[object] = []
+    real = native._starts.block
+
+    def watched(*args):
+        seen.append(watch.inflight)
+        return real(*args)
+
+    monkeypatch.setattr(watch, "BLOCKING", True)
+    monkeypatch.setattr(native._starts, "block", watched)
+    x = np.zeros(3, np.float64)
+    for i in range(CALLS):
+        x[...] = rank + i
+        pycoll.all_reduce(x, group=group)
+        assert_array_equal(x, np.full(3, sum(r + i for r in range(world_size)), np.float64))
+    first = group.sequence_number() - (CALLS - 2)
+    assert seen == [(group, "all_reduce", seq) for seq in range(first, first + CALLS - 1)]
+    assert watch.inflight is None
 
 
 def test_the_setting_is_checked(monkeypatch, pg):

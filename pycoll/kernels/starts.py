@@ -29,7 +29,6 @@ import ctypes
 from typing import Any, Dict
 
 import llvmlite.binding as llvm
-import numpy as np
 from llvmlite import ir
 from numba import carray, njit, types
 from numba.extending import intrinsic
@@ -52,7 +51,7 @@ from ..native import (
 )
 from ..progress import LAST, WORDS
 
-__all__ = ["start", "bind", "STATE_WORDS"]
+__all__ = ["start", "block", "bind", "STATE_WORDS"]
 
 # A group's state words (an int64 array, one per group: its calls' scratch).
 WIDE = 0  # 1 where MPI's handles are 64 bits wide
@@ -65,7 +64,9 @@ STATUS = 6  # MPI_Test's status (up to 10 words: larger than any MPI's MPI_Statu
 STATE_WORDS = 16
 
 
-# The C functions, as (name, parameters): "p" a pointer, "i" an int, "h" a handle.
+# The C functions, as (name, parameters): "p" a pointer, "i" an int, "h" a
+# handle. The nonblocking calls and MPI_Test, then the blocking calls that
+# PYCOLL_WAIT=blocking makes (no barrier: there it takes the checked path).
 _FUNCTIONS = {
     "MPI_Iallreduce": "ppihhhp",
     "MPI_Ibcast": "pihihp",
@@ -75,6 +76,12 @@ _FUNCTIONS = {
     "MPI_Ialltoall": "pihpihhp",
     "MPI_Ibarrier": "hp",
     "MPI_Test": "ppp",
+    "MPI_Allreduce": "ppihhh",
+    "MPI_Bcast": "pihih",
+    "MPI_Reduce": "ppihhih",
+    "MPI_Allgather": "pihpihh",
+    "MPI_Reduce_scatter_block": "ppihhh",
+    "MPI_Alltoall": "pihpihh",
 }
 
 
@@ -98,17 +105,23 @@ def bind() -> None:
 
 _N: Dict[str, Any] = {name: _external(name, False) for name in _FUNCTIONS}
 _W: Dict[str, Any] = {name: _external(name, True) for name in _FUNCTIONS}
-n_allreduce, w_allreduce = _N["MPI_Iallreduce"], _W["MPI_Iallreduce"]
-n_bcast, w_bcast = _N["MPI_Ibcast"], _W["MPI_Ibcast"]
-n_reduce, w_reduce = _N["MPI_Ireduce"], _W["MPI_Ireduce"]
-n_allgather, w_allgather = _N["MPI_Iallgather"], _W["MPI_Iallgather"]
-n_reduce_scatter, w_reduce_scatter = (
+n_iallreduce, w_iallreduce = _N["MPI_Iallreduce"], _W["MPI_Iallreduce"]
+n_ibcast, w_ibcast = _N["MPI_Ibcast"], _W["MPI_Ibcast"]
+n_ireduce, w_ireduce = _N["MPI_Ireduce"], _W["MPI_Ireduce"]
+n_iallgather, w_iallgather = _N["MPI_Iallgather"], _W["MPI_Iallgather"]
+n_ireduce_scatter, w_ireduce_scatter = (
     _N["MPI_Ireduce_scatter_block"],
     _W["MPI_Ireduce_scatter_block"],
 )
-n_alltoall, w_alltoall = _N["MPI_Ialltoall"], _W["MPI_Ialltoall"]
-n_barrier, w_barrier = _N["MPI_Ibarrier"], _W["MPI_Ibarrier"]
+n_ialltoall, w_ialltoall = _N["MPI_Ialltoall"], _W["MPI_Ialltoall"]
+n_ibarrier, w_ibarrier = _N["MPI_Ibarrier"], _W["MPI_Ibarrier"]
 mpi_test = _N["MPI_Test"]  # (no handle among its parameters)
+n_allreduce, w_allreduce = _N["MPI_Allreduce"], _W["MPI_Allreduce"]
+n_bcast, w_bcast = _N["MPI_Bcast"], _W["MPI_Bcast"]
+n_reduce, w_reduce = _N["MPI_Reduce"], _W["MPI_Reduce"]
+n_allgather, w_allgather = _N["MPI_Allgather"], _W["MPI_Allgather"]
+n_reduce_scatter, w_reduce_scatter = _N["MPI_Reduce_scatter_block"], _W["MPI_Reduce_scatter_block"]
+n_alltoall, w_alltoall = _N["MPI_Alltoall"], _W["MPI_Alltoall"]
 
 
 @intrinsic
@@ -123,45 +136,64 @@ def _words(typingctx: Any, address: Any) -> Any:
 
 
 @njit(cache=True)
-def _start_narrow(st, call):
-    comm, request = np.int32(st[COMM]), st.ctypes.data + REQUEST * 8
-    what, send, recv = call[WHAT], call[SEND], call[RECV]
-    count, root = np.int32(call[COUNT]), np.int32(call[ROOT])
-    dt, op = np.int32(call[DATATYPE]), np.int32(call[OP])
+def _call(st, call, blocking):
+    """MPI's call for ``call``: nonblocking, its request left in ``st[REQUEST]``,
+    or blocking. Each C function is taken at the state's handle width (a
+    64-bit word passed as MPICH's 32-bit handle is cut to its low half)."""
+    wide, comm, req = st[WIDE], st[COMM], st.ctypes.data + REQUEST * 8
+    what, send, recv, count = call[WHAT], call[SEND], call[RECV], call[COUNT]
+    dt, op, root = call[DATATYPE], call[OP], call[ROOT]
     if what == ALL_REDUCE:
-        return n_allreduce(send, recv, count, dt, op, comm, request)
+        if blocking:
+            if wide:
+                return w_allreduce(send, recv, count, dt, op, comm)
+            return n_allreduce(send, recv, count, dt, op, comm)
+        if wide:
+            return w_iallreduce(send, recv, count, dt, op, comm, req)
+        return n_iallreduce(send, recv, count, dt, op, comm, req)
     if what == BROADCAST:
-        return n_bcast(recv, count, dt, root, comm, request)
+        if blocking:
+            if wide:
+                return w_bcast(recv, count, dt, root, comm)
+            return n_bcast(recv, count, dt, root, comm)
+        if wide:
+            return w_ibcast(recv, count, dt, root, comm, req)
+        return n_ibcast(recv, count, dt, root, comm, req)
     if what == REDUCE:
-        return n_reduce(send, recv, count, dt, op, root, comm, request)
+        if blocking:
+            if wide:
+                return w_reduce(send, recv, count, dt, op, root, comm)
+            return n_reduce(send, recv, count, dt, op, root, comm)
+        if wide:
+            return w_ireduce(send, recv, count, dt, op, root, comm, req)
+        return n_ireduce(send, recv, count, dt, op, root, comm, req)
     if what == ALL_GATHER:
-        return n_allgather(send, count, dt, recv, count, dt, comm, request)
+        if blocking:
+            if wide:
+                return w_allgather(send, count, dt, recv, count, dt, comm)
+            return n_allgather(send, count, dt, recv, count, dt, comm)
+        if wide:
+            return w_iallgather(send, count, dt, recv, count, dt, comm, req)
+        return n_iallgather(send, count, dt, recv, count, dt, comm, req)
     if what == REDUCE_SCATTER:
-        return n_reduce_scatter(send, recv, count, dt, op, comm, request)
+        if blocking:
+            if wide:
+                return w_reduce_scatter(send, recv, count, dt, op, comm)
+            return n_reduce_scatter(send, recv, count, dt, op, comm)
+        if wide:
+            return w_ireduce_scatter(send, recv, count, dt, op, comm, req)
+        return n_ireduce_scatter(send, recv, count, dt, op, comm, req)
     if what == ALL_TO_ALL:
-        return n_alltoall(send, count, dt, recv, count, dt, comm, request)
-    return n_barrier(comm, request)
-
-
-@njit(cache=True)
-def _start_wide(st, call):
-    comm, request = st[COMM], st.ctypes.data + REQUEST * 8
-    what, send, recv = call[WHAT], call[SEND], call[RECV]
-    count, root = np.int32(call[COUNT]), np.int32(call[ROOT])
-    dt, op = call[DATATYPE], call[OP]
-    if what == ALL_REDUCE:
-        return w_allreduce(send, recv, count, dt, op, comm, request)
-    if what == BROADCAST:
-        return w_bcast(recv, count, dt, root, comm, request)
-    if what == REDUCE:
-        return w_reduce(send, recv, count, dt, op, root, comm, request)
-    if what == ALL_GATHER:
-        return w_allgather(send, count, dt, recv, count, dt, comm, request)
-    if what == REDUCE_SCATTER:
-        return w_reduce_scatter(send, recv, count, dt, op, comm, request)
-    if what == ALL_TO_ALL:
-        return w_alltoall(send, count, dt, recv, count, dt, comm, request)
-    return w_barrier(comm, request)
+        if blocking:
+            if wide:
+                return w_alltoall(send, count, dt, recv, count, dt, comm)
+            return n_alltoall(send, count, dt, recv, count, dt, comm)
+        if wide:
+            return w_ialltoall(send, count, dt, recv, count, dt, comm, req)
+        return n_ialltoall(send, count, dt, recv, count, dt, comm, req)
+    if wide:
+        return w_ibarrier(comm, req)
+    return n_ibarrier(comm, req)
 
 
 @njit(cache=True)
@@ -180,10 +212,7 @@ def start(st, call, busy, word):
     record[word] = busy
     record[LAST] = word
     st[REQUEST] = 0
-    if st[WIDE]:
-        err = _start_wide(st, call)
-    else:
-        err = _start_narrow(st, call)
+    err = _call(st, call, False)
     if err:
         return err
     p = st.ctypes.data
@@ -197,3 +226,17 @@ def start(st, call, busy, word):
                 record[word] = busy - 1
             return 0
     return -1
+
+
+@njit(cache=True, nogil=True)
+def block(st, call, busy, word):
+    """:func:`start` under ``PYCOLL_WAIT=blocking``: MPI's blocking call, with
+    the GIL released so that the watchdog thread can end a call that outlives
+    its timeout (pycoll.watch). Returns 0, or MPI's error code."""
+    record = carray(_words(st[RECORD]), (WORDS,))
+    record[word] = busy
+    record[LAST] = word
+    err = _call(st, call, True)
+    if err == 0 and record[word] == busy:
+        record[word] = busy - 1
+    return err
