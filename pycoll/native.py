@@ -61,8 +61,10 @@ ENV = "PYCOLL_NATIVE"
 # Calls kept per group (each with its buffers: see call), and the most bytes
 # of buffer one kept call may hold. Larger calls take the plain path: from
 # 1 MiB a call takes 100 us and more, and pycoll's Python costs 1-2 us.
-KEPT_CALLS = 64
+KEPT_CALLS = 1024
 KEPT_BYTES = 1 << 20
+KEPT_TOTAL = 16 << 20  # the most bytes of buffer one group's kept calls hold
+SEEN = 4096  # arrays seen once (weakly) a group remembers
 AUTO, ON, OFF = "auto", "1", "0"
 MODE = AUTO
 
@@ -154,12 +156,13 @@ class _State:
     """A group's compiled path: its state words (pycoll.kernels.starts), the
     calls it keeps by their main array's id, and the arrays seen once."""
 
-    __slots__ = ("st", "calls", "seen")
+    __slots__ = ("st", "calls", "seen", "held")
 
     def __init__(self, st: Any) -> None:
         self.st = st
         self.calls: Dict[int, Tuple[Any, ...]] = {}
         self.seen: Dict[int, Any] = {}
+        self.held = 0  # bytes of buffer the kept calls hold
 
 
 def detach(pg: ProcessGroup) -> None:
@@ -188,8 +191,8 @@ def again(
     the rest would send here again.
     """
     state = pg._native
-    if state is None or pg._owner != get_ident() or pg._shared:
-        return False  # the locked path, in plain
+    if state is None:
+        return False
     if known is None:
         known = state.calls.get(id(main))
         if (
@@ -201,6 +204,8 @@ def again(
             and known[4] != extra
         ):
             return False
+    if pg._owner != get_ident() or pg._shared:
+        return False  # the locked path, in plain
     pg._busy = True  # then look again: a second thread may have just come
     if pg._shared:
         pg._busy = False
@@ -260,17 +265,21 @@ def call(
     ``extra`` what :func:`again` will know the call by.
     """
     state = pg._native
-    if state is None or pg._owner != get_ident() or pg._shared:
+    if state is None:
         return False
-    held = main.nbytes + (other.nbytes if type(other) is np.ndarray else 0)
-    if held > KEPT_BYTES:
-        return False
+    # Seen once before? (The first sighting is all an array made afresh for
+    # each call ever gets: kept short.)
     seen = state.seen
     was = seen.get(id(main))
     if was is None or was() is not main:
-        if len(seen) >= KEPT_CALLS:
+        if len(seen) >= SEEN:
             seen.clear()
         seen[id(main)] = weakref.ref(main)
+        return False
+    if pg._owner != get_ident() or pg._shared:
+        return False
+    held = main.nbytes + (other.nbytes if type(other) is np.ndarray else 0)
+    if held > KEPT_BYTES:
         return False
     mask = _handle_mask
     words = np.array(
@@ -289,11 +298,14 @@ def call(
     known = (words, key, main, other, extra, main.dtype)
     # Kept, a call holds its arrays: their addresses stay valid (numpy will
     # not resize an array another object holds), and the memory held stays
-    # small (KEPT_CALLS calls of at most KEPT_BYTES each).
+    # bounded (KEPT_CALLS calls, KEPT_TOTAL bytes: beyond, the group starts
+    # over, as a program whose arrays change would have it).
     calls = state.calls
-    if len(calls) >= KEPT_CALLS:
+    if len(calls) >= KEPT_CALLS or state.held + held > KEPT_TOTAL:
         calls.clear()
+        state.held = 0
     calls[id(main)] = known
+    state.held += held
     return again(pg, op, main, other, extra, known)
 
 
