@@ -202,6 +202,30 @@ def test_kept_calls_are_still_checked(group, pg, rank, world_size):
             pycoll.reduce(y, dst=root)
 
 
+@pytest.mark.parametrize(
+    "name", ["all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"]
+)
+def test_two_array_calls_are_still_checked(group, rank, world_size, name):
+    """The two-array collectives look for a kept call before their own checks
+    of sizes and dtypes: an input whose dtype was reassigned in place, or an
+    output made read-only, still raises on every rank."""
+    sizes = {"all_gather_into_tensor": (2 * world_size, 2),
+             "reduce_scatter_tensor": (2, 2 * world_size),
+             "all_to_all_single": (2 * world_size, 2 * world_size)}  # fmt: skip
+    out, inp = (np.zeros(k, np.float32) for k in sizes[name])
+    call = getattr(pycoll, name)
+    for _ in range(CALLS):
+        call(out, inp, group=group)
+    assert group._native.calls[id(out)][3] is inp  # (kept)
+    inp.dtype = np.int32
+    with pytest.raises(ValueError, match="dtype"):
+        call(out, inp, group=group)
+    inp.dtype = np.float32
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        call(out, inp, group=group)
+
+
 def test_arrays_made_afresh_take_the_plain_path(group, plain_calls, rank, world_size):
     """Keeping a call that is never made again would cost more than it saves."""
     for i in range(CALLS):

@@ -203,6 +203,20 @@ def all_to_all_single(
             return None
     n = pg._size
     even = output_split_sizes is None and input_split_sizes is None
+    if (  # the same call as before on these arrays: compiled (pycoll.native)
+        even
+        and pg._native is not None
+        and not async_op
+        and debug.PLAIN
+        and type(output) is np.ndarray
+        and type(input) is np.ndarray
+        and (f := output.flags).c_contiguous
+        and f.writeable
+        and input.flags.c_contiguous
+        and input.dtype is output.dtype
+        and native.again(pg, func, output, _mpi.IN_PLACE if input is output else input, None)
+    ):
+        return None
     # The common case (even parts of two plain contiguous arrays of one dtype,
     # the output writeable, sizes that fit) needs no more checks.
     if not (
@@ -231,13 +245,6 @@ def all_to_all_single(
             check_size(func, "output", output, input.size, "the size of input")
     comm = pg.comm
     if even:
-        if (  # the same call as before on these arrays: compiled (pycoll.native)
-            pg._native is not None
-            and not async_op
-            and debug.PLAIN
-            and native.again(pg, func, output, _mpi.IN_PLACE if input is output else input, None)
-        ):
-            return None
         desc = f"{func}(even, {sig(input)})" if debug.LEVEL >= DETAIL else None
         key = crosscheck.key(func, dtype, input.size)
         if pg._plans is not None and input.nbytes <= PLAN_LIMIT:  # a repeated small call?

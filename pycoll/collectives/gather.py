@@ -131,6 +131,20 @@ def all_gather_into_tensor(
     # owning its memory (so they cannot overlap) or the input this rank's part
     # of the output (torch's in-place idiom): no more checks.
     out, inp = output_tensor, input_tensor
+    if (  # the same call as before on these arrays, out of place: compiled (pycoll.native)
+        pg._native is not None
+        and type(inp) is np.ndarray
+        and inp.base is not out  # (torch's in-place idiom: looked for below)
+        and type(out) is np.ndarray
+        and not async_op
+        and debug.PLAIN
+        and (f := out.flags).c_contiguous
+        and f.writeable
+        and inp.flags.c_contiguous
+        and inp.dtype is out.dtype
+        and native.again(pg, func, out, inp, None)
+    ):
+        return None
     in_place = False
     fast = (
         type(out) is np.ndarray
@@ -148,12 +162,13 @@ def all_gather_into_tensor(
             or (in_place := inp.base is out and _own_part(inp, out, pg._rank))
         )
     )
-    if (  # the same call as before on these arrays: compiled (pycoll.native)
-        fast
+    if (  # the same call as before in place (the input a new view each call, as
+        # torch users make it: known once the check above found it in place)
+        in_place
         and pg._native is not None
         and not async_op
         and debug.PLAIN
-        and native.again(pg, func, out, _mpi.IN_PLACE if in_place else inp, None)
+        and native.again(pg, func, out, _mpi.IN_PLACE, None)
     ):
         return None
     if not fast:

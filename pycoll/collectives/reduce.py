@@ -760,6 +760,19 @@ def reduce_scatter_tensor(
         if pg is None:
             return None
     n = pg._size
+    if (  # the same call as before on these arrays: compiled (pycoll.native)
+        pg._native is not None
+        and not async_op
+        and debug.PLAIN
+        and type(output) is np.ndarray
+        and type(input) is np.ndarray
+        and (f := output.flags).c_contiguous
+        and f.writeable
+        and input.flags.c_contiguous
+        and input.dtype is output.dtype
+        and native.again(pg, func, output, input, op)
+    ):
+        return None
     # Two plain contiguous arrays of one dtype, the output writeable, sizes
     # that fit: no more checks (the common case, inline as all_reduce's).
     if not (
@@ -776,13 +789,6 @@ def reduce_scatter_tensor(
         input = check_input(func, "input", input)
         dtype = check_same_dtype(func, [output, input])
         check_size(func, "input", input, output.size * n, "output.size x group size")
-    elif (  # the same call as before on these arrays: compiled (pycoll.native)
-        pg._native is not None
-        and not async_op
-        and debug.PLAIN
-        and native.again(pg, func, output, input, op)
-    ):
-        return None
     how = _plan(op, dtype, func)
     desc = lambda: f"{func}({op.name}, output shape={output.shape}, input {sig(input)})"  # noqa: E731
     if (  # (the sizes first: small calls, the hot path, make no call)
