@@ -177,7 +177,7 @@ class ProcessGroup:
         # Its persistent collectives (pycoll.persistent), where they are on.
         self._plans: Any = PLANS() if PLANS is not None else None
         self._aliases = False  # its calls' arrays alias device memory (_common.device_aliases)
-        # Its compiled fast path's state (pycoll.collectives.native), once it has one.
+        # Its compiled fast path's state (pycoll.native), once it has one.
         self._native: Any = None
         # The tuning table's entries for a group of its size (pycoll.tuning),
         # all_reduce's and reduce_scatter's, each with the least size they

@@ -68,10 +68,12 @@ SEEN = 4096  # arrays seen once (weakly) a group remembers
 AUTO, ON, OFF = "auto", "1", "0"
 MODE = AUTO
 
-# Set by _load(): pycoll.kernels.starts, MPI_IN_PLACE's value, the mask that
-# reads a handle as the C type holds it, and mpi4py's buffer (an address in
-# 100 ns, where numpy's own interfaces take 900).
+# Set by _load(): pycoll.kernels.starts, whether MPI's handles are 64 bits
+# wide, MPI_IN_PLACE's value, the mask that reads a handle as the C type holds
+# it, and mpi4py's buffer (an address in 100 ns, where numpy's own interfaces
+# take 900).
 _starts: Any = None
+_wide = False
 _in_place = 0
 _handle_mask = 0
 _buffer: Any = None
@@ -102,7 +104,7 @@ def loaded() -> bool:
 def _load(strict: bool = False) -> bool:
     """Import and bind pycoll.kernels.starts (numba) once; False where it cannot
     be (warned once, or raised under ``strict``)."""
-    global _starts, _in_place, _handle_mask, _buffer, _failed
+    global _starts, _wide, _in_place, _handle_mask, _buffer, _failed
     if _starts is not None:
         return True
     if _failed is not None and not strict:
@@ -122,9 +124,9 @@ def _load(strict: bool = False) -> bool:
             ) from exc
         warnings.warn(f"{_failed}; the calls take the Python path", RuntimeWarning, stacklevel=3)
         return False
-    wide = MPI._sizeof(MPI.Comm) == 8
+    _wide = MPI._sizeof(MPI.Comm) == 8
     _in_place = int(MPI.IN_PLACE)
-    _handle_mask = (1 << 63) - 1 if wide else 0xFFFFFFFF
+    _handle_mask = (1 << 63) - 1 if _wide else 0xFFFFFFFF
     _buffer = MPI.buffer
     _starts = starts
     return True
@@ -138,10 +140,8 @@ def attach(pg: ProcessGroup) -> None:
         return
     if not _load():
         return
-    MPI = _mpi.MPI
-    wide = MPI._sizeof(MPI.Comm) == 8
     st = np.zeros(_starts.STATE_WORDS + WORDS, np.int64)
-    st[_starts.WIDE] = wide
+    st[_starts.WIDE] = _wide
     st[_starts.COMM] = pg.comm.handle & _handle_mask
     # The progress record lives as long as the group (world._free drops this
     # state where it lets the record go); without a board, the stores land in
@@ -177,6 +177,7 @@ def again(
     other: Any,
     extra: Any,
     known: Any = None,
+    input: Any = None,
 ) -> bool:
     """Make a synchronous collective on the compiled path where this group's
     last call on ``main`` (an array, its dict key) was the same call: the same
@@ -188,10 +189,23 @@ def again(
 
     Collectives call this once their arguments are checked and before the
     rest of their path (:func:`call` keeps the calls): a kept call is one
-    the rest would send here again.
+    the rest would send here again. The collectives of an output ``main``
+    and an ``input`` array call it before their own checks, giving
+    ``input``: then first what can change for the same two objects is
+    checked (their types, contiguity, the output's writeable flag, an input
+    dtype reassigned in place).
     """
     state = pg._native
     if state is None:
+        return False
+    if input is not None and not (
+        type(main) is np.ndarray
+        and type(input) is np.ndarray
+        and (f := main.flags).c_contiguous
+        and f.writeable
+        and input.flags.c_contiguous
+        and input.dtype is main.dtype
+    ):
         return False
     if known is None:
         known = state.calls.get(id(main))

@@ -208,13 +208,9 @@ def all_to_all_single(
         and pg._native is not None
         and not async_op
         and debug.PLAIN
-        and type(output) is np.ndarray
-        and type(input) is np.ndarray
-        and (f := output.flags).c_contiguous
-        and f.writeable
-        and input.flags.c_contiguous
-        and input.dtype is output.dtype
-        and native.again(pg, func, output, _mpi.IN_PLACE if input is output else input, None)
+        and native.again(
+            pg, func, output, _mpi.IN_PLACE if input is output else input, None, input=input
+        )
     ):
         return None
     # The common case (even parts of two plain contiguous arrays of one dtype,

@@ -135,14 +135,9 @@ def all_gather_into_tensor(
         pg._native is not None
         and type(inp) is np.ndarray
         and inp.base is not out  # (torch's in-place idiom: looked for below)
-        and type(out) is np.ndarray
         and not async_op
         and debug.PLAIN
-        and (f := out.flags).c_contiguous
-        and f.writeable
-        and inp.flags.c_contiguous
-        and inp.dtype is out.dtype
-        and native.again(pg, func, out, inp, None)
+        and native.again(pg, func, out, inp, None, input=inp)
     ):
         return None
     in_place = False

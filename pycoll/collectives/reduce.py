@@ -555,7 +555,8 @@ def reduce(
     """
     func = "reduce"
     pg = STATE.default
-    if (  # the same call as before on this array, on the default group: compiled
+    looked = False  # for the same call as before on this array, on the default group
+    if (
         group is None
         and pg is not None
         and pg._native is not None
@@ -565,11 +566,11 @@ def reduce(
         and (f := tensor.flags).c_contiguous
         and (f.writeable or dst != pg._rank)
         and debug.PLAIN
-        and native.again(  # (there dst is the group's root)
-            pg, func, tensor, _mpi.IN_PLACE if dst == pg._rank else None, (op, dst)
-        )
     ):
-        return None
+        looked = True
+        into = _mpi.IN_PLACE if dst == pg._rank else None
+        if native.again(pg, func, tensor, into, (op, dst)):  # (there dst is the group's root)
+            return None
     found = rooted(group, dst, "dst", func)
     if found is None:
         return None
@@ -582,7 +583,8 @@ def reduce(
         tensor = check(func, "tensor", tensor)
     into = _mpi.IN_PLACE if is_root else None  # (where the result goes, besides the input)
     if (  # the same call as before on this array: compiled (pycoll.native)
-        pg._native is not None
+        not looked  # (on another group, or a root given as another integer type)
+        and pg._native is not None
         and not async_op
         and debug.PLAIN
         and native.again(pg, func, tensor, into, (op, root))
@@ -764,13 +766,7 @@ def reduce_scatter_tensor(
         pg._native is not None
         and not async_op
         and debug.PLAIN
-        and type(output) is np.ndarray
-        and type(input) is np.ndarray
-        and (f := output.flags).c_contiguous
-        and f.writeable
-        and input.flags.c_contiguous
-        and input.dtype is output.dtype
-        and native.again(pg, func, output, input, op)
+        and native.again(pg, func, output, input, op, input=input)
     ):
         return None
     # Two plain contiguous arrays of one dtype, the output writeable, sizes

@@ -62,7 +62,8 @@ def broadcast(
     """
     func = "broadcast"
     pg = STATE.default
-    if (  # the same call as before on this array, on the default group: compiled
+    looked = False  # for the same call as before on this array, on the default group
+    if (
         group is None
         and pg is not None
         and pg._native is not None
@@ -72,9 +73,10 @@ def broadcast(
         and (f := tensor.flags).c_contiguous
         and (f.writeable or src == pg._rank)
         and debug.PLAIN
-        and native.again(pg, func, tensor, None, src)  # (there src is the group's root)
     ):
-        return None
+        looked = True
+        if native.again(pg, func, tensor, None, src):  # (there src is the group's root)
+            return None
     found = rooted(group, src, "src", func)
     if found is None:
         return None
@@ -89,6 +91,7 @@ def broadcast(
     )
     if (  # the same call as before on this array: compiled (pycoll.native)
         fast
+        and not looked  # (on another group, or a root given as another integer type)
         and pg._native is not None
         and not async_op
         and debug.PLAIN

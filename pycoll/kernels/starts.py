@@ -13,8 +13,8 @@ bound by name with ``llvmlite.binding.add_symbol``, so the compiled code holds
 no addresses and numba's disk cache serves every process. Handles are the one
 vendor difference: an ``int`` in MPICH and its derivatives, a pointer in Open
 MPI and the standard ABI. Each function is bound twice under pycoll's own
-names, once per handle width, and :func:`start` picks at run time by the
-state's ``WIDE`` word: the same compiled code serves both kinds of MPI, and a
+names, once per handle width, and each call picks at run time by the
+state's ``WIDE`` word (``_call``): the same compiled code serves both kinds of MPI, and a
 cache written under one is right under the other. Buffers and pointers are
 passed as 64-bit integers, as the C calling conventions of the 64-bit
 platforms pycoll runs on pass a pointer.
