@@ -36,7 +36,7 @@ import os
 import warnings
 import weakref
 from threading import get_ident
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -44,15 +44,25 @@ from . import _mpi, watch
 from .groups import ProcessGroup
 from .progress import BUSY_CODE, WORDS
 
-__all__ = ["ENV", "NOTHING", "configure", "attach", "detach", "again", "call", "loaded"]
+__all__ = ["ENV", "NOTHING", "configure", "attach", "detach", "again", "call", "loaded", "address"]
 
 # What a call starts (call's ``what``).
 ALL_REDUCE, BROADCAST, REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, BARRIER = range(7)
 
 # A call's words, as the compiled code reads them: what it starts, the send
 # buffer's address (MPI_IN_PLACE's value, or 0), the receive buffer's (or 0),
-# then MPI's count, datatype, op and root.
-WHAT, SEND, RECV, COUNT, DATATYPE, OP, ROOT = range(7)
+# MPI's count, datatype, op and root, then the address of its group's state.
+WHAT, SEND, RECV, COUNT, DATATYPE, OP, ROOT, STATE = range(8)
+CALL_WORDS = 8
+
+# A kept call (a tuple): its words' address, the call check's key, its main
+# array, other buffer, extra and collective (what again knows it by), main's
+# dtype, its progress code, its words (held), and the call kept before it on
+# the same main array, or None.
+_ADDRESS, _KEY, _MAIN, _OTHER, _EXTRA, _OP, _DTYPE, _CODE, _WORDS, _NEXT = range(10)
+# Calls kept on one array (the collectives a program makes on it): beyond,
+# the oldest is dropped.
+KEPT_PER_ARRAY = 4
 
 # What a call with no array (a barrier) is known by.
 NOTHING = np.empty(0, np.uint8)
@@ -153,13 +163,16 @@ def attach(pg: ProcessGroup) -> None:
 
 
 class _State:
-    """A group's compiled path: its state words (pycoll.kernels.starts), the
-    calls it keeps by their main array's id, and the arrays seen once."""
+    """A group's compiled path: its state words (pycoll.kernels.starts) and
+    their address, the calls it keeps by their main array's id (the latest
+    first, each linking to the one kept before it on that array), and the
+    arrays seen once."""
 
-    __slots__ = ("st", "calls", "seen", "held")
+    __slots__ = ("st", "address", "calls", "seen", "held")
 
     def __init__(self, st: Any) -> None:
         self.st = st
+        self.address = _buffer(st).address
         self.calls: Dict[int, Tuple[Any, ...]] = {}
         self.seen: Dict[int, Any] = {}
         self.held = 0  # bytes of buffer the kept calls hold
@@ -179,11 +192,12 @@ def again(
     known: Any = None,
     input: Any = None,
 ) -> bool:
-    """Make a synchronous collective on the compiled path where this group's
-    last call on ``main`` (an array, its dict key) was the same call: the same
-    ``other`` buffer (an array, ``_mpi.IN_PLACE`` or None), the same ``extra``
-    (the op, the root: what else decides the call), ``main`` of the same dtype.
-    True once the call is done; False where the caller must go on (a call not
+    """Make a synchronous collective on the compiled path where this group
+    keeps the same call on ``main`` (an array, its dict key): the same
+    collective ``op``, the same ``other`` buffer (an array, ``_mpi.IN_PLACE``
+    or None), the same ``extra`` (the reduction, the root, an in-place input's
+    address: what else decides the call), ``main`` of the same dtype. True
+    once the call is done; False where the caller must go on (a call not
     kept; another thread holds or shares the group; an exchange point, which
     the plain path makes).
 
@@ -208,15 +222,17 @@ def again(
     ):
         return False
     if known is None:
+        # (A kept call holds its main array: no other object has its id.)
         known = state.calls.get(id(main))
-        if (
-            known is None
-            or known[2] is not main
-            or known[3] is not other
-            or known[5] is not main.dtype
-            or known[4] is not extra
-            and known[4] != extra
+        while known is not None and (
+            known[_OTHER] is not other
+            or known[_EXTRA] is not extra
+            and known[_EXTRA] != extra
+            or known[_OP] is not op
+            and known[_OP] != op
         ):
+            known = known[_NEXT]  # another call kept on this array?
+        if known is None or known[_DTYPE] is not main.dtype:
             return False
     if pg._owner != get_ident() or pg._shared:
         return False  # the locked path, in plain
@@ -232,18 +248,18 @@ def again(
         if slot == pg._mask:
             return False  # the call check's exchange point: plain makes it
         pg._seq = seq
-        key = known[1]
+        key = known[_KEY]
         pg._keys[slot] = key
         ring = pg._flight  # the flight recorder's entry: on this path, the key alone
         if ring is not None:
             ring.append(key)
-        busy = seq << 8 | BUSY_CODE[op]
+        busy = seq << 8 | known[_CODE]
         if watch.BLOCKING:  # MPI's blocking call, watched by the watchdog thread
             watch.inflight = (pg, op, seq)
-            err = _starts.block(state.st, known[0], busy, pg._word)
+            err = _starts.block(known[_ADDRESS], busy, pg._word)
             watch.inflight = None
         else:
-            err = _starts.start(state.st, known[0], busy, pg._word)
+            err = _starts.start(known[_ADDRESS], busy, pg._word)
     finally:
         pg._busy = False
     if err:
@@ -305,22 +321,46 @@ def call(
             0 if datatype is None else datatype.handle & mask,
             0 if mpi_op is None else mpi_op.handle & mask,
             root,
-            0,
+            state.address,
         ),
         np.int64,
-    )  # (WHAT to ROOT, and a spare word)
-    known = (words, key, main, other, extra, main.dtype)
+    )  # (WHAT to STATE)
     # Kept, a call holds its arrays: their addresses stay valid (numpy will
     # not resize an array another object holds), and the memory held stays
     # bounded (KEPT_CALLS calls, KEPT_TOTAL bytes: beyond, the group starts
-    # over, as a program whose arrays change would have it).
+    # over, as a program whose arrays change would have it). A call kept
+    # before on the same array stays behind it (up to KEPT_PER_ARRAY), unless
+    # it is this call again (its dtype reassigned): a program that makes
+    # several collectives on one array keeps each.
     calls = state.calls
     if len(calls) >= KEPT_CALLS or state.held + held > KEPT_TOTAL:
         calls.clear()
         state.held = 0
+    before: List[Tuple[Any, ...]] = []
+    link = calls.get(id(main))
+    while link is not None and len(before) < KEPT_PER_ARRAY - 1:
+        if not (
+            link[_OTHER] is other
+            and (link[_EXTRA] is extra or link[_EXTRA] == extra)
+            and link[_OP] == op
+        ):
+            before.append(link)
+        link = link[_NEXT]
+    rest = None
+    for link in reversed(before):
+        rest = link[:_NEXT] + (rest,)
+    known = (
+        _buffer(words).address, key, main, other, extra, op, main.dtype, BUSY_CODE[op], words, rest
+    )  # fmt: skip
     calls[id(main)] = known
     state.held += held
     return again(pg, op, main, other, extra, known)
+
+
+def address(x: Any) -> int:
+    """An array's address (mpi4py's buffer: 100 ns, where numpy's interfaces
+    take 900), for the collectives' lanes that compare a view's place."""
+    return int(_buffer(x).address)
 
 
 def _address(x: Any) -> int:

@@ -129,6 +129,37 @@ def test_all_gather_into_tensor(group, plain_calls, rank, world_size, in_place):
     assert plain_calls == {"all_gather_into_tensor": 1}
 
 
+def test_an_in_place_gather_is_known_by_its_place(group, plain_calls, monkeypatch, rank,
+                                                  world_size):  # fmt: skip
+    """The in-place all-gather's input is a new view each call, found by its
+    address and size: a view of this rank's part is the kept call; a view of
+    another part, or a part too short, is not (the first is gathered as an
+    input apart, the second refused on every rank)."""
+    keeps: List[str] = []
+    real = native.call
+
+    def counting(pg, op, *args):
+        keeps.append(op)
+        return real(pg, op, *args)
+
+    monkeypatch.setattr(native, "call", counting)
+    k = 3
+    out = np.zeros(k * world_size, np.float32)
+    for i in range(CALLS):
+        out[k * rank : k * rank + k] = rank + i
+        pycoll.all_gather_into_tensor(out, out[k * rank : k * rank + k], group=group)
+        assert_array_equal(out, np.repeat(np.arange(world_size, dtype=np.float32) + i, k))
+    assert plain_calls == {"all_gather_into_tensor": 1}
+    assert len(keeps) == 2  # seen, kept: then found by the view's place
+    other = (rank + 1) % world_size  # (rank 0's own part where there is one rank)
+    out[...] = -1
+    out[k * other : k * other + k] = 100 + rank
+    pycoll.all_gather_into_tensor(out, out[k * other : k * other + k], group=group)
+    assert_array_equal(out, np.repeat(np.arange(world_size, dtype=np.float32) + 100, k))
+    with pytest.raises(ValueError, match="output_tensor"):
+        pycoll.all_gather_into_tensor(out, out[k * rank : k * rank + k - 1], group=group)
+
+
 def test_one_output_from_two_inputs(group, plain_calls, rank, world_size):
     """A kept call is the call with its buffers: one output array gathered
     from two input arrays in turn is two calls."""
@@ -163,6 +194,82 @@ def test_all_to_all_single(group, plain_calls, rank, world_size, in_place):
                                for r in range(world_size)])  # fmt: skip
         assert_array_equal(out, want)
     assert plain_calls == {"all_to_all_single": 1}
+
+
+def test_several_calls_on_one_array_are_each_kept(group, plain_calls, monkeypatch, rank,
+                                                  world_size):  # fmt: skip
+    """One array all-reduced with two ops, broadcast and reduced in turn: each
+    call is kept once and found again, none displacing another (the calls
+    kept on one array are chained, up to KEPT_PER_ARRAY)."""
+    keeps: List[str] = []
+    real = native.call
+
+    def counting(pg, op, *args):
+        keeps.append(op)
+        return real(pg, op, *args)
+
+    monkeypatch.setattr(native, "call", counting)
+    x = np.zeros(3, np.int64)
+    total = sum(range(1, world_size + 1))
+    for i in range(CALLS):
+        x[...] = rank + 1 + i
+        pycoll.all_reduce(x, group=group)
+        assert_array_equal(x, np.full(3, total + world_size * i))
+        x[...] = rank + 1 + i
+        pycoll.all_reduce(x, op=pycoll.ReduceOp.MAX, group=group)
+        assert_array_equal(x, np.full(3, world_size + i))
+        x[...] = 7 + i if rank == 0 else -1
+        pycoll.broadcast(x, src=0, group=group)
+        assert_array_equal(x, np.full(3, 7 + i))
+        x[...] = rank + 1 + i
+        pycoll.reduce(x, dst=0, group=group)
+        assert_array_equal(x, np.full(3, total + world_size * i if rank == 0 else rank + 1 + i))
+    assert plain_calls == {"all_reduce": 1}  # (the array's first sight)
+    # The first sight, then each call kept once: the SUM on its second round.
+    assert keeps == ["all_reduce", "all_reduce", "broadcast", "reduce", "all_reduce"]
+    chain, kept = group._native.calls[id(x)], 0
+    while chain is not None:
+        kept, chain = kept + 1, chain[native._NEXT]
+    assert kept == 4
+
+
+def test_the_calls_kept_on_one_array_are_bounded(group, rank, world_size):
+    """Past KEPT_PER_ARRAY calls on one array, the oldest is dropped."""
+    ops = {"SUM": sum, "MAX": max, "MIN": min, "PRODUCT": np.prod, "BOR": np.bitwise_or.reduce}
+    assert len(ops) > native.KEPT_PER_ARRAY
+    x = np.zeros(2, np.int64)
+    for _ in range(2):
+        for name, want in ops.items():
+            x[...] = rank + 1
+            pycoll.all_reduce(x, op=getattr(pycoll.ReduceOp, name), group=group)
+            assert_array_equal(x, np.full(2, want(list(range(1, world_size + 1)))))
+    kept, chain = [], group._native.calls[id(x)]
+    while chain is not None:
+        kept, chain = kept + [chain[native._EXTRA].name], chain[native._NEXT]
+    assert kept == list(reversed(ops))[: native.KEPT_PER_ARRAY]  # the latest first
+
+
+def test_a_kept_call_is_known_by_its_collective(pg, rank, world_size, debug_off):
+    """On one rank all_gather_into_tensor and all_to_all_single move the same
+    data between the same two arrays; they stay two calls, each made as
+    itself (the flight recorder and the call check see which ran)."""
+    mine, _ = pycoll.new_subgroups(group_size=1)
+    try:
+        native.attach(mine)
+        assert mine._native is not None
+        out, inp = np.zeros(4, np.int32), np.zeros(4, np.int32)
+        for i in range(CALLS):
+            for call in (pycoll.all_gather_into_tensor, pycoll.all_to_all_single):
+                inp[...] = np.arange(4) + 10 * rank + i
+                call(out, inp, group=mine)
+                assert_array_equal(out, inp)
+        ring = list(mine._flight)[-2 * CALLS :]
+        gather = crosscheck.key("all_gather_into_tensor", np.dtype(np.int32), 4)
+        to_all = crosscheck.key("all_to_all_single", np.dtype(np.int32), 4)
+        assert gather != to_all
+        assert ring == [gather, to_all] * CALLS
+    finally:
+        pycoll.destroy_process_group(mine)
 
 
 def test_barrier(group, plain_calls, rank, world_size):
@@ -216,7 +323,7 @@ def test_two_array_calls_are_still_checked(group, rank, world_size, name):
     call = getattr(pycoll, name)
     for _ in range(CALLS):
         call(out, inp, group=group)
-    assert group._native.calls[id(out)][3] is inp  # (kept)
+    assert group._native.calls[id(out)][native._OTHER] is inp  # (kept)
     inp.dtype = np.int32
     with pytest.raises(ValueError, match="dtype"):
         call(out, inp, group=group)
@@ -259,7 +366,7 @@ def test_the_bytes_kept_are_bounded(group, monkeypatch, rank, world_size):
             pycoll.all_reduce(a, group=group)
             assert (a == sum(r + i for r in range(world_size))).all()
             assert group._native.held <= native.KEPT_TOTAL
-            held = [known[2] for known in group._native.calls.values()]
+            held = [known[native._MAIN] for known in group._native.calls.values()]
             assert sum(x.nbytes for x in held) == group._native.held
 
 
@@ -317,7 +424,7 @@ def test_a_mismatch_on_the_compiled_path_is_found(group, rank, world_size):
     op = pycoll.ReduceOp.MAX if rank == last else pycoll.ReduceOp.SUM
     for _ in range(3):  # compiled on every rank; MPI runs them: the results are wrong
         pycoll.all_reduce(x, op=op, group=group)
-    assert group._native.calls[id(x)][4] is op  # (the call kept, and so made compiled)
+    assert group._native.calls[id(x)][native._EXTRA] is op  # (kept, and so made compiled)
     with pytest.raises(CollectiveMismatchError) as error:
         for _ in range(2 * crosscheck.DEFAULT_EVERY + 2):
             pycoll.all_reduce(x, group=group)

@@ -127,19 +127,27 @@ def all_gather_into_tensor(
         if pg is None:
             return None
     n = pg._size
+    out, inp = output_tensor, input_tensor
+    if (  # the same call as before on these arrays: compiled (pycoll.native)
+        pg._native is not None
+        and type(inp) is np.ndarray
+        and not async_op
+        and debug.PLAIN
+        and (
+            native.again(pg, func, out, inp, None, input=inp)
+            if inp.base is not out
+            # torch's in-place idiom, the input a new view each call: known
+            # by its place, that of this rank's part when the call was kept
+            else (
+                inp.size * n == out.size
+                and native.again(pg, func, out, _mpi.IN_PLACE, native.address(inp), input=inp)
+            )
+        )
+    ):
+        return None
     # Two plain contiguous arrays, one dtype, sizes that fit, and either each
     # owning its memory (so they cannot overlap) or the input this rank's part
     # of the output (torch's in-place idiom): no more checks.
-    out, inp = output_tensor, input_tensor
-    if (  # the same call as before on these arrays, out of place: compiled (pycoll.native)
-        pg._native is not None
-        and type(inp) is np.ndarray
-        and inp.base is not out  # (torch's in-place idiom: looked for below)
-        and not async_op
-        and debug.PLAIN
-        and native.again(pg, func, out, inp, None, input=inp)
-    ):
-        return None
     in_place = False
     fast = (
         type(out) is np.ndarray
@@ -157,15 +165,6 @@ def all_gather_into_tensor(
             or (in_place := inp.base is out and _own_part(inp, out, pg._rank))
         )
     )
-    if (  # the same call as before in place (the input a new view each call, as
-        # torch users make it: known once the check above found it in place)
-        in_place
-        and pg._native is not None
-        and not async_op
-        and debug.PLAIN
-        and native.again(pg, func, out, _mpi.IN_PLACE, None)
-    ):
-        return None
     if not fast:
         out = check_output(func, "output_tensor", output_tensor)
         inp = check_input(func, "input_tensor", input_tensor)
@@ -186,7 +185,7 @@ def all_gather_into_tensor(
             given = _mpi.IN_PLACE if in_place else inp
             if native.call(
                 pg, func, key, native.ALL_GATHER, given, out, inp.size, datatype, None, 0,
-                out, given, None,
+                out, given, native.address(inp) if in_place else None,
             ):  # fmt: skip
                 return None
         send = _mpi.MPI.IN_PLACE if in_place else [inp, datatype]

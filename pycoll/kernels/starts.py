@@ -39,6 +39,7 @@ from ..native import (
     ALL_REDUCE,
     ALL_TO_ALL,
     BROADCAST,
+    CALL_WORDS,
     COUNT,
     DATATYPE,
     OP,
@@ -47,13 +48,15 @@ from ..native import (
     REDUCE_SCATTER,
     ROOT,
     SEND,
+    STATE,
     WHAT,
 )
 from ..progress import LAST, WORDS
 
 __all__ = ["start", "block", "bind", "STATE_WORDS"]
 
-# A group's state words (an int64 array, one per group: its calls' scratch).
+# A group's state words (an int64 array, one per group: its calls' scratch;
+# each of its calls' words holds its address, at native.STATE).
 WIDE = 0  # 1 where MPI's handles are 64 bits wide
 COMM = 1  # the group's communicator
 RECORD = 2  # the address of this rank's progress record (pycoll.progress.WORDS words)
@@ -136,11 +139,12 @@ def _words(typingctx: Any, address: Any) -> Any:
 
 
 @njit(cache=True)
-def _call(st, call, blocking):
-    """MPI's call for ``call``: nonblocking, its request left in ``st[REQUEST]``,
-    or blocking. Each C function is taken at the state's handle width (a
-    64-bit word passed as MPICH's 32-bit handle is cut to its low half)."""
-    wide, comm, req = st[WIDE], st[COMM], st.ctypes.data + REQUEST * 8
+def _call(st, p, call, blocking):
+    """MPI's call for ``call``: nonblocking, its request left in ``st[REQUEST]``
+    (``p`` is the state's address), or blocking. Each C function is taken at
+    the state's handle width (a 64-bit word passed as MPICH's 32-bit handle is
+    cut to its low half)."""
+    wide, comm, req = st[WIDE], st[COMM], p + REQUEST * 8
     what, send, recv, count = call[WHAT], call[SEND], call[RECV], call[COUNT]
     dt, op, root = call[DATATYPE], call[OP], call[ROOT]
     if what == ALL_REDUCE:
@@ -197,25 +201,29 @@ def _call(st, call, blocking):
 
 
 @njit(cache=True)
-def start(st, call, busy, word):
+def start(address, busy, word):
     """Publish and start one collective, and test it up to ``st[SPINS]`` times.
 
-    ``call`` holds what to start, with its buffers' addresses and MPI's
-    arguments (pycoll.native's words WHAT to ROOT); ``busy`` is the operation's progress word
-    (seq, op code, busy bit), stored at ``word`` of the record and cleared of
-    its busy bit once the call is done.
+    ``address`` is that of the call's words: what to start, its buffers'
+    addresses, MPI's arguments and its group's state (pycoll.native's words
+    WHAT to STATE). ``busy`` is the operation's progress word (seq, op code,
+    busy bit), stored at ``word`` of the record and cleared of its busy bit
+    once the call is done. (Addresses, not arrays: numba takes an int
+    argument in half the time of an array.)
 
     Returns 0 when the call is done, -1 when it is still under way after the
     tests (its request is then in ``st[REQUEST]``), or MPI's error code.
     """
+    call = carray(_words(address), (CALL_WORDS,))
+    p = call[STATE]
+    st = carray(_words(p), (STATE_WORDS,))
     record = carray(_words(st[RECORD]), (WORDS,))
     record[word] = busy
     record[LAST] = word
     st[REQUEST] = 0
-    err = _call(st, call, False)
+    err = _call(st, p, call, False)
     if err:
         return err
-    p = st.ctypes.data
     for _ in range(st[SPINS]):
         st[FLAG] = 0
         err = mpi_test(p + REQUEST * 8, p + FLAG * 8, p + STATUS * 8)
@@ -229,14 +237,17 @@ def start(st, call, busy, word):
 
 
 @njit(cache=True, nogil=True)
-def block(st, call, busy, word):
+def block(address, busy, word):
     """:func:`start` under ``PYCOLL_WAIT=blocking``: MPI's blocking call, with
     the GIL released so that the watchdog thread can end a call that outlives
     its timeout (pycoll.watch). Returns 0, or MPI's error code."""
+    call = carray(_words(address), (CALL_WORDS,))
+    p = call[STATE]
+    st = carray(_words(p), (STATE_WORDS,))
     record = carray(_words(st[RECORD]), (WORDS,))
     record[word] = busy
     record[LAST] = word
-    err = _call(st, call, True)
+    err = _call(st, p, call, True)
     if err == 0 and record[word] == busy:
         record[word] = busy - 1
     return err
