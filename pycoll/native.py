@@ -51,14 +51,15 @@ ALL_REDUCE, BROADCAST, REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, BARRIER =
 
 # A call's words, as the compiled code reads them: what it starts, the send
 # buffer's address (MPI_IN_PLACE's value, or 0), the receive buffer's (or 0),
-# MPI's count, datatype, op and root, then the address of its group's state.
-WHAT, SEND, RECV, COUNT, DATATYPE, OP, ROOT, STATE = range(8)
-CALL_WORDS = 8
+# MPI's count, datatype, op and root, the address of its group's state, then
+# a copy made once the call is done (to, from, bytes: 0 bytes for none).
+WHAT, SEND, RECV, COUNT, DATATYPE, OP, ROOT, STATE, COPY_TO, COPY_FROM, COPY_BYTES = range(11)
+CALL_WORDS = 11
 
 # A kept call (a tuple): its words' address, the call check's key, its main
 # array, other buffer, extra and collective (what again knows it by), main's
-# dtype, its progress code, its words (held), and the call kept before it on
-# the same main array, or None.
+# dtype, its progress code, what it holds besides (its words, the buffer it
+# receives into), and the call kept before it on the same main array, or None.
 _ADDRESS, _KEY, _MAIN, _OTHER, _EXTRA, _OP, _DTYPE, _CODE, _WORDS, _NEXT = range(10)
 # Calls kept on one array (the collectives a program makes on it): beyond,
 # the oldest is dropped.
@@ -263,7 +264,7 @@ def again(
     finally:
         pg._busy = False
     if err:
-        _unfinished(pg, state.st, op, seq, busy, err)
+        _unfinished(pg, state.st, op, seq, busy, err, known[_ADDRESS])
     return True
 
 
@@ -281,6 +282,7 @@ def call(
     main: Any,
     other: Any,
     extra: Any,
+    beside: Any = None,
 ) -> bool:
     """Keep a synchronous collective for :func:`again` and make it there, once
     it is made a second time on the same ``main`` array (an array seen once,
@@ -292,7 +294,10 @@ def call(
     buffers MPI gets (arrays, ``_mpi.IN_PLACE``, or None); ``datatype`` and
     ``mpi_op`` mpi4py's objects (None where the collective takes none);
     ``count`` and ``root`` as MPI takes them; ``main``, ``other`` and
-    ``extra`` what :func:`again` will know the call by.
+    ``extra`` what :func:`again` will know the call by. ``beside``, an
+    output that lies in the input (torch's in-place reduce-scatter), has
+    the call receive into a buffer it keeps (``recv`` is then None) and
+    copy that to ``beside`` once done.
     """
     state = pg._native
     if state is None:
@@ -309,8 +314,12 @@ def call(
     if pg._owner != get_ident() or pg._shared:
         return False
     held = main.nbytes + (other.nbytes if type(other) is np.ndarray else 0)
+    if beside is not None:
+        held += beside.nbytes
     if held > KEPT_BYTES:
         return False
+    if beside is not None:
+        recv = np.empty(beside.shape, beside.dtype)
     mask = _handle_mask
     words = np.array(
         (
@@ -322,9 +331,12 @@ def call(
             0 if mpi_op is None else mpi_op.handle & mask,
             root,
             state.address,
+            0 if beside is None else _address(beside),
+            0 if beside is None else _address(recv),
+            0 if beside is None else beside.nbytes,
         ),
         np.int64,
-    )  # (WHAT to STATE)
+    )  # (WHAT to COPY_BYTES)
     # Kept, a call holds its arrays: their addresses stay valid (numpy will
     # not resize an array another object holds), and the memory held stays
     # bounded (KEPT_CALLS calls, KEPT_TOTAL bytes: beyond, the group starts
@@ -350,7 +362,8 @@ def call(
     for link in reversed(before):
         rest = link[:_NEXT] + (rest,)
     known = (
-        _buffer(words).address, key, main, other, extra, op, main.dtype, BUSY_CODE[op], words, rest
+        _buffer(words).address, key, main, other, extra, op, main.dtype, BUSY_CODE[op],
+        (words, recv), rest,
     )  # fmt: skip
     calls[id(main)] = known
     state.held += held
@@ -372,13 +385,16 @@ def _address(x: Any) -> int:
     return int(_buffer(x).address)
 
 
-def _unfinished(pg: ProcessGroup, st: Any, op: str, seq: int, busy: int, err: int) -> None:
-    """A call the compiled tests did not see done: wait for it in Python, or
-    raise MPI's error as the plain path does."""
+def _unfinished(
+    pg: ProcessGroup, st: Any, op: str, seq: int, busy: int, err: int, address: int
+) -> None:
+    """A call the compiled tests did not see done: wait for it in Python (and
+    make its copy), or raise MPI's error as the plain path does."""
     if err != -1:
         raise watch.backend_error(op, seq, _mpi.MPI.Exception(err))
     request = _mpi.MPI.Request.fromhandle(int(st[_starts.REQUEST]) & _handle_mask)
     watch.wait1_yielding(pg, op, seq, request)
+    _starts.finish(address)
     rec, word = pg._rec, pg._word
     if rec is not None and rec[word] == busy:
         rec[word] = busy - 1

@@ -183,6 +183,69 @@ def test_reduce_scatter_tensor(group, plain_calls, rank, world_size):
     assert plain_calls == {"reduce_scatter_tensor": 1}
 
 
+def test_reduce_scatter_tensor_in_place(group, plain_calls, monkeypatch, rank, world_size):
+    """torch's in-place form, the output a new view of this rank's part of the
+    input each call: kept on the input, receiving beside it and copied into
+    place; a view of another part is another call, a part too short is
+    refused on every rank, as is a view made read-only."""
+    keeps: List[str] = []
+    real = native.call
+
+    def counting(pg, op, *args, **kwargs):
+        keeps.append(op)
+        return real(pg, op, *args, **kwargs)
+
+    monkeypatch.setattr(native, "call", counting)
+    k = 2
+    inp = np.zeros(k * world_size, np.int64)
+
+    def values(r: int, i: int) -> np.ndarray:
+        return np.arange(k * world_size) * (r + 1) + i
+
+    for i in range(CALLS):
+        inp[...] = values(rank, i)
+        pycoll.reduce_scatter_tensor(inp[k * rank : k * rank + k], inp, group=group)
+        total = sum(values(r, i) for r in range(world_size))
+        want = values(rank, i)
+        want[k * rank : k * rank + k] = total[k * rank : k * rank + k]  # the rest as it was
+        assert_array_equal(inp, want)
+    assert plain_calls == {"reduce_scatter_tensor": 1}
+    assert len(keeps) == 2  # seen, kept: then found by the output's place
+    other = (rank + 1) % world_size
+    inp[...] = values(rank, 9)
+    pycoll.reduce_scatter_tensor(inp[k * other : k * other + k], inp, group=group)
+    want = values(rank, 9)
+    want[k * other : k * other + k] = sum(values(r, 9) for r in range(world_size))[
+        k * rank : k * rank + k
+    ]
+    assert_array_equal(inp, want)
+    with pytest.raises(ValueError, match="input holds"):
+        pycoll.reduce_scatter_tensor(inp[k * rank : k * rank + k - 1], inp, group=group)
+    mine = inp[k * rank : k * rank + k]
+    mine.flags.writeable = False
+    with pytest.raises(ValueError, match="output is read-only"):
+        pycoll.reduce_scatter_tensor(mine, inp, group=group)
+
+
+def test_calls_waited_for_in_python_are_finished(group, plain_calls, rank, world_size):
+    """With no tests in the compiled code every call's wait goes on in Python:
+    the results are the same, the in-place reduce-scatter's copy made."""
+    group._native.st[native._starts.SPINS] = 0
+    k = 3
+    x = np.zeros(4, np.float64)
+    inp = np.zeros(k * world_size, np.float32)
+    for i in range(CALLS):
+        x[...] = rank + i
+        pycoll.all_reduce(x, group=group)
+        assert_array_equal(x, np.full(4, sum(r + i for r in range(world_size)), np.float64))
+        inp[...] = rank + i
+        pycoll.reduce_scatter_tensor(inp[k * rank : k * rank + k], inp, group=group)
+        want = np.full(k * world_size, rank + i, np.float32)
+        want[k * rank : k * rank + k] = sum(r + i for r in range(world_size))
+        assert_array_equal(inp, want)
+    assert plain_calls == {"all_reduce": 1, "reduce_scatter_tensor": 1}
+
+
 @pytest.mark.parametrize("in_place", [False, True], ids=["out-of-place", "in-place"])
 def test_all_to_all_single(group, plain_calls, rank, world_size, in_place):
     out = np.zeros(2 * world_size, np.float64)

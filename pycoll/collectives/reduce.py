@@ -766,7 +766,20 @@ def reduce_scatter_tensor(
         pg._native is not None
         and not async_op
         and debug.PLAIN
-        and native.again(pg, func, output, input, op, input=input)
+        and type(output) is np.ndarray
+        and (
+            native.again(pg, func, output, input, op, input=input)
+            if not _in_input(output, input)
+            # torch's in-place form, the output a new view of the input each
+            # call: the call kept on the input, known by the output's place
+            else (
+                output.size * n == input.size
+                and output.flags.writeable
+                and native.again(
+                    pg, func, input, _mpi.IN_PLACE, (op, native.address(output)), input=output
+                )
+            )
+        )
     ):
         return None
     # Two plain contiguous arrays of one dtype, the output writeable, sizes
@@ -803,29 +816,23 @@ def reduce_scatter_tensor(
         # The common case, straight to MPI (pycoll.collectives._common.plain):
         # the generic path's bookkeeping was a third of this call's cost at 8 B.
         # torch's in-place form receives beside the input, as below.
-        into = scratch.beside(pg, output) if may_alias(input, output) else None
+        aliased = may_alias(input, output)
         key = how.key | _REDUCE_SCATTER_TENSOR | output.size & COUNT
-        if (
-            into is None
-            and pg._native is not None
-            and not _mpi.reduce_scatter_v(output.nbytes)
-            and native.call(
-                pg,
-                func,
-                key,
-                native.REDUCE_SCATTER,
-                input,
-                output,
-                output.size,
-                how.datatype,
-                how.mpi_op,
-                0,
-                output,
-                input,
-                op,
-            )  # fmt: skip
-        ):
-            return None
+        if pg._native is not None and not _mpi.reduce_scatter_v(output.nbytes):
+            if not aliased:
+                kept = native.call(
+                    pg, func, key, native.REDUCE_SCATTER, input, output, output.size,
+                    how.datatype, how.mpi_op, 0, output, input, op,
+                )  # fmt: skip
+            else:  # in place: kept receiving beside, as below (the lane above finds it)
+                kept = _in_input(output, input) and native.call(
+                    pg, func, key, native.REDUCE_SCATTER, input, None, output.size,
+                    how.datatype, how.mpi_op, 0, input, _mpi.IN_PLACE,
+                    (op, native.address(output)), beside=output,
+                )  # fmt: skip
+            if kept:
+                return None
+        into = scratch.beside(pg, output) if aliased else None
         recv = output if into is None else into
         start, blocking, args = _mpi_reduce_scatter(pg.comm, n, how, input, recv)
         plain(pg, func, key, start, blocking, *args)
@@ -843,6 +850,13 @@ def reduce_scatter_tensor(
         # input cost 1.3-1.9x a raw in-place call from 2 MiB.
         into = scratch.beside(pg, output)
     return _reduce_scatter_block(pg, func, send, output, how, async_op, desc, into)
+
+
+def _in_input(output: np.ndarray, input: Any) -> bool:
+    """Whether ``output`` is a view of ``input``'s memory, as torch's in-place
+    reduce-scatter makes it (a view of ``input``, or of what ``input`` views)."""
+    base = output.base
+    return base is not None and (base is input or base is getattr(input, "base", None))
 
 
 def _same(arrays: Any, tensors: Any) -> bool:

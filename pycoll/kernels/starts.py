@@ -40,6 +40,9 @@ from ..native import (
     ALL_TO_ALL,
     BROADCAST,
     CALL_WORDS,
+    COPY_BYTES,
+    COPY_FROM,
+    COPY_TO,
     COUNT,
     DATATYPE,
     OP,
@@ -53,7 +56,7 @@ from ..native import (
 )
 from ..progress import LAST, WORDS
 
-__all__ = ["start", "block", "bind", "STATE_WORDS"]
+__all__ = ["start", "block", "finish", "bind", "STATE_WORDS"]
 
 # A group's state words (an int64 array, one per group: its calls' scratch;
 # each of its calls' words holds its address, at native.STATE).
@@ -138,6 +141,31 @@ def _words(typingctx: Any, address: Any) -> Any:
     return sig, codegen
 
 
+@intrinsic
+def _bytes(typingctx: Any, address: Any) -> Any:
+    """The bytes at ``address``, as a pointer numba can index."""
+    sig = types.CPointer(types.uint8)(types.int64)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+
+    return sig, codegen
+
+
+@njit(cache=True)
+def _copy(call):
+    """The copy a call makes once done (its words COPY_TO to COPY_BYTES), if any."""
+    n = call[COPY_BYTES]
+    if n:
+        carray(_bytes(call[COPY_TO]), (n,))[:] = carray(_bytes(call[COPY_FROM]), (n,))
+
+
+@njit(cache=True)
+def finish(address):
+    """The copy of the call at ``address``, once Python's wait saw it done."""
+    _copy(carray(_words(address), (CALL_WORDS,)))
+
+
 @njit(cache=True)
 def _call(st, p, call, blocking):
     """MPI's call for ``call``: nonblocking, its request left in ``st[REQUEST]``
@@ -208,8 +236,8 @@ def start(address, busy, word):
     addresses, MPI's arguments and its group's state (pycoll.native's words
     WHAT to STATE). ``busy`` is the operation's progress word (seq, op code,
     busy bit), stored at ``word`` of the record and cleared of its busy bit
-    once the call is done. (Addresses, not arrays: numba takes an int
-    argument in half the time of an array.)
+    once the call is done and its copy (if any) made. (Addresses, not
+    arrays: numba takes an int argument in half the time of an array.)
 
     Returns 0 when the call is done, -1 when it is still under way after the
     tests (its request is then in ``st[REQUEST]``), or MPI's error code.
@@ -230,6 +258,7 @@ def start(address, busy, word):
         if err:
             return err
         if st[FLAG]:
+            _copy(call)
             if record[word] == busy:
                 record[word] = busy - 1
             return 0
@@ -248,6 +277,8 @@ def block(address, busy, word):
     record[word] = busy
     record[LAST] = word
     err = _call(st, p, call, True)
-    if err == 0 and record[word] == busy:
-        record[word] = busy - 1
+    if err == 0:
+        _copy(call)
+        if record[word] == busy:
+            record[word] = busy - 1
     return err
