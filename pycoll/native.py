@@ -26,8 +26,9 @@ compiled, only by a job that makes many calls, once per process.
 ``PYCOLL_NATIVE=1`` takes it from a group's first call (loaded at init),
 ``0`` never. Under ``PYCOLL_WAIT=blocking`` the compiled code makes MPI's
 blocking call, with the GIL released, watched by the watchdog thread as the
-plain path's blocking calls are. Not at DETAIL, and only on the calls the
-plain path serves.
+plain path's blocking calls are. Not at DETAIL, not on a group with
+persistent plans (``PYCOLL_PERSISTENT=1``: the plans serve its repeated
+small calls), and only on the calls the plain path serves.
 """
 
 from __future__ import annotations
@@ -146,8 +147,12 @@ def _load(strict: bool = False) -> bool:
 def attach(pg: ProcessGroup) -> None:
     """Give ``pg``'s synchronous fast calls the compiled path, where it applies
     (pycoll.collectives._common calls this at a group's first call under
-    ``PYCOLL_NATIVE=1``, and at its call check exchanges otherwise)."""
-    if MODE == OFF or pg._native is not None or pg._destroyed:
+    ``PYCOLL_NATIVE=1``, and at its call check exchanges otherwise). Not a
+    group with persistent plans (``PYCOLL_PERSISTENT=1``): every rank must
+    count the same calls for the plans to be made together
+    (pycoll.persistent), and a kept call would skip the count on a rank whose
+    array is kept while another rank's is made afresh."""
+    if MODE == OFF or pg._native is not None or pg._destroyed or pg._plans is not None:
         return
     if not _load():
         return

@@ -20,7 +20,7 @@ import pytest
 from numpy.testing import assert_array_equal
 
 import pycoll
-from pycoll import CollectiveMismatchError, crosscheck, native, watch
+from pycoll import CollectiveMismatchError, _mpi, crosscheck, native, persistent, watch
 from pycoll.collectives import _common, alltoall, barrier, gather, reduce, scatter
 from pycoll.errors import DistTimeoutError
 from pycoll.progress import BUSY
@@ -589,6 +589,29 @@ def test_blocking_calls_are_watched(group, monkeypatch, rank, world_size):
     first = group.sequence_number() - (CALLS - 2)
     assert seen == [(group, "all_reduce", seq) for seq in range(first, first + CALLS - 1)]
     assert watch.inflight is None
+
+
+def test_a_group_with_persistent_plans_keeps_to_them(pg, rank, world_size, debug_off):
+    """Persistent plans are made where every rank has counted the same calls
+    (pycoll.persistent's agreement): the compiled path, which skips that
+    count for a call it keeps, stays off a group with plans. Here rank 0
+    makes every call on one array and the others on arrays made afresh."""
+    if not hasattr(_mpi.load().Comm, "Allreduce_init"):
+        pytest.skip("persistent collectives need MPI-4")
+    with persistent.forced():
+        g = pycoll.new_group(timeout=timedelta(seconds=20))
+    try:
+        native.attach(g)
+        assert g._native is None
+        kept = np.zeros(2)
+        for i in range(3 * persistent.PROMOTE):
+            x = kept if rank == 0 else np.zeros(2)
+            x[...] = rank + i
+            pycoll.all_reduce(x, group=g)
+            assert_array_equal(x, np.full(2, float(sum(r + i for r in range(world_size)))))
+        assert g._plans.made  # (the plan made, and used, on every rank)
+    finally:
+        pycoll.destroy_process_group(g)
 
 
 def test_the_setting_is_checked(monkeypatch, pg):
