@@ -45,22 +45,26 @@ from . import _mpi, watch
 from .groups import ProcessGroup
 from .progress import BUSY_CODE, WORDS
 
-__all__ = ["ENV", "NOTHING", "configure", "attach", "detach", "again", "call", "loaded", "address"]
+__all__ = ["ENV", "NOTHING", "configure", "attach", "detach", "again", "call", "loaded"]
 
 # What a call starts (call's ``what``).
 ALL_REDUCE, BROADCAST, REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, BARRIER = range(7)
+REDUCE_SCATTER_V = 7  # MPI_Ireduce_scatter, equal counts (pycoll._mpi.reduce_scatter_v)
 
 # A call's words, as the compiled code reads them: what it starts, the send
 # buffer's address (MPI_IN_PLACE's value, or 0), the receive buffer's (or 0),
-# MPI's count, datatype, op and root, the address of its group's state, then
-# a copy made once the call is done (to, from, bytes: 0 bytes for none).
-WHAT, SEND, RECV, COUNT, DATATYPE, OP, ROOT, STATE, COPY_TO, COPY_FROM, COPY_BYTES = range(11)
-CALL_WORDS = 11
+# MPI's count, datatype, op and root, the address of its group's state, a
+# copy made once the call is done (to, from, bytes: 0 bytes for none), then
+# the address of MPI's counts (an int array: REDUCE_SCATTER_V's recvcounts).
+WHAT, SEND, RECV, COUNT, DATATYPE, OP, ROOT, STATE = range(8)
+COPY_TO, COPY_FROM, COPY_BYTES, COUNTS = range(8, 12)
+CALL_WORDS = 12
 
 # A kept call (a tuple): its words' address, the call check's key, its main
 # array, other buffer, extra and collective (what again knows it by), main's
 # dtype, its progress code, what it holds besides (its words, the buffer it
-# receives into), and the call kept before it on the same main array, or None.
+# receives into, MPI's counts), and the call kept before it on the same main
+# array, or None.
 _ADDRESS, _KEY, _MAIN, _OTHER, _EXTRA, _OP, _DTYPE, _CODE, _WORDS, _NEXT = range(10)
 # Calls kept on one array (the collectives a program makes on it): beyond,
 # the oldest is dropped.
@@ -197,6 +201,7 @@ def again(
     extra: Any,
     known: Any = None,
     input: Any = None,
+    place: Any = None,
 ) -> bool:
     """Make a synchronous collective on the compiled path where this group
     keeps the same call on ``main`` (an array, its dict key): the same
@@ -213,23 +218,30 @@ def again(
     and an ``input`` array call it before their own checks, giving
     ``input``: then first what can change for the same two objects is
     checked (their types, contiguity, the output's writeable flag, an input
-    dtype reassigned in place).
+    dtype reassigned in place). ``place``, an array that is a new view each
+    call (torch's in-place all-gather input and reduce-scatter output), has
+    the call known by ``(extra, its address)``, the address read only once a
+    call is kept on ``main``.
     """
     state = pg._native
     if state is None:
         return False
-    if input is not None and not (
-        type(main) is np.ndarray
-        and type(input) is np.ndarray
-        and (f := main.flags).c_contiguous
-        and f.writeable
-        and input.flags.c_contiguous
-        and input.dtype is main.dtype
-    ):
-        return False
     if known is None:
         # (A kept call holds its main array: no other object has its id.)
         known = state.calls.get(id(main))
+        if known is None:
+            return False
+        if input is not None and not (
+            type(main) is np.ndarray
+            and type(input) is np.ndarray
+            and (f := main.flags).c_contiguous
+            and f.writeable
+            and input.flags.c_contiguous
+            and input.dtype is main.dtype
+        ):
+            return False
+        if place is not None:
+            extra = (extra, int(_buffer(place).address))
         while known is not None and (
             known[_OTHER] is not other
             or known[_EXTRA] is not extra
@@ -288,6 +300,8 @@ def call(
     other: Any,
     extra: Any,
     beside: Any = None,
+    place: Any = None,
+    counts: Any = None,
 ) -> bool:
     """Keep a synchronous collective for :func:`again` and make it there, once
     it is made a second time on the same ``main`` array (an array seen once,
@@ -302,11 +316,15 @@ def call(
     ``extra`` what :func:`again` will know the call by. ``beside``, an
     output that lies in the input (torch's in-place reduce-scatter), has
     the call receive into a buffer it keeps (``recv`` is then None) and
-    copy that to ``beside`` once done.
+    copy that to ``beside`` once done. ``place`` as for :func:`again`.
+    ``counts``: MPI's per-rank counts (an array of C ints, held), for the
+    v-forms.
     """
     state = pg._native
     if state is None:
         return False
+    if place is not None:
+        extra = (extra, _address(place))
     # Seen once before? (The first sighting is all an array made afresh for
     # each call ever gets: kept short.)
     seen = state.seen
@@ -339,9 +357,10 @@ def call(
             0 if beside is None else _address(beside),
             0 if beside is None else _address(recv),
             0 if beside is None else beside.nbytes,
+            0 if counts is None else _address(counts),
         ),
         np.int64,
-    )  # (WHAT to COPY_BYTES)
+    )  # (WHAT to COUNTS)
     # Kept, a call holds its arrays: their addresses stay valid (numpy will
     # not resize an array another object holds), and the memory held stays
     # bounded (KEPT_CALLS calls, KEPT_TOTAL bytes: beyond, the group starts
@@ -368,17 +387,11 @@ def call(
         rest = link[:_NEXT] + (rest,)
     known = (
         _buffer(words).address, key, main, other, extra, op, main.dtype, BUSY_CODE[op],
-        (words, recv), rest,
+        (words, recv, counts), rest,
     )  # fmt: skip
     calls[id(main)] = known
     state.held += held
     return again(pg, op, main, other, extra, known)
-
-
-def address(x: Any) -> int:
-    """An array's address (mpi4py's buffer: 100 ns, where numpy's interfaces
-    take 900), for the collectives' lanes that compare a view's place."""
-    return int(_buffer(x).address)
 
 
 def _address(x: Any) -> int:

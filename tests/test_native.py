@@ -138,9 +138,9 @@ def test_an_in_place_gather_is_known_by_its_place(group, plain_calls, monkeypatc
     keeps: List[str] = []
     real = native.call
 
-    def counting(pg, op, *args):
+    def counting(pg, op, *args, **kwargs):
         keeps.append(op)
-        return real(pg, op, *args)
+        return real(pg, op, *args, **kwargs)
 
     monkeypatch.setattr(native, "call", counting)
     k = 3
@@ -225,6 +225,34 @@ def test_reduce_scatter_tensor_in_place(group, plain_calls, monkeypatch, rank, w
     mine.flags.writeable = False
     with pytest.raises(ValueError, match="output is read-only"):
         pycoll.reduce_scatter_tensor(mine, inp, group=group)
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out-of-place", "in-place"])
+def test_reduce_scatter_tensor_of_large_parts(group, plain_calls, rank, world_size, in_place):
+    """Parts of 32 KiB and more go through MPI's v-form with equal counts on
+    MPICH (pycoll._mpi.reduce_scatter_v): kept as that call, counts held."""
+    k = _mpi.PAIRWISE_PART_BYTES // 8
+    inp = np.zeros(k * world_size, np.float64)
+    out = None if in_place else np.zeros(k, np.float64)
+
+    def values(r: int, i: int) -> np.ndarray:
+        return np.arange(k * world_size, dtype=np.float64) * (r + 1) + i
+
+    for i in range(CALLS):
+        inp[...] = values(rank, i)
+        mine = inp[k * rank : k * rank + k] if in_place else out
+        pycoll.reduce_scatter_tensor(mine, inp, group=group)
+        total = sum(values(r, i) for r in range(world_size))[k * rank : k * rank + k]
+        assert_array_equal(mine, total)
+        if in_place:  # (the rest of the input as it was)
+            rest = np.delete(inp, np.s_[k * rank : k * rank + k])
+            assert_array_equal(rest, np.delete(values(rank, i), np.s_[k * rank : k * rank + k]))
+    assert plain_calls == {"reduce_scatter_tensor": 1}
+    known = group._native.calls[id(inp if in_place else out)]
+    v = _mpi.reduce_scatter_v(k * 8)
+    assert known[native._WORDS][0][native.WHAT] == (
+        native.REDUCE_SCATTER_V if v else native.REDUCE_SCATTER
+    )
 
 
 def test_calls_waited_for_in_python_are_finished(group, plain_calls, rank, world_size):

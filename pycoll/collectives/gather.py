@@ -140,7 +140,7 @@ def all_gather_into_tensor(
             # by its place, that of this rank's part when the call was kept
             else (
                 inp.size * n == out.size
-                and native.again(pg, func, out, _mpi.IN_PLACE, native.address(inp), input=inp)
+                and native.again(pg, func, out, _mpi.IN_PLACE, None, input=inp, place=inp)
             )
         )
     ):
@@ -185,7 +185,7 @@ def all_gather_into_tensor(
             given = _mpi.IN_PLACE if in_place else inp
             if native.call(
                 pg, func, key, native.ALL_GATHER, given, out, inp.size, datatype, None, 0,
-                out, given, native.address(inp) if in_place else None,
+                out, given, None, place=inp if in_place else None,
             ):  # fmt: skip
                 return None
         send = _mpi.MPI.IN_PLACE if in_place else [inp, datatype]

@@ -775,9 +775,7 @@ def reduce_scatter_tensor(
             else (
                 output.size * n == input.size
                 and output.flags.writeable
-                and native.again(
-                    pg, func, input, _mpi.IN_PLACE, (op, native.address(output)), input=output
-                )
+                and native.again(pg, func, input, _mpi.IN_PLACE, op, input=output, place=output)
             )
         )
     ):
@@ -818,17 +816,19 @@ def reduce_scatter_tensor(
         # torch's in-place form receives beside the input, as below.
         aliased = may_alias(input, output)
         key = how.key | _REDUCE_SCATTER_TENSOR | output.size & COUNT
-        if pg._native is not None and not _mpi.reduce_scatter_v(output.nbytes):
+        if pg._native is not None:
+            what, counts = native.REDUCE_SCATTER, None
+            if _mpi.reduce_scatter_v(output.nbytes):  # (as _mpi_reduce_scatter chooses)
+                what, counts = native.REDUCE_SCATTER_V, np.full(n, output.size, np.intc)
             if not aliased:
                 kept = native.call(
-                    pg, func, key, native.REDUCE_SCATTER, input, output, output.size,
-                    how.datatype, how.mpi_op, 0, output, input, op,
+                    pg, func, key, what, input, output, output.size, how.datatype, how.mpi_op,
+                    0, output, input, op, counts=counts,
                 )  # fmt: skip
             else:  # in place: kept receiving beside, as below (the lane above finds it)
                 kept = _in_input(output, input) and native.call(
-                    pg, func, key, native.REDUCE_SCATTER, input, None, output.size,
-                    how.datatype, how.mpi_op, 0, input, _mpi.IN_PLACE,
-                    (op, native.address(output)), beside=output,
+                    pg, func, key, what, input, None, output.size, how.datatype, how.mpi_op,
+                    0, input, _mpi.IN_PLACE, op, beside=output, place=output, counts=counts,
                 )  # fmt: skip
             if kept:
                 return None

@@ -17,11 +17,11 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["copy_kernel"]
+__all__ = ["copy_kernel", "memcpy"]
 
 
 @intrinsic
-def _memcpy(typingctx, target, source, nbytes):
+def memcpy(typingctx, target, source, nbytes):
     """memcpy(target, source, nbytes) on raw addresses (int64)."""
 
     def codegen(context, builder, sig, args):
@@ -36,7 +36,7 @@ def _memcpy(typingctx, target, source, nbytes):
 
 def _copy(targets, sources, sizes):
     for k in prange(sizes.size):
-        _memcpy(targets[k], sources[k], sizes[k])
+        memcpy(targets[k], sources[k], sizes[k])
 
 
 _KERNELS: Dict[Tuple[str, bool], Callable] = {}

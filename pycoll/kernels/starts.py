@@ -44,17 +44,20 @@ from ..native import (
     COPY_FROM,
     COPY_TO,
     COUNT,
+    COUNTS,
     DATATYPE,
     OP,
     RECV,
     REDUCE,
     REDUCE_SCATTER,
+    REDUCE_SCATTER_V,
     ROOT,
     SEND,
     STATE,
     WHAT,
 )
 from ..progress import LAST, WORDS
+from .pack import memcpy
 
 __all__ = ["start", "block", "finish", "bind", "STATE_WORDS"]
 
@@ -79,6 +82,7 @@ _FUNCTIONS = {
     "MPI_Ireduce": "ppihhihp",
     "MPI_Iallgather": "pihpihhp",
     "MPI_Ireduce_scatter_block": "ppihhhp",
+    "MPI_Ireduce_scatter": "ppphhhp",
     "MPI_Ialltoall": "pihpihhp",
     "MPI_Ibarrier": "hp",
     "MPI_Test": "ppp",
@@ -87,6 +91,7 @@ _FUNCTIONS = {
     "MPI_Reduce": "ppihhih",
     "MPI_Allgather": "pihpihh",
     "MPI_Reduce_scatter_block": "ppihhh",
+    "MPI_Reduce_scatter": "ppphhh",
     "MPI_Alltoall": "pihpihh",
 }
 
@@ -119,6 +124,7 @@ n_ireduce_scatter, w_ireduce_scatter = (
     _N["MPI_Ireduce_scatter_block"],
     _W["MPI_Ireduce_scatter_block"],
 )
+n_ireduce_scatter_v, w_ireduce_scatter_v = _N["MPI_Ireduce_scatter"], _W["MPI_Ireduce_scatter"]
 n_ialltoall, w_ialltoall = _N["MPI_Ialltoall"], _W["MPI_Ialltoall"]
 n_ibarrier, w_ibarrier = _N["MPI_Ibarrier"], _W["MPI_Ibarrier"]
 mpi_test = _N["MPI_Test"]  # (no handle among its parameters)
@@ -127,6 +133,7 @@ n_bcast, w_bcast = _N["MPI_Bcast"], _W["MPI_Bcast"]
 n_reduce, w_reduce = _N["MPI_Reduce"], _W["MPI_Reduce"]
 n_allgather, w_allgather = _N["MPI_Allgather"], _W["MPI_Allgather"]
 n_reduce_scatter, w_reduce_scatter = _N["MPI_Reduce_scatter_block"], _W["MPI_Reduce_scatter_block"]
+n_reduce_scatter_v, w_reduce_scatter_v = _N["MPI_Reduce_scatter"], _W["MPI_Reduce_scatter"]
 n_alltoall, w_alltoall = _N["MPI_Alltoall"], _W["MPI_Alltoall"]
 
 
@@ -141,23 +148,11 @@ def _words(typingctx: Any, address: Any) -> Any:
     return sig, codegen
 
 
-@intrinsic
-def _bytes(typingctx: Any, address: Any) -> Any:
-    """The bytes at ``address``, as a pointer numba can index."""
-    sig = types.CPointer(types.uint8)(types.int64)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
-
-    return sig, codegen
-
-
 @njit(cache=True)
 def _copy(call):
     """The copy a call makes once done (its words COPY_TO to COPY_BYTES), if any."""
-    n = call[COPY_BYTES]
-    if n:
-        carray(_bytes(call[COPY_TO]), (n,))[:] = carray(_bytes(call[COPY_FROM]), (n,))
+    if call[COPY_BYTES]:
+        memcpy(call[COPY_TO], call[COPY_FROM], call[COPY_BYTES])
 
 
 @njit(cache=True)
@@ -215,6 +210,15 @@ def _call(st, p, call, blocking):
         if wide:
             return w_ireduce_scatter(send, recv, count, dt, op, comm, req)
         return n_ireduce_scatter(send, recv, count, dt, op, comm, req)
+    if what == REDUCE_SCATTER_V:
+        counts = call[COUNTS]
+        if blocking:
+            if wide:
+                return w_reduce_scatter_v(send, recv, counts, dt, op, comm)
+            return n_reduce_scatter_v(send, recv, counts, dt, op, comm)
+        if wide:
+            return w_ireduce_scatter_v(send, recv, counts, dt, op, comm, req)
+        return n_ireduce_scatter_v(send, recv, counts, dt, op, comm, req)
     if what == ALL_TO_ALL:
         if blocking:
             if wide:
