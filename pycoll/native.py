@@ -206,11 +206,11 @@ def again(
     """Make a synchronous collective on the compiled path where this group
     keeps the same call on ``main`` (an array, its dict key): the same
     collective ``op``, the same ``other`` buffer (an array, ``_mpi.IN_PLACE``
-    or None), the same ``extra`` (the reduction, the root, an in-place input's
-    address: what else decides the call), ``main`` of the same dtype. True
-    once the call is done; False where the caller must go on (a call not
-    kept; another thread holds or shares the group; an exchange point, which
-    the plain path makes).
+    or None), the same ``extra`` (the reduction or the root: what else
+    decides the call), ``main`` of the same dtype. True once the call is
+    done; False where the caller must go on (a call not kept; another thread
+    holds or shares the group; an exchange point, which the plain path
+    makes).
 
     Collectives call this once their arguments are checked and before the
     rest of their path (:func:`call` keeps the calls): a kept call is one

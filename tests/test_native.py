@@ -255,6 +255,30 @@ def test_reduce_scatter_tensor_of_large_parts(group, plain_calls, rank, world_si
     )
 
 
+def test_reduce_scatter_between_views_of_one_buffer(group, plain_calls, monkeypatch, rank,
+                                                    world_size):  # fmt: skip
+    """Input and output views of one flat buffer that do not overlap (as a
+    sharded model's flat parameters make them) are two arrays: kept once."""
+    keeps: List[str] = []
+    real = native.call
+
+    def counting(pg, op, *args, **kwargs):
+        keeps.append(op)
+        return real(pg, op, *args, **kwargs)
+
+    monkeypatch.setattr(native, "call", counting)
+    k = 3
+    flat = np.zeros(k * world_size + k, np.float32)
+    inp, out = flat[: k * world_size], flat[k * world_size :]
+    for i in range(CALLS):
+        inp[...] = np.arange(k * world_size) + rank + i
+        pycoll.reduce_scatter_tensor(out, inp, group=group)
+        total = sum(np.arange(k * world_size) + r + i for r in range(world_size))
+        assert_array_equal(out, total[k * rank : k * rank + k])
+    assert plain_calls == {"reduce_scatter_tensor": 1}
+    assert len(keeps) == 2  # seen, kept: then found by the output view
+
+
 def test_calls_waited_for_in_python_are_finished(group, plain_calls, rank, world_size):
     """With no tests in the compiled code every call's wait goes on in Python:
     the results are the same, the in-place reduce-scatter's copy made."""

@@ -768,15 +768,14 @@ def reduce_scatter_tensor(
         and debug.PLAIN
         and type(output) is np.ndarray
         and (
-            native.again(pg, func, output, input, op, input=input)
-            if not _in_input(output, input)
             # torch's in-place form, the output a new view of the input each
             # call: the call kept on the input, known by the output's place
-            else (
-                output.size * n == input.size
-                and output.flags.writeable
-                and native.again(pg, func, input, _mpi.IN_PLACE, op, input=output, place=output)
-            )
+            _in_input(output, input)
+            and output.size * n == input.size
+            and output.flags.writeable
+            and native.again(pg, func, input, _mpi.IN_PLACE, op, input=output, place=output)
+            # else two arrays (views of one buffer that do not overlap included)
+            or native.again(pg, func, output, input, op, input=input)
         )
     ):
         return None
