@@ -26,9 +26,11 @@ compiled, only by a job that makes many calls, once per process.
 ``PYCOLL_NATIVE=1`` takes it from a group's first call (loaded at init),
 ``0`` never. Under ``PYCOLL_WAIT=blocking`` the compiled code makes MPI's
 blocking call, with the GIL released, watched by the watchdog thread as the
-plain path's blocking calls are. Not at DETAIL, not on a group with
-persistent plans (``PYCOLL_PERSISTENT=1``: the plans serve its repeated
-small calls), and only on the calls the plain path serves.
+plain path's blocking calls are. On a group with persistent plans
+(``PYCOLL_PERSISTENT=1``) it makes only the calls a made plan serves:
+the compiled code copies the input into the plan's buffer, starts the
+plan's request (``MPI_Start``), tests it and copies the result out. Not at
+DETAIL, and only on the calls the plain path serves.
 """
 
 from __future__ import annotations
@@ -45,27 +47,33 @@ from . import _mpi, watch
 from .groups import ProcessGroup
 from .progress import BUSY_CODE, WORDS
 
-__all__ = ["ENV", "NOTHING", "configure", "attach", "detach", "again", "call", "loaded"]
+__all__ = [
+    "ENV", "NOTHING", "configure", "attach", "detach", "again", "call", "call_plan", "loaded",
+]  # fmt: skip
 
 # What a call starts (call's ``what``).
 ALL_REDUCE, BROADCAST, REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, BARRIER = range(7)
 REDUCE_SCATTER_V = 7  # MPI_Ireduce_scatter, equal counts (pycoll._mpi.reduce_scatter_v)
+START = 8  # MPI_Start of a persistent plan's request (pycoll.persistent)
 
 # A call's words, as the compiled code reads them: what it starts, the send
 # buffer's address (MPI_IN_PLACE's value, or 0), the receive buffer's (or 0),
 # MPI's count, datatype, op and root, the address of its group's state, a
-# copy made once the call is done (to, from, bytes: 0 bytes for none), then
-# the address of MPI's counts (an int array: REDUCE_SCATTER_V's recvcounts).
+# copy made once the call is done (to, from, bytes: 0 bytes for none), the
+# address of MPI's counts (an int array: REDUCE_SCATTER_V's recvcounts), then
+# for START the plan's request handle and a copy made before it starts.
 WHAT, SEND, RECV, COUNT, DATATYPE, OP, ROOT, STATE = range(8)
 COPY_TO, COPY_FROM, COPY_BYTES, COUNTS = range(8, 12)
-CALL_WORDS = 12
+PLAN, IN_TO, IN_FROM, IN_BYTES = range(12, 16)
+CALL_WORDS = 16
 
 # A kept call (a tuple): its words' address, the call check's key, its main
 # array, other buffer, extra and collective (what again knows it by), main's
-# dtype, its progress code, what it holds besides (its words, the buffer it
-# receives into, MPI's counts), and the call kept before it on the same main
-# array, or None.
-_ADDRESS, _KEY, _MAIN, _OTHER, _EXTRA, _OP, _DTYPE, _CODE, _WORDS, _NEXT = range(10)
+# dtype, its progress code, what it holds besides (its words, then what they
+# point into: the buffer it receives into, MPI's counts, a plan's input and
+# output), the call kept before it on the same main array or None, and the
+# persistent plan it starts or None.
+_ADDRESS, _KEY, _MAIN, _OTHER, _EXTRA, _OP, _DTYPE, _CODE, _WORDS, _NEXT, _PLAN = range(11)
 # Calls kept on one array (the collectives a program makes on it): beyond,
 # the oldest is dropped.
 KEPT_PER_ARRAY = 4
@@ -151,12 +159,10 @@ def _load(strict: bool = False) -> bool:
 def attach(pg: ProcessGroup) -> None:
     """Give ``pg``'s synchronous fast calls the compiled path, where it applies
     (pycoll.collectives._common calls this at a group's first call under
-    ``PYCOLL_NATIVE=1``, and at its call check exchanges otherwise). Not a
-    group with persistent plans (``PYCOLL_PERSISTENT=1``): every rank must
-    count the same calls for the plans to be made together
-    (pycoll.persistent), and a kept call would skip the count on a rank whose
-    array is kept while another rank's is made afresh."""
-    if MODE == OFF or pg._native is not None or pg._destroyed or pg._plans is not None:
+    ``PYCOLL_NATIVE=1``, and at its call check exchanges otherwise). On a
+    group with persistent plans (``PYCOLL_PERSISTENT=1``) it keeps only the
+    calls a made plan serves (:func:`call_plan`)."""
+    if MODE == OFF or pg._native is not None or pg._destroyed:
         return
     if not _load():
         return
@@ -252,6 +258,8 @@ def again(
             known = known[_NEXT]  # another call kept on this array?
         if known is None or known[_DTYPE] is not main.dtype:
             return False
+    if known[_PLAN] is not None and known[_PLAN].work is not None:
+        return False  # the plan's asynchronous use still under way: Plan.call ends it
     if pg._owner != get_ident() or pg._shared:
         return False  # the locked path, in plain
     pg._busy = True  # then look again: a second thread may have just come
@@ -281,7 +289,7 @@ def again(
     finally:
         pg._busy = False
     if err:
-        _unfinished(pg, state.st, op, seq, busy, err, known[_ADDRESS])
+        _unfinished(pg, state.st, op, seq, busy, err, known[_ADDRESS], known[_PLAN])
     return True
 
 
@@ -319,22 +327,21 @@ def call(
     copy that to ``beside`` once done. ``place`` as for :func:`again`.
     ``counts``: MPI's per-rank counts (an array of C ints, held), for the
     v-forms.
+
+    Not on a group with persistent plans: every rank must count every call
+    of its plans' collectives (pycoll.persistent) until a plan is made, and
+    a kept call would skip the count on a rank whose array is kept while
+    another rank's is made afresh. There :func:`call_plan` keeps the calls
+    a made plan serves. Nor on arrays over device memory (pycoll.gpu's
+    CUDA-aware calls: ``pg._aliases``), which the compiled copies must not
+    touch.
     """
     state = pg._native
-    if state is None:
-        return False
+    if state is None or pg._plans is not None or pg._aliases:
+        return False  # (arrays over device memory: no CPU copy may touch them)
     if place is not None:
         extra = (extra, _address(place))
-    # Seen once before? (The first sighting is all an array made afresh for
-    # each call ever gets: kept short.)
-    seen = state.seen
-    was = seen.get(id(main))
-    if was is None or was() is not main:
-        if len(seen) >= SEEN:
-            seen.clear()
-        seen[id(main)] = weakref.ref(main)
-        return False
-    if pg._owner != get_ident() or pg._shared:
+    if not _again_on(pg, state, main):
         return False
     held = main.nbytes + (other.nbytes if type(other) is np.ndarray else 0)
     if beside is not None:
@@ -344,23 +351,109 @@ def call(
     if beside is not None:
         recv = np.empty(beside.shape, beside.dtype)
     mask = _handle_mask
-    words = np.array(
-        (
-            what,
-            _address(send),
-            _address(recv),
-            count,
-            0 if datatype is None else datatype.handle & mask,
-            0 if mpi_op is None else mpi_op.handle & mask,
-            root,
-            state.address,
-            0 if beside is None else _address(beside),
-            0 if beside is None else _address(recv),
-            0 if beside is None else beside.nbytes,
-            0 if counts is None else _address(counts),
-        ),
-        np.int64,
-    )  # (WHAT to COUNTS)
+    words = _words(
+        what,
+        send,
+        recv,
+        count,
+        0 if datatype is None else datatype.handle & mask,
+        0 if mpi_op is None else mpi_op.handle & mask,
+        root,
+        state.address,
+        beside,
+        recv if beside is not None else None,
+        counts,
+    )
+    return _keep(pg, state, op, key, main, other, extra, words, (recv, counts), held, None)
+
+
+def call_plan(
+    pg: ProcessGroup,
+    op: str,
+    plan: Any,
+    main: Any,
+    other: Any,
+    extra: Any,
+    inp: Any,
+    out: Any,
+    place: Any = None,
+) -> bool:
+    """:func:`call` for a call that ``plan``, a made persistent collective
+    (pycoll.persistent.Plan), serves: the compiled code copies ``inp`` into
+    the plan's send buffer, starts the plan's request and tests it, and
+    copies its receive buffer to ``out`` (None for either: no copy), as
+    ``Plan.call`` does. Every rank uses a made plan for its key, kept or not,
+    so keeping skips no count. ``main``, ``other``, ``extra`` and ``place``
+    as for :func:`call`."""
+    state = pg._native
+    if state is None:
+        return False
+    if place is not None:
+        extra = (extra, _address(place))
+    if not _again_on(pg, state, main):
+        return False
+    held = main.nbytes + (other.nbytes if type(other) is np.ndarray else 0)
+    words = _words(START, None, None, 0, 0, 0, 0, state.address, out,
+                   plan.recv if out is not None else None, None)  # fmt: skip
+    words[PLAN] = plan.request.handle & _handle_mask
+    if inp is not None:
+        words[IN_TO:] = (_address(plan.send), _address(inp), inp.nbytes)
+    return _keep(pg, state, op, plan.key, main, other, extra, words, (inp, out), held, plan)
+
+
+def _again_on(pg: ProcessGroup, state: _State, main: Any) -> bool:
+    """Whether ``main`` was seen once before on this group (an array made
+    afresh for each call is only ever seen once: its first sighting is kept
+    short) and this thread owns the group; else remember it."""
+    seen = state.seen
+    was = seen.get(id(main))
+    if was is None or was() is not main:
+        if len(seen) >= SEEN:
+            seen.clear()
+        seen[id(main)] = weakref.ref(main)
+        return False
+    return pg._owner == get_ident() and not pg._shared
+
+
+def _words(
+    what: int,
+    send: Any,
+    recv: Any,
+    count: int,
+    datatype: int,
+    mpi_op: int,
+    root: int,
+    state: int,
+    copy_to: Any,
+    copy_from: Any,
+    counts: Any,
+) -> Any:
+    """A call's words (WHAT to IN_BYTES; the plan's words zero)."""
+    words = np.zeros(CALL_WORDS, np.int64)
+    words[:COPY_TO] = (what, _address(send), _address(recv), count, datatype, mpi_op, root, state)
+    if copy_to is not None:
+        words[COPY_TO] = _address(copy_to)
+        words[COPY_FROM] = _address(copy_from)
+        words[COPY_BYTES] = copy_to.nbytes
+    words[COUNTS] = _address(counts)
+    return words
+
+
+def _keep(
+    pg: ProcessGroup,
+    state: _State,
+    op: str,
+    key: int,
+    main: Any,
+    other: Any,
+    extra: Any,
+    words: Any,
+    holds: Tuple[Any, ...],
+    held: int,
+    plan: Any,
+) -> bool:
+    """Keep a call's words (and what they point into: ``holds``, ``held``
+    bytes of it counted) for :func:`again`, and make it there."""
     # Kept, a call holds its arrays: their addresses stay valid (numpy will
     # not resize an array another object holds), and the memory held stays
     # bounded (KEPT_CALLS calls, KEPT_TOTAL bytes: beyond, the group starts
@@ -384,10 +477,10 @@ def call(
         link = link[_NEXT]
     rest = None
     for link in reversed(before):
-        rest = link[:_NEXT] + (rest,)
+        rest = link[:_NEXT] + (rest, link[_PLAN])
     known = (
         _buffer(words).address, key, main, other, extra, op, main.dtype, BUSY_CODE[op],
-        (words, recv, counts), rest,
+        (words, holds), rest, plan,
     )  # fmt: skip
     calls[id(main)] = known
     state.held += held
@@ -404,13 +497,17 @@ def _address(x: Any) -> int:
 
 
 def _unfinished(
-    pg: ProcessGroup, st: Any, op: str, seq: int, busy: int, err: int, address: int
+    pg: ProcessGroup, st: Any, op: str, seq: int, busy: int, err: int, address: int, plan: Any
 ) -> None:
     """A call the compiled tests did not see done: wait for it in Python (and
-    make its copy), or raise MPI's error as the plain path does."""
+    make its copy), or raise MPI's error as the plain path does. (A plan's
+    request is its own Request object's: persistent, it outlives the call.)"""
     if err != -1:
         raise watch.backend_error(op, seq, _mpi.MPI.Exception(err))
-    request = _mpi.MPI.Request.fromhandle(int(st[_starts.REQUEST]) & _handle_mask)
+    if plan is not None:
+        request = plan.request
+    else:
+        request = _mpi.MPI.Request.fromhandle(int(st[_starts.REQUEST]) & _handle_mask)
     watch.wait1_yielding(pg, op, seq, request)
     _starts.finish(address)
     rec, word = pg._rec, pg._word

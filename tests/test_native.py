@@ -29,6 +29,15 @@ from support import BF16
 CALLS = 4  # plain, kept (compiled), compiled, compiled
 
 
+@pytest.fixture(autouse=True)
+def no_plans(pg):
+    """Groups made here have no persistent plans (the suite may run with
+    PYCOLL_PERSISTENT=1, read at init: hence ``pg`` first), but where a test
+    asks for them (``planned``)."""
+    with persistent.forced(False):
+        yield
+
+
 @pytest.fixture
 def group(pg, debug_off):
     """A new group of every rank on the compiled path (DETAIL off: DETAIL's
@@ -424,6 +433,52 @@ def test_kept_calls_are_still_checked(group, pg, rank, world_size):
             pycoll.reduce(y, dst=root)
 
 
+def test_rooted_calls_on_a_subgroup(pg, plain_calls, monkeypatch, rank, world_size, debug_off):
+    """broadcast and reduce find a kept call by the global root they are given,
+    before translating it: on a group of the ranks but rank 0 (group ranks one
+    less than global ones) each global root still reaches the right rank,
+    each call is kept once, and a rank outside the group, or a bool, is still
+    refused on every rank of the group."""
+    if world_size == 1:
+        pytest.skip("needs a group whose ranks are not the global ones")
+    keeps: List[str] = []
+    real = native.call
+
+    def counting(pg, op, *args, **kwargs):
+        keeps.append(op)
+        return real(pg, op, *args, **kwargs)
+
+    monkeypatch.setattr(native, "call", counting)
+    members = list(range(1, world_size))
+    g = pycoll.new_group(ranks=members)
+    try:
+        if rank == 0:  # (not a member: every call returns at once)
+            assert pycoll.broadcast(np.zeros(3), src=1, group=g) is None
+            return
+        native.attach(g)
+        assert g._native is not None
+        x, y = np.zeros(3, np.int32), np.zeros(3, np.int32)
+        for i in range(CALLS):
+            for src in members:
+                x[...] = 100 * src + i if rank == src else -1
+                pycoll.broadcast(x, src=src, group=g)
+                assert_array_equal(x, np.full(3, 100 * src + i, np.int32))
+                y[...] = rank + i
+                pycoll.reduce(y, dst=src, group=g)
+                want = sum(r + i for r in members) if rank == src else rank + i
+                assert_array_equal(y, np.full(3, want, np.int32))
+        assert plain_calls == {"broadcast": 1, "reduce": 1}
+        # Each array seen, then each root's call kept once (on the next round for the first).
+        n = len(members)
+        assert sorted(keeps) == ["broadcast"] * (1 + n) + ["reduce"] * (1 + n)
+        with pytest.raises(ValueError, match="src=0 is not a rank of the group"):
+            pycoll.broadcast(x, src=0, group=g)
+        with pytest.raises(TypeError, match="dst must be an int"):
+            pycoll.reduce(y, dst=True, group=g)
+    finally:
+        pycoll.destroy_process_group(g)
+
+
 @pytest.mark.parametrize(
     "name", ["all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"]
 )
@@ -483,6 +538,21 @@ def test_the_bytes_kept_are_bounded(group, monkeypatch, rank, world_size):
             assert group._native.held <= native.KEPT_TOTAL
             held = [known[native._MAIN] for known in group._native.calls.values()]
             assert sum(x.nbytes for x in held) == group._native.held
+
+
+def test_arrays_over_device_memory_are_not_kept(group, plain_calls, rank, world_size):
+    """pycoll.gpu's CUDA-aware calls hand the collectives numpy arrays over
+    device memory (``device_aliases``): never kept, since the compiled path's
+    copies (the in-place reduce-scatter's, a plan's) run on the CPU."""
+    k = 2
+    x = np.zeros(k * world_size, np.float32)
+    with _common.device_aliases(group):
+        for i in range(CALLS):
+            x[...] = rank + i
+            pycoll.reduce_scatter_tensor(x[k * rank : k * rank + k], x, group=group)
+            assert_array_equal(x[k * rank : k * rank + k], sum(r + i for r in range(world_size)))
+    assert plain_calls == {"reduce_scatter_tensor": CALLS}
+    assert group._native.calls == {}
 
 
 def test_large_calls_take_the_plain_path(group, plain_calls, rank, world_size):
@@ -643,27 +713,131 @@ def test_blocking_calls_are_watched(group, monkeypatch, rank, world_size):
     assert watch.inflight is None
 
 
-def test_a_group_with_persistent_plans_keeps_to_them(pg, rank, world_size, debug_off):
-    """Persistent plans are made where every rank has counted the same calls
-    (pycoll.persistent's agreement): the compiled path, which skips that
-    count for a call it keeps, stays off a group with plans. Here rank 0
-    makes every call on one array and the others on arrays made afresh."""
+@pytest.fixture
+def planned(pg, debug_off):
+    """A new group with persistent plans (PYCOLL_PERSISTENT=1's effect) on the
+    compiled path, and its plans' calls counted."""
     if not hasattr(_mpi.load().Comm, "Allreduce_init"):
         pytest.skip("persistent collectives need MPI-4")
     with persistent.forced():
-        g = pycoll.new_group(timeout=timedelta(seconds=20))
-    try:
-        native.attach(g)
-        assert g._native is None
-        kept = np.zeros(2)
-        for i in range(3 * persistent.PROMOTE):
-            x = kept if rank == 0 else np.zeros(2)
-            x[...] = rank + i
-            pycoll.all_reduce(x, group=g)
-            assert_array_equal(x, np.full(2, float(sum(r + i for r in range(world_size)))))
-        assert g._plans.made  # (the plan made, and used, on every rank)
-    finally:
-        pycoll.destroy_process_group(g)
+        g = pycoll.new_group(timeout=timedelta(seconds=30))
+    native.attach(g)
+    assert g._native is not None and g._plans is not None
+    pycoll.barrier(group=g)  # (this thread the owner)
+    yield g
+    pycoll.destroy_process_group(g)
+    assert g._native is None
+
+
+@pytest.fixture
+def plan_calls(monkeypatch) -> List[str]:
+    """The calls made through a plan's Python path (persistent.Plan.call)."""
+    made: List[str] = []
+    real = persistent.Plan.call
+
+    def counting(self, pg, op, *args, **kwargs):
+        made.append(op)
+        return real(self, pg, op, *args, **kwargs)
+
+    monkeypatch.setattr(persistent.Plan, "call", counting)
+    return made
+
+
+PLANNED = ["all_reduce", "broadcast", "all_gather", "all_gather in place", "reduce_scatter",
+           "reduce_scatter in place", "all_to_all", "all_to_all in place"]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", PLANNED)
+def test_plans_are_started_compiled(planned, plan_calls, rank, world_size, case):
+    """On a group with plans, a call a made plan serves is kept like any
+    other (its input copied into the plan's buffer, MPI_Start, its result
+    copied out, all compiled): from its plan's second use on, no Python."""
+    k, n = 3, world_size
+    calls = 3 * persistent.PROMOTE
+    a = np.zeros(k * n, np.float32)
+    b = np.zeros(k * n, np.float32)
+    part = np.zeros(k, np.float32)
+    main = a
+    for i in range(calls):
+        values = [np.arange(k * n, dtype=np.float32) * (r + 1) + i for r in range(n)]
+        if case == "all_reduce":
+            a[...] = values[rank]
+            pycoll.all_reduce(a, group=planned)
+            assert_array_equal(a, sum(values))
+        elif case == "broadcast":
+            a[...] = values[0] if rank == 0 else -1
+            pycoll.broadcast(a, src=0, group=planned)
+            assert_array_equal(a, values[0])
+        elif case.startswith("all_gather"):
+            mine = a[k * rank : k * rank + k] if case.endswith("place") else part
+            mine[...] = values[rank][:k]
+            pycoll.all_gather_into_tensor(a, mine, group=planned)
+            assert_array_equal(a, np.concatenate([v[:k] for v in values]))
+        elif case == "reduce_scatter":
+            main = part
+            a[...] = values[rank]
+            pycoll.reduce_scatter_tensor(part, a, group=planned)
+            assert_array_equal(part, sum(values)[k * rank : k * rank + k])
+        elif case == "reduce_scatter in place":
+            a[...] = values[rank]
+            pycoll.reduce_scatter_tensor(a[k * rank : k * rank + k], a, group=planned)
+            want = values[rank].copy()
+            want[k * rank : k * rank + k] = sum(values)[k * rank : k * rank + k]
+            assert_array_equal(a, want)
+        else:
+            src = a if case.endswith("place") else b
+            src[...] = values[rank]
+            pycoll.all_to_all_single(a, src, group=planned)
+            assert_array_equal(a, np.concatenate([v[k * rank : k * rank + k] for v in values]))
+    assert planned._plans.made  # (made on every rank: its own count of the calls)
+    assert len(plan_calls) == 1  # the plan's first use; the second kept it
+    known = planned._native.calls[id(main)]
+    assert known[native._WORDS][0][native.WHAT] == native.START
+
+
+def test_plans_are_agreed_when_ranks_keep_different_calls(planned, rank, world_size):
+    """Persistent plans are made where every rank has counted the same calls
+    (pycoll.persistent's agreement). A rank whose array is kept must not skip
+    the count: here rank 0 makes every call on one array and the others on
+    arrays made afresh. (The compiled path once skipped it, and the ranks
+    then waited out the timeout, one in MPI_Start, the other in
+    MPI_Iallreduce.)"""
+    kept = np.zeros(2)
+    for i in range(3 * persistent.PROMOTE):
+        x = kept if rank == 0 else np.zeros(2)
+        x[...] = rank + i
+        pycoll.all_reduce(x, group=planned)
+        assert_array_equal(x, np.full(2, float(sum(r + i for r in range(world_size)))))
+    assert planned._plans.made  # (the plan made, and used, on every rank)
+
+
+def test_a_plan_in_use_is_not_started_again(planned, rank, world_size):
+    """A kept plan call waits for the plan's asynchronous use to finish (as
+    Plan.call does) rather than start its request while it is active."""
+    x, y = np.zeros(4), np.zeros(4)
+    for i in range(3 * persistent.PROMOTE):  # the plan made, then kept for x
+        x[...] = rank + i
+        pycoll.all_reduce(x, group=planned)
+    assert planned._native.calls[id(x)][native._PLAN] is not None
+    y[...] = 10 * (rank + 1)
+    work = pycoll.all_reduce(y, group=planned, async_op=True)  # (the same key: the plan)
+    x[...] = rank
+    pycoll.all_reduce(x, group=planned)
+    assert_array_equal(x, np.full(4, float(sum(range(world_size)))))
+    work.wait()
+    assert_array_equal(y, np.full(4, 10.0 * sum(range(1, world_size + 1))))
+
+
+def test_a_plan_waited_for_in_python_is_finished(planned, rank, world_size):
+    """With no compiled tests, a kept plan call's wait goes on in Python on
+    the plan's own request; the result is still copied out."""
+    planned._native.st[native._starts.SPINS] = 0
+    x = np.zeros(3, np.int64)
+    for i in range(3 * persistent.PROMOTE):
+        x[...] = rank + i
+        pycoll.all_reduce(x, group=planned)
+        assert_array_equal(x, np.full(3, sum(r + i for r in range(world_size))))
+    assert planned._native.calls[id(x)][native._PLAN] is not None
 
 
 def test_the_setting_is_checked(monkeypatch, pg):

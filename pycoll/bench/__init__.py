@@ -296,6 +296,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
             with persistent.forced():
                 planned = pycoll.new_group()
+            if isinstance(planned, pycoll.ProcessGroup):
+                native.attach(planned)  # (its plans' calls compiled, as the world's)
         if rank == 0 and not args.json:
             print(f"# pycoll-bench: {comm.Get_size()} ranks, {mpi_name}")
             print(

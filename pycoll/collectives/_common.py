@@ -14,10 +14,10 @@ import operator
 import time
 from contextlib import contextmanager
 from threading import get_ident
-from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Iterator, List, Optional, Union
 
 from .. import _mpi, crosscheck, debug, native, watch
-from ..groups import STATE, ProcessGroup, resolve
+from ..groups import ProcessGroup
 from ..progress import BUSY_CODE, LAST
 from ..trace import recorder
 from ..work import Work
@@ -244,21 +244,13 @@ def sequenced(pg: ProcessGroup, op: str, call: Optional[str], key: int = 0) -> I
             debug.log_collective(op, pg.group_desc, seq, 0, time.perf_counter() - t0)
 
 
-def rooted(
-    group: Optional[ProcessGroup], rank: Any, name: str, func: str
-) -> Optional[Tuple[ProcessGroup, int]]:
-    """A rooted collective's group and its root (``rank``, a global rank, in
-    the group's numbering); None on a rank outside the group. The common case
-    (the default group, an int rank) is two lookups."""
-    pg = STATE.default
-    if group is not None or pg is None:
-        pg = resolve(group, func)  # raises before init; None for a non-member
-        if pg is None:
-            return None
+def root_of(pg: ProcessGroup, rank: Any, name: str, func: str) -> int:
+    """A rooted collective's root (``rank``, a global rank) in ``pg``'s
+    numbering. The common case (an int rank) is one lookup."""
     root = pg._group_rank_of.get(rank) if type(rank) is int else None
     if root is None:
         root = group_rank(pg, rank, name, func)  # raises the right error
-    return pg, root
+    return root
 
 
 def group_rank(pg: ProcessGroup, rank: Any, name: str, func: str) -> int:

@@ -178,6 +178,23 @@ def all_gather_into_tensor(
     if pg._plans is not None and out.nbytes <= PLAN_LIMIT:  # a repeated small call?
         made = persistent.for_all_gather(pg, key, inp, datatype)
         if made is not None:
+            if (  # kept as the lane above looks for it
+                not async_op
+                and debug.PLAIN
+                and fast
+                and native.call_plan(
+                    pg,
+                    func,
+                    made,
+                    out,
+                    _mpi.IN_PLACE if in_place else inp,
+                    None,
+                    inp,
+                    out,
+                    place=inp if in_place else None,
+                )
+            ):
+                return None
             return made.call(pg, func, inp, out, async_op, desc)
     comm = pg.comm
     if fast and not async_op and debug.PLAIN:  # (debug OFF, no timeline being recorded)

@@ -38,7 +38,7 @@ from ..ops import (
 from ..persistent import LIMIT as PLAN_LIMIT
 from ..work import Work
 from . import scratch, shm
-from ._common import plain, rooted, run, sig
+from ._common import plain, root_of, run, sig
 from .ring import Ring
 
 __all__ = [
@@ -161,6 +161,14 @@ def all_reduce(
         if made is None and tensor.nbytes <= PLAN_LIMIT:
             made = persistent.for_all_reduce(pg, key, tensor, how.datatype, how.mpi_op)
         if made is not None:
+            if (
+                not async_op
+                and debug.PLAIN
+                and native.call_plan(
+                    pg, "all_reduce", made, tensor, _mpi.IN_PLACE, op, tensor, tensor
+                )
+            ):
+                return None
             desc = _desc(op, tensor) if async_op or not debug.PLAIN else None
             return made.call(pg, "all_reduce", tensor, tensor, async_op, desc)
     # Large calls: the path this machine's tuning table chose, where one is
@@ -555,26 +563,25 @@ def reduce(
     """
     func = "reduce"
     pg = STATE.default
-    looked = False  # for the same call as before on this array, on the default group
+    if group is not None or pg is None:
+        pg = resolve(group, func)  # raises before init; None for a non-member
+        if pg is None:
+            return None
+    looked = False  # for the same call as before on this array, known by the global dst
     if (
-        group is None
-        and pg is not None
-        and pg._native is not None
+        pg._native is not None
         and not async_op
         and type(dst) is int
         and type(tensor) is np.ndarray
         and (f := tensor.flags).c_contiguous
-        and (f.writeable or dst != pg._rank)
+        and (f.writeable or dst != pg._ranks[pg._rank])
         and debug.PLAIN
     ):
         looked = True
-        into = _mpi.IN_PLACE if dst == pg._rank else None
-        if native.again(pg, func, tensor, into, (op, dst)):  # (there dst is the group's root)
+        into = _mpi.IN_PLACE if dst == pg._ranks[pg._rank] else None
+        if native.again(pg, func, tensor, into, (op, dst)):  # (a dst kept was a group rank)
             return None
-    found = rooted(group, dst, "dst", func)
-    if found is None:
-        return None
-    pg, root = found
+    root = root_of(pg, dst, "dst", func)
     is_root = root == pg._rank
     if type(tensor) is not np.ndarray or not (
         (f := tensor.flags).c_contiguous and (f.writeable or not is_root)
@@ -583,11 +590,11 @@ def reduce(
         tensor = check(func, "tensor", tensor)
     into = _mpi.IN_PLACE if is_root else None  # (where the result goes, besides the input)
     if (  # the same call as before on this array: compiled (pycoll.native)
-        not looked  # (on another group, or a root given as another integer type)
+        not looked  # (dst given as another integer type)
         and pg._native is not None
         and not async_op
         and debug.PLAIN
-        and native.again(pg, func, tensor, into, (op, root))
+        and native.again(pg, func, tensor, into, (op, dst))
     ):
         return None
     how = _plan(op, tensor.dtype, func)
@@ -598,7 +605,7 @@ def reduce(
         if pg._native is not None and native.call(
             pg, func, key, native.REDUCE, tensor if into is None else into,
             tensor if is_root else None, tensor.size, mpitype, how.mpi_op, root,
-            tensor, into, (op, root),
+            tensor, into, (op, dst),
         ):  # fmt: skip
             return None
         if is_root:
@@ -808,6 +815,14 @@ def reduce_scatter_tensor(
         key = how.key | OP_BITS[func] | output.size & COUNT
         made = persistent.for_reduce_scatter(pg, key, output, how.datatype, how.mpi_op)
         if made is not None:
+            if not async_op and debug.PLAIN:  # kept as the lane above looks for it
+                if _in_input(output, input):
+                    kept = native.call_plan(pg, func, made, input, _mpi.IN_PLACE, op, input,
+                                            output, place=output)  # fmt: skip
+                else:
+                    kept = native.call_plan(pg, func, made, output, input, op, input, output)
+                if kept:
+                    return None
             return made.call(pg, func, input, output, async_op, desc)
     if how.plain and not async_op and debug.PLAIN:
         # The common case, straight to MPI (pycoll.collectives._common.plain):

@@ -20,7 +20,7 @@ from ..dispatch import IN, LIST, OUT, Array, collective
 from ..groups import STATE, ProcessGroup, resolve
 from ..persistent import LIMIT as PLAN_LIMIT
 from ..work import Work
-from ._common import DETAIL, group_rank, plain, rooted, run, sig
+from ._common import DETAIL, group_rank, plain, root_of, run, sig
 
 __all__ = ["broadcast", "scatter"]
 
@@ -62,25 +62,24 @@ def broadcast(
     """
     func = "broadcast"
     pg = STATE.default
-    looked = False  # for the same call as before on this array, on the default group
+    if group is not None or pg is None:
+        pg = resolve(group, func)  # raises before init; None for a non-member
+        if pg is None:
+            return None
+    looked = False  # for the same call as before on this array, known by the global src
     if (
-        group is None
-        and pg is not None
-        and pg._native is not None
+        pg._native is not None
         and not async_op
         and type(src) is int
         and type(tensor) is np.ndarray
         and (f := tensor.flags).c_contiguous
-        and (f.writeable or src == pg._rank)
+        and (f.writeable or src == pg._ranks[pg._rank])
         and debug.PLAIN
     ):
         looked = True
-        if native.again(pg, func, tensor, None, src):  # (there src is the group's root)
+        if native.again(pg, func, tensor, None, src):  # (a src kept was a rank of the group)
             return None
-    found = rooted(group, src, "src", func)
-    if found is None:
-        return None
-    pg, root = found
+    root = root_of(pg, src, "src", func)
     mine = root == pg._rank
     # A plain contiguous array (writeable where it is written) needs no more checks.
     fast = (
@@ -91,11 +90,11 @@ def broadcast(
     )
     if (  # the same call as before on this array: compiled (pycoll.native)
         fast
-        and not looked  # (on another group, or a root given as another integer type)
+        and not looked  # (src given as another integer type)
         and pg._native is not None
         and not async_op
         and debug.PLAIN
-        and native.again(pg, func, tensor, None, root)
+        and native.again(pg, func, tensor, None, src)
     ):
         return None
     if not fast:
@@ -108,6 +107,22 @@ def broadcast(
     if pg._plans is not None and tensor.nbytes <= PLAN_LIMIT:  # a repeated small call?
         made = persistent.for_broadcast(pg, key, tensor, datatype, root)
         if made is not None:
+            if (  # kept as the lanes above look for it
+                fast
+                and not async_op
+                and debug.PLAIN
+                and native.call_plan(
+                    pg,
+                    func,
+                    made,
+                    tensor,
+                    None,
+                    src,
+                    tensor if mine else None,
+                    None if mine else tensor,
+                )
+            ):
+                return None
             return made.call(
                 pg, func, tensor if mine else None, None if mine else tensor, async_op, desc
             )
@@ -115,7 +130,7 @@ def broadcast(
     if fast and not async_op and debug.PLAIN:  # (debug OFF, no timeline being recorded)
         if pg._native is not None and native.call(
             pg, func, key, native.BROADCAST, None, tensor, tensor.size, datatype, None, root,
-            tensor, None, root,
+            tensor, None, src,
         ):  # fmt: skip
             return None
         plain(pg, func, key, comm.Ibcast, comm.Bcast, [tensor, datatype], root)

@@ -2,8 +2,9 @@
 
 pycoll's synchronous fast path (pycoll.native) hands one call
 here: publish the operation on this rank's progress record, start MPI's
-nonblocking collective, and test it up to a number of times, with no Python
-between the steps. mpi4py would turn each buffer argument into a message
+nonblocking collective (or a persistent plan's request, its input copied in
+first), and test it up to a number of times, with no Python between the
+steps. mpi4py would turn each buffer argument into a message
 spec, make a Request object and go back to Python between tests; at 8 bytes
 that costs more than MPI's own call (docs/benchmarks.md, "A compiled fast
 path").
@@ -46,13 +47,18 @@ from ..native import (
     COUNT,
     COUNTS,
     DATATYPE,
+    IN_BYTES,
+    IN_FROM,
+    IN_TO,
     OP,
+    PLAN,
     RECV,
     REDUCE,
     REDUCE_SCATTER,
     REDUCE_SCATTER_V,
     ROOT,
     SEND,
+    START,
     STATE,
     WHAT,
 )
@@ -86,6 +92,8 @@ _FUNCTIONS = {
     "MPI_Ialltoall": "pihpihhp",
     "MPI_Ibarrier": "hp",
     "MPI_Test": "ppp",
+    "MPI_Start": "p",
+    "MPI_Wait": "pp",
     "MPI_Allreduce": "ppihhh",
     "MPI_Bcast": "pihih",
     "MPI_Reduce": "ppihhih",
@@ -127,7 +135,8 @@ n_ireduce_scatter, w_ireduce_scatter = (
 n_ireduce_scatter_v, w_ireduce_scatter_v = _N["MPI_Ireduce_scatter"], _W["MPI_Ireduce_scatter"]
 n_ialltoall, w_ialltoall = _N["MPI_Ialltoall"], _W["MPI_Ialltoall"]
 n_ibarrier, w_ibarrier = _N["MPI_Ibarrier"], _W["MPI_Ibarrier"]
-mpi_test = _N["MPI_Test"]  # (no handle among its parameters)
+mpi_test = _N["MPI_Test"]  # (no handle among its parameters: one width serves)
+mpi_start, mpi_wait = _N["MPI_Start"], _N["MPI_Wait"]
 n_allreduce, w_allreduce = _N["MPI_Allreduce"], _W["MPI_Allreduce"]
 n_bcast, w_bcast = _N["MPI_Bcast"], _W["MPI_Bcast"]
 n_reduce, w_reduce = _N["MPI_Reduce"], _W["MPI_Reduce"]
@@ -153,6 +162,13 @@ def _copy(call):
     """The copy a call makes once done (its words COPY_TO to COPY_BYTES), if any."""
     if call[COPY_BYTES]:
         memcpy(call[COPY_TO], call[COPY_FROM], call[COPY_BYTES])
+
+
+@njit(cache=True)
+def _copy_in(call):
+    """The copy a call makes before it starts (its words IN_TO to IN_BYTES), if any."""
+    if call[IN_BYTES]:
+        memcpy(call[IN_TO], call[IN_FROM], call[IN_BYTES])
 
 
 @njit(cache=True)
@@ -210,6 +226,12 @@ def _call(st, p, call, blocking):
         if wide:
             return w_ireduce_scatter(send, recv, count, dt, op, comm, req)
         return n_ireduce_scatter(send, recv, count, dt, op, comm, req)
+    if what == START:  # a persistent plan's request: started, or started and waited for
+        st[REQUEST] = call[PLAN]
+        err = mpi_start(req)
+        if blocking and not err:
+            err = mpi_wait(req, p + STATUS * 8)
+        return err
     if what == REDUCE_SCATTER_V:
         counts = call[COUNTS]
         if blocking:
@@ -253,6 +275,7 @@ def start(address, busy, word):
     record[word] = busy
     record[LAST] = word
     st[REQUEST] = 0
+    _copy_in(call)
     err = _call(st, p, call, False)
     if err:
         return err
@@ -280,6 +303,7 @@ def block(address, busy, word):
     record = carray(_words(st[RECORD]), (WORDS,))
     record[word] = busy
     record[LAST] = word
+    _copy_in(call)
     err = _call(st, p, call, True)
     if err == 0:
         _copy(call)
