@@ -43,7 +43,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _mpi, watch
+from . import _mpi, persistent, watch
 from .groups import ProcessGroup
 from .progress import BUSY_CODE, WORDS
 
@@ -328,17 +328,19 @@ def call(
     ``counts``: MPI's per-rank counts (an array of C ints, held), for the
     v-forms.
 
-    Not on a group with persistent plans: every rank must count every call
-    of its plans' collectives (pycoll.persistent) until a plan is made, and
-    a kept call would skip the count on a rank whose array is kept while
-    another rank's is made afresh. There :func:`call_plan` keeps the calls
-    a made plan serves. Nor on arrays over device memory (pycoll.gpu's
-    CUDA-aware calls: ``pg._aliases``), which the compiled copies must not
-    touch.
+    Not, on a group with persistent plans, a call of the collectives whose
+    calls every rank counts until their plan is made (pycoll.persistent's
+    COUNTED, up to its LIMIT bytes): a kept call would skip the count on a
+    rank whose array is kept while another rank's is made afresh. There
+    :func:`call_plan` keeps the calls a made plan serves. Nor on arrays over
+    device memory (pycoll.gpu's CUDA-aware calls: ``pg._aliases``), which
+    the compiled copies must not touch.
     """
     state = pg._native
-    if state is None or pg._plans is not None or pg._aliases:
+    if state is None or pg._aliases:
         return False  # (arrays over device memory: no CPU copy may touch them)
+    if pg._plans is not None and op in persistent.COUNTED and main.nbytes <= persistent.LIMIT:
+        return False  # (a call pycoll.persistent counts on every rank: call_plan's, if any)
     if place is not None:
         extra = (extra, _address(place))
     if not _again_on(pg, state, main):

@@ -28,6 +28,11 @@ The plans are bounded: ``MAX_PLANS`` per group, keys of up to ``LIMIT``
 bytes, the counts of at most ``MAX_SEEN`` keys (then forgotten, on every
 rank alike). They are freed with their group.
 
+**With the compiled path** (pycoll.native), a call a made plan serves, made
+again on the same arrays, is kept: its copy in, ``MPI_Start``, tests and
+copy out are one compiled call. Nothing else is kept on a group with plans,
+since a kept call would skip this module's count of the calls.
+
 **The price, and why it is off by default.** Ranks whose calls disagree (a
 rank skipped a collective, or passed another count or dtype) pair their
 ordinary calls anyway: MPI returns wrong results without an error, and the
@@ -58,6 +63,12 @@ __all__ = ["ENV_VAR", "Plan", "Plans", "lookup"]
 ENV_VAR = "PYCOLL_PERSISTENT"
 PROMOTE = 3  # a key's calls until its plan is made (the PROMOTE-th makes it)
 LIMIT = 16 << 10  # bytes: the largest buffer a plan holds (copies must stay cheap)
+# The collectives whose calls of up to LIMIT bytes (their largest array) every
+# rank counts here, plans or not (the others have no plans: reduce, barrier).
+COUNTED = frozenset(
+    ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
+     "all_to_all_single")
+)  # fmt: skip
 MAX_PLANS = 64  # per group
 MAX_SEEN = 4096  # keys counted per group before the counts start over
 

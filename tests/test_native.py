@@ -811,6 +811,25 @@ def test_plans_are_agreed_when_ranks_keep_different_calls(planned, rank, world_s
     assert planned._plans.made  # (the plan made, and used, on every rank)
 
 
+def test_calls_no_plan_counts_are_kept_on_a_group_with_plans(planned, plain_calls, rank,
+                                                             world_size):  # fmt: skip
+    """What pycoll.persistent does not count (a reduce, which has no plans; an
+    all_reduce larger than a plan holds) is kept on a group with plans as on
+    any other."""
+    x = np.zeros(4, np.float64)
+    big = np.zeros(persistent.LIMIT // 8 + 1, np.float64)
+    for i in range(CALLS):
+        x[...] = rank + i
+        pycoll.reduce(x, dst=0, group=planned)
+        want = sum(r + i for r in range(world_size)) if rank == 0 else rank + i
+        assert_array_equal(x, np.full(4, float(want)))
+        big[...] = rank + i
+        pycoll.all_reduce(big, group=planned)
+        assert (big == sum(r + i for r in range(world_size))).all()
+    assert plain_calls == {"reduce": 1, "all_reduce": 1}
+    assert not planned._plans.made
+
+
 def test_a_plan_in_use_is_not_started_again(planned, rank, world_size):
     """A kept plan call waits for the plan's asynchronous use to finish (as
     Plan.call does) rather than start its request while it is active."""
