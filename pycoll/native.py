@@ -43,7 +43,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _mpi, persistent, watch
+from . import _mpi, watch
 from .groups import ProcessGroup
 from .progress import BUSY_CODE, WORDS
 
@@ -339,7 +339,7 @@ def call(
     state = pg._native
     if state is None or pg._aliases:
         return False  # (arrays over device memory: no CPU copy may touch them)
-    if pg._plans is not None and op in persistent.COUNTED and main.nbytes <= persistent.LIMIT:
+    if pg._plans is not None and pg._plans.counts(op, main.nbytes):
         return False  # (a call pycoll.persistent counts on every rank: call_plan's, if any)
     if place is not None:
         extra = (extra, _address(place))

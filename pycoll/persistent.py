@@ -246,6 +246,12 @@ class Plans:
         self.seen: Dict[int, int] = {}
         self.off = False
 
+    @staticmethod
+    def counts(op: str, nbytes: int) -> bool:
+        """Whether every rank counts a call of collective ``op`` whose largest
+        array holds ``nbytes`` (so that no path may skip it: pycoll.native)."""
+        return op in COUNTED and nbytes <= LIMIT
+
     def due(self, key: int, nbytes: int) -> bool:
         """Count a call of ``key`` without a plan; True when its plan is to be made now."""
         if self.off or nbytes > LIMIT or len(self.made) >= MAX_PLANS:
