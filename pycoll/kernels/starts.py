@@ -172,6 +172,29 @@ def _copy_in(call):
 
 
 @njit(cache=True)
+def _open(address, busy, word):
+    """The call's words at ``address``, its group state's address and words,
+    and the progress record, with ``busy`` published at ``word`` and the
+    call's input copied in (if it copies one)."""
+    call = carray(_words(address), (CALL_WORDS,))
+    p = call[STATE]
+    st = carray(_words(p), (STATE_WORDS,))
+    record = carray(_words(st[RECORD]), (WORDS,))
+    record[word] = busy
+    record[LAST] = word
+    _copy_in(call)
+    return call, p, st, record
+
+
+@njit(cache=True)
+def _close(call, record, word, busy):
+    """A call done: its copy made, its busy bit cleared (unless the word moved on)."""
+    _copy(call)
+    if record[word] == busy:
+        record[word] = busy - 1
+
+
+@njit(cache=True)
 def finish(address):
     """The copy of the call at ``address``, once Python's wait saw it done."""
     _copy(carray(_words(address), (CALL_WORDS,)))
@@ -268,14 +291,8 @@ def start(address, busy, word):
     Returns 0 when the call is done, -1 when it is still under way after the
     tests (its request is then in ``st[REQUEST]``), or MPI's error code.
     """
-    call = carray(_words(address), (CALL_WORDS,))
-    p = call[STATE]
-    st = carray(_words(p), (STATE_WORDS,))
-    record = carray(_words(st[RECORD]), (WORDS,))
-    record[word] = busy
-    record[LAST] = word
+    call, p, st, record = _open(address, busy, word)
     st[REQUEST] = 0
-    _copy_in(call)
     err = _call(st, p, call, False)
     if err:
         return err
@@ -285,9 +302,7 @@ def start(address, busy, word):
         if err:
             return err
         if st[FLAG]:
-            _copy(call)
-            if record[word] == busy:
-                record[word] = busy - 1
+            _close(call, record, word, busy)
             return 0
     return -1
 
@@ -297,16 +312,8 @@ def block(address, busy, word):
     """:func:`start` under ``PYCOLL_WAIT=blocking``: MPI's blocking call, with
     the GIL released so that the watchdog thread can end a call that outlives
     its timeout (pycoll.watch). Returns 0, or MPI's error code."""
-    call = carray(_words(address), (CALL_WORDS,))
-    p = call[STATE]
-    st = carray(_words(p), (STATE_WORDS,))
-    record = carray(_words(st[RECORD]), (WORDS,))
-    record[word] = busy
-    record[LAST] = word
-    _copy_in(call)
+    call, p, st, record = _open(address, busy, word)
     err = _call(st, p, call, True)
     if err == 0:
-        _copy(call)
-        if record[word] == busy:
-            record[word] = busy - 1
+        _close(call, record, word, busy)
     return err
