@@ -309,7 +309,6 @@ def call(
     extra: Any,
     beside: Any = None,
     place: Any = None,
-    counts: Any = None,
 ) -> bool:
     """Keep a synchronous collective for :func:`again` and make it there, once
     it is made a second time on the same ``main`` array (an array seen once,
@@ -325,8 +324,8 @@ def call(
     output that lies in the input (torch's in-place reduce-scatter), has
     the call receive into a buffer it keeps (``recv`` is then None) and
     copy that to ``beside`` once done. ``place`` as for :func:`again`.
-    ``counts``: MPI's per-rank counts (an array of C ints, held), for the
-    v-forms.
+    (REDUCE_SCATTER_V's per-rank counts, all ``count``, are made here and
+    held.)
 
     Not, on a group with persistent plans, a call of the collectives whose
     calls every rank counts until their plan is made (pycoll.persistent's
@@ -352,6 +351,7 @@ def call(
         return False
     if beside is not None:
         recv = np.empty(beside.shape, beside.dtype)
+    counts = np.full(pg._size, count, np.intc) if what == REDUCE_SCATTER_V else None
     mask = _handle_mask
     words = _words(
         what,

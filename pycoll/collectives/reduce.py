@@ -831,18 +831,18 @@ def reduce_scatter_tensor(
         aliased = may_alias(input, output)
         key = how.key | _REDUCE_SCATTER_TENSOR | output.size & COUNT
         if pg._native is not None:
-            what, counts = native.REDUCE_SCATTER, None
+            what = native.REDUCE_SCATTER
             if _mpi.reduce_scatter_v(output.nbytes):  # (as _mpi_reduce_scatter chooses)
-                what, counts = native.REDUCE_SCATTER_V, np.full(n, output.size, np.intc)
+                what = native.REDUCE_SCATTER_V
             if not aliased:
                 kept = native.call(
                     pg, func, key, what, input, output, output.size, how.datatype, how.mpi_op,
-                    0, output, input, op, counts=counts,
+                    0, output, input, op,
                 )  # fmt: skip
             else:  # in place: kept receiving beside, as below (the lane above finds it)
                 kept = _in_input(output, input) and native.call(
                     pg, func, key, what, input, None, output.size, how.datatype, how.mpi_op,
-                    0, input, _mpi.IN_PLACE, op, beside=output, place=output, counts=counts,
+                    0, input, _mpi.IN_PLACE, op, beside=output, place=output,
                 )  # fmt: skip
             if kept:
                 return None
