@@ -69,6 +69,21 @@ def plain_calls(monkeypatch) -> Dict[str, int]:
     return counts
 
 
+@pytest.fixture
+def keeps(monkeypatch) -> List[str]:
+    """The collective of each call that reached native.call (to be kept, or
+    seen once): a call found again never does."""
+    calls: List[str] = []
+    real = native.call
+
+    def counting(pg, op, *args, **kwargs):
+        calls.append(op)
+        return real(pg, op, *args, **kwargs)
+
+    monkeypatch.setattr(native, "call", counting)
+    return calls
+
+
 DTYPES = [np.float32, np.float64, np.int64, np.uint8, np.complex128, np.float16, BF16]
 
 
@@ -138,20 +153,12 @@ def test_all_gather_into_tensor(group, plain_calls, rank, world_size, in_place):
     assert plain_calls == {"all_gather_into_tensor": 1}
 
 
-def test_an_in_place_gather_is_known_by_its_place(group, plain_calls, monkeypatch, rank,
+def test_an_in_place_gather_is_known_by_its_place(group, plain_calls, keeps, rank,
                                                   world_size):  # fmt: skip
     """The in-place all-gather's input is a new view each call, found by its
     address and size: a view of this rank's part is the kept call; a view of
     another part, or a part too short, is not (the first is gathered as an
     input apart, the second refused on every rank)."""
-    keeps: List[str] = []
-    real = native.call
-
-    def counting(pg, op, *args, **kwargs):
-        keeps.append(op)
-        return real(pg, op, *args, **kwargs)
-
-    monkeypatch.setattr(native, "call", counting)
     k = 3
     out = np.zeros(k * world_size, np.float32)
     for i in range(CALLS):
@@ -192,19 +199,11 @@ def test_reduce_scatter_tensor(group, plain_calls, rank, world_size):
     assert plain_calls == {"reduce_scatter_tensor": 1}
 
 
-def test_reduce_scatter_tensor_in_place(group, plain_calls, monkeypatch, rank, world_size):
+def test_reduce_scatter_tensor_in_place(group, plain_calls, keeps, rank, world_size):
     """torch's in-place form, the output a new view of this rank's part of the
     input each call: kept on the input, receiving beside it and copied into
     place; a view of another part is another call, a part too short is
     refused on every rank, as is a view made read-only."""
-    keeps: List[str] = []
-    real = native.call
-
-    def counting(pg, op, *args, **kwargs):
-        keeps.append(op)
-        return real(pg, op, *args, **kwargs)
-
-    monkeypatch.setattr(native, "call", counting)
     k = 2
     inp = np.zeros(k * world_size, np.int64)
 
@@ -264,18 +263,10 @@ def test_reduce_scatter_tensor_of_large_parts(group, plain_calls, rank, world_si
     )
 
 
-def test_reduce_scatter_between_views_of_one_buffer(group, plain_calls, monkeypatch, rank,
+def test_reduce_scatter_between_views_of_one_buffer(group, plain_calls, keeps, rank,
                                                     world_size):  # fmt: skip
     """Input and output views of one flat buffer that do not overlap (as a
     sharded model's flat parameters make them) are two arrays: kept once."""
-    keeps: List[str] = []
-    real = native.call
-
-    def counting(pg, op, *args, **kwargs):
-        keeps.append(op)
-        return real(pg, op, *args, **kwargs)
-
-    monkeypatch.setattr(native, "call", counting)
     k = 3
     flat = np.zeros(k * world_size + k, np.float32)
     inp, out = flat[: k * world_size], flat[k * world_size :]
@@ -320,19 +311,11 @@ def test_all_to_all_single(group, plain_calls, rank, world_size, in_place):
     assert plain_calls == {"all_to_all_single": 1}
 
 
-def test_several_calls_on_one_array_are_each_kept(group, plain_calls, monkeypatch, rank,
+def test_several_calls_on_one_array_are_each_kept(group, plain_calls, keeps, rank,
                                                   world_size):  # fmt: skip
     """One array all-reduced with two ops, broadcast and reduced in turn: each
     call is kept once and found again, none displacing another (the calls
     kept on one array are chained, up to KEPT_PER_ARRAY)."""
-    keeps: List[str] = []
-    real = native.call
-
-    def counting(pg, op, *args):
-        keeps.append(op)
-        return real(pg, op, *args)
-
-    monkeypatch.setattr(native, "call", counting)
     x = np.zeros(3, np.int64)
     total = sum(range(1, world_size + 1))
     for i in range(CALLS):
@@ -433,7 +416,7 @@ def test_kept_calls_are_still_checked(group, pg, rank, world_size):
             pycoll.reduce(y, dst=root)
 
 
-def test_rooted_calls_on_a_subgroup(pg, plain_calls, monkeypatch, rank, world_size, debug_off):
+def test_rooted_calls_on_a_subgroup(pg, plain_calls, keeps, rank, world_size, debug_off):
     """broadcast and reduce find a kept call by the global root they are given,
     before translating it: on a group of the ranks but rank 0 (group ranks one
     less than global ones) each global root still reaches the right rank,
@@ -441,14 +424,6 @@ def test_rooted_calls_on_a_subgroup(pg, plain_calls, monkeypatch, rank, world_si
     refused on every rank of the group."""
     if world_size == 1:
         pytest.skip("needs a group whose ranks are not the global ones")
-    keeps: List[str] = []
-    real = native.call
-
-    def counting(pg, op, *args, **kwargs):
-        keeps.append(op)
-        return real(pg, op, *args, **kwargs)
-
-    monkeypatch.setattr(native, "call", counting)
     members = list(range(1, world_size))
     g = pycoll.new_group(ranks=members)
     try:
