@@ -64,9 +64,10 @@ ENV_VAR = "PYCOLL_PERSISTENT"
 PROMOTE = 3  # a key's calls until its plan is made (the PROMOTE-th makes it)
 LIMIT = 16 << 10  # bytes: the largest buffer a plan holds (copies must stay cheap)
 # The collectives whose calls of up to LIMIT bytes (their largest array) every
-# rank counts here, plans or not (the others have no plans: reduce, barrier).
+# rank counts here, plans or not (the others have no plans: barrier, the list
+# and object forms).
 COUNTED = frozenset(
-    ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
+    ("all_reduce", "broadcast", "reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
      "all_to_all_single")
 )  # fmt: skip
 MAX_PLANS = 64  # per group
@@ -327,6 +328,22 @@ def for_broadcast(
         buf = np.empty(tensor.size, tensor.dtype)
         args = ([buf, datatype], root)
         return pg._plans.make(key, tensor.nbytes, pg.comm.Bcast_init, args, buf, buf)
+    return plan or None
+
+
+def for_reduce(
+    pg: Any, key: int, tensor: np.ndarray, datatype: Any, mpi_op: Any, root: int
+) -> Optional[Plan]:
+    """reduce's plan (one buffer, in place on ``root``, a group rank), or None.
+    Every rank copies its input in; only the root copies the result out."""
+    plan = lookup(pg, key, tensor.nbytes)
+    if plan is True:
+        buf = np.empty(tensor.size, tensor.dtype)
+        if root == pg._rank:
+            args: tuple = (_mpi.MPI.IN_PLACE, [buf, datatype], mpi_op, root)
+        else:
+            args = ([buf, datatype], None, mpi_op, root)
+        return pg._plans.make(key, tensor.nbytes, pg.comm.Reduce_init, args, buf, buf)
     return plan or None
 
 

@@ -718,8 +718,9 @@ def plan_calls(monkeypatch) -> List[str]:
     return made
 
 
-PLANNED = ["all_reduce", "broadcast", "all_gather", "all_gather in place", "reduce_scatter",
-           "reduce_scatter in place", "all_to_all", "all_to_all in place"]  # fmt: skip
+PLANNED = ["all_reduce", "broadcast", "reduce", "all_gather", "all_gather in place",
+           "reduce_scatter", "reduce_scatter in place", "all_to_all",
+           "all_to_all in place"]  # fmt: skip
 
 
 @pytest.mark.parametrize("case", PLANNED)
@@ -743,6 +744,10 @@ def test_plans_are_started_compiled(planned, plan_calls, rank, world_size, case)
             a[...] = values[0] if rank == 0 else -1
             pycoll.broadcast(a, src=0, group=planned)
             assert_array_equal(a, values[0])
+        elif case == "reduce":  # (to the last rank: on more than one, others send only)
+            a[...] = values[rank]
+            pycoll.reduce(a, dst=n - 1, group=planned)
+            assert_array_equal(a, sum(values) if rank == n - 1 else values[rank])
         elif case.startswith("all_gather"):
             mine = a[k * rank : k * rank + k] if case.endswith("place") else part
             mine[...] = values[rank][:k]
@@ -788,16 +793,15 @@ def test_plans_are_agreed_when_ranks_keep_different_calls(planned, rank, world_s
 
 def test_calls_no_plan_counts_are_kept_on_a_group_with_plans(planned, plain_calls, rank,
                                                              world_size):  # fmt: skip
-    """What pycoll.persistent does not count (a reduce, which has no plans; an
-    all_reduce larger than a plan holds) is kept on a group with plans as on
-    any other."""
-    x = np.zeros(4, np.float64)
+    """What pycoll.persistent does not count (a reduce or an all_reduce larger
+    than a plan holds) is kept on a group with plans as on any other."""
+    x = np.zeros(persistent.LIMIT // 8 + 1, np.float64)
     big = np.zeros(persistent.LIMIT // 8 + 1, np.float64)
     for i in range(CALLS):
         x[...] = rank + i
         pycoll.reduce(x, dst=0, group=planned)
         want = sum(r + i for r in range(world_size)) if rank == 0 else rank + i
-        assert_array_equal(x, np.full(4, float(want)))
+        assert (x == want).all()
         big[...] = rank + i
         pycoll.all_reduce(big, group=planned)
         assert (big == sum(r + i for r in range(world_size))).all()

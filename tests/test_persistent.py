@@ -68,6 +68,21 @@ def test_broadcast_from_every_root(group, rank, world_size):
     assert made(group) == world_size  # one per root
 
 
+@pytest.mark.parametrize("op", ["SUM", "MAX"])
+def test_reduce_to_every_root(group, rank, world_size, op):
+    """Only the root's array takes the result; every other rank's stays as it
+    was. A plan per root and op (the call's key holds both)."""
+    for root in range(world_size):
+        for i in range(CALLS):
+            mine = np.arange(4, dtype=np.int64) * (rank + 1) + i
+            x = mine.copy()  # a new array each call: plans copy in and out
+            pycoll.reduce(x, dst=root, op=getattr(pycoll.ReduceOp, op), group=group)
+            every = [np.arange(4) * (r + 1) + i for r in range(world_size)]
+            want = sum(every) if op == "SUM" else np.max(every, axis=0)
+            assert_array_equal(x, want if rank == root else mine)
+    assert made(group) == world_size
+
+
 @pytest.mark.parametrize("in_place", [False, True], ids=["out-of-place", "in-place"])
 def test_all_gather_into_tensor(group, rank, world_size, in_place):
     for i in range(CALLS):

@@ -600,8 +600,19 @@ def reduce(
     how = _plan(op, tensor.dtype, func)
     mpitype = how.datatype
     comm = pg.comm
+    key = crosscheck.key(func, tensor.dtype, tensor.size, root, op.name)
+    if pg._plans is not None and how.plain and tensor.nbytes <= PLAN_LIMIT:  # repeated?
+        made = persistent.for_reduce(pg, key, tensor, mpitype, how.mpi_op, root)
+        if made is not None:
+            out = tensor if is_root else None  # (only dst's array is written)
+            if (  # kept as the lanes above look for it
+                not async_op
+                and debug.PLAIN
+                and native.call_plan(pg, func, made, tensor, into, (op, dst), tensor, out)
+            ):
+                return None
+            return made.call(pg, func, tensor, out, async_op, lambda: _reduce_desc(op, dst, tensor))
     if how.plain and not async_op and debug.PLAIN:  # the common case, straight to MPI
-        key = crosscheck.key(func, tensor.dtype, tensor.size, root, op.name)
         if pg._native is not None and native.call(
             pg, func, key, native.REDUCE, tensor if into is None else into,
             tensor if is_root else None, tensor.size, mpitype, how.mpi_op, root,
@@ -634,10 +645,15 @@ def reduce(
         async_op,
         finish,
         [tensor],
-        lambda: f"{func}({op.name}, dst={dst}, {sig(tensor)})",
+        lambda: _reduce_desc(op, dst, tensor),
         prepare,
-        key=crosscheck.key(func, tensor.dtype, tensor.size, root, op.name),
+        key=key,
     )
+
+
+def _reduce_desc(op: ReduceOp, dst: int, tensor: np.ndarray) -> str:
+    """reduce's description for DETAIL's check, whichever way it runs."""
+    return f"reduce({op.name}, dst={dst}, {sig(tensor)})"
 
 
 def _mpi_reduce_scatter(
