@@ -309,6 +309,7 @@ def call(
     extra: Any,
     beside: Any = None,
     place: Any = None,
+    copy_in: Optional[Tuple[Any, np.ndarray]] = None,
 ) -> bool:
     """Keep a synchronous collective for :func:`again` and make it there, once
     it is made a second time on the same ``main`` array (an array seen once,
@@ -323,7 +324,12 @@ def call(
     ``extra`` what :func:`again` will know the call by. ``beside``, an
     output that lies in the input (torch's in-place reduce-scatter), has
     the call receive into a buffer it keeps (``recv`` is then None) and
-    copy that to ``beside`` once done. ``place`` as for :func:`again`.
+    copy that to ``beside`` once done. ``copy_in``, a (target, source)
+    pair, has the call copy ``source`` into ``target`` before it starts
+    (an out-of-place all-gather's input into this rank's part of the output,
+    sent in place); a target of None, a buffer the call keeps, which MPI
+    sends from (``send`` is then None: an in-place all-to-all's input sent
+    from a copy). ``place`` as for :func:`again`.
     (REDUCE_SCATTER_V's per-rank counts, all ``count``, are made here and
     held.)
 
@@ -347,10 +353,17 @@ def call(
     held = main.nbytes + (other.nbytes if type(other) is np.ndarray else 0)
     if beside is not None:
         held += beside.nbytes
+    if copy_in is not None and copy_in[0] is None:
+        held += copy_in[1].nbytes
     if held > KEPT_BYTES:
         return False
     if beside is not None:
         recv = np.empty(beside.shape, beside.dtype)
+    target = None
+    if copy_in is not None:
+        target, source = copy_in
+        if target is None:
+            target = send = np.empty(source.shape, source.dtype)
     counts = np.full(pg._size, count, np.intc) if what == REDUCE_SCATTER_V else None
     mask = _handle_mask
     words = _words(
@@ -366,7 +379,9 @@ def call(
         recv if beside is not None else None,
         counts,
     )
-    return _keep(pg, state, op, key, main, other, extra, words, (recv, counts), held, None)
+    if copy_in is not None:
+        words[IN_TO:] = (_address(target), _address(source), source.nbytes)
+    return _keep(pg, state, op, key, main, other, extra, words, (target, recv, counts), held, None)
 
 
 def call_plan(

@@ -23,6 +23,7 @@ from ..arrays import (
     check_same_dtype,
     check_size,
     detach,
+    may_alias,
     mpi_datatype,
 )
 from ..dispatch import IN, LIST, OUT, Array, collective
@@ -33,6 +34,20 @@ from . import scratch
 from ._common import DETAIL, plain, run, sig
 
 __all__ = ["all_to_all", "all_to_all_single"]
+
+
+def _copy_aside(pg: ProcessGroup, input: np.ndarray) -> np.ndarray:
+    """A copy of ``input`` to send from, in a buffer the group keeps for
+    large calls (pycoll.collectives.scratch; give it back once the call is
+    done): a new one each call would be mapped page by page."""
+    held = scratch.beside(pg, input)
+    np.copyto(held, input)
+    return held
+
+
+def _spec(send: Any, datatype: Any) -> Any:
+    """MPI's send argument: ``MPI_IN_PLACE`` as it is, an array with its datatype."""
+    return send if send is _mpi.MPI.IN_PLACE else [send, datatype]
 
 
 def _displacements(counts: Sequence[int]) -> List[int]:
@@ -262,31 +277,50 @@ def all_to_all_single(
                 ):
                     return None
                 return made.call(pg, func, input, output, async_op, desc)
-        if input is output:
-            # In place: MPI's own (the input copied aside measured 2-4x the
-            # out-of-place call at 64 MiB).
-            send: Any = _mpi.MPI.IN_PLACE
-        else:
-            send = [detach(input, output), mpitype]
-        args = (send, [output, mpitype])
+        # In place (or overlapping), the input is sent from a copy. MPI takes
+        # MPI_IN_PLACE only where every rank of the call passes it, and each
+        # rank's call may be in place or not (as torch's): MPICH's blocking
+        # in-place all-to-all runs another algorithm than the out-of-place
+        # one, and ranks that mixed the two waited for each other for good.
+        # So every rank makes the out-of-place call.
+        aside = None  # (the input, where it is sent from a copy)
+        send: Any = input
+        if input is output or may_alias(input, output):
+            if not pg._aliases:
+                aside = input
+            elif input is output:  # device memory (CUDA-aware MPI): no CPU copy
+                send = _mpi.MPI.IN_PLACE
+            else:
+                raise ValueError(
+                    f"{func}: input overlaps output without being it, in device "
+                    f"memory, which pycoll cannot copy aside; pass separate arrays"
+                )
         if not async_op and debug.PLAIN:
-            if pg._native is not None:
-                given = send if send is _mpi.MPI.IN_PLACE else send[0]  # (input, or its copy)
+            if pg._native is not None and (aside is None or input is output):
                 if native.call(
-                    pg, func, key, native.ALL_TO_ALL, given, output, output.size // n, mpitype,
-                    None, 0, output, given, None,
+                    pg, func, key, native.ALL_TO_ALL, None if aside is not None else input,
+                    output, output.size // n, mpitype, None, 0, output,
+                    _mpi.IN_PLACE if aside is not None else input, None,
+                    copy_in=None if aside is None else (None, aside),
                 ):  # fmt: skip
                     return None
-            plain(pg, func, key, comm.Ialltoall, comm.Alltoall, *args)
+            if aside is not None:
+                send = _copy_aside(pg, input)
+            plain(pg, func, key, comm.Ialltoall, comm.Alltoall, _spec(send, mpitype),
+                  [output, mpitype])  # fmt: skip
+            if aside is not None:
+                scratch.give(pg, send)
             return None
+        if aside is not None:
+            send = _copy_aside(pg, input)
         return run(
             pg,
             func,
             input.nbytes,
             comm.Ialltoall,
-            args,
+            (_spec(send, mpitype), [output, mpitype]),
             async_op,
-            None,
+            None if aside is None else lambda: scratch.give(pg, send),
             [output],
             call=desc,
             key=key,

@@ -60,6 +60,26 @@ def test_all_to_all_single_in_place(rank, world_size):
     assert_equal(x, np.array([100 * s + rank for s in range(world_size)], np.int64))
 
 
+@ASYNC
+@pytest.mark.parametrize("count", [1, 300, 4000], ids=lambda c: f"{16 * c}B-a-pair")
+def test_all_to_all_single_in_place_on_some_ranks(count, async_op, rank, world_size):
+    """Whether a call is in place is each rank's own, as in torch; MPI's
+    in-place form must be passed by every rank or none (MPICH's blocking
+    one runs another algorithm, and ranks that mixed the two hung). Even
+    ranks in place, odd ranks not, then the other way round; MPICH's short,
+    medium and long algorithms' sizes."""
+    for first in (0, 1):
+        x = np.concatenate([block(rank, d, np.dtype(np.float64), count) for d in range(world_size)])
+        out = x if rank % 2 == first else np.zeros_like(x)
+        work = pycoll.all_to_all_single(out, x, async_op=async_op)
+        if async_op:
+            work.wait()
+        want = np.concatenate(
+            [block(s, rank, np.dtype(np.float64), count) for s in range(world_size)]
+        )
+        assert_equal(out, want)
+
+
 def test_split_sizes_that_disagree_raise_on_every_rank(rank, world_size):
     if world_size == 1:
         pytest.skip("needs two ranks to disagree")
