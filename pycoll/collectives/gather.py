@@ -197,21 +197,32 @@ def all_gather_into_tensor(
                 return None
             return made.call(pg, func, inp, out, async_op, desc)
     comm = pg.comm
-    if fast and not async_op and debug.PLAIN:  # (debug OFF, no timeline being recorded)
-        if pg._native is not None:
+    # Every rank sends in place: MPI takes MPI_IN_PLACE only where every rank
+    # of the call passes it, and each rank's call may be in place or not (as
+    # torch's); MPICH's blocking all-gathers that mixed the two waited for
+    # each other for good. Out of place, the input is first copied into this
+    # rank's part of the output, the copy MPI's out-of-place call makes.
+    # (Device memory through CUDA-aware MPI, which no CPU copy may touch, is
+    # passed as each rank gives it.) Which path a call takes depends only on
+    # what every rank shares, never on how its arrays are laid out: under
+    # PYCOLL_WAIT=blocking a synchronous call is MPI's blocking one on every
+    # rank, which MPI does not match with a nonblocking one.
+    if not fast:
+        in_place = is_slot(inp, out, pg._rank)
+    part = None if in_place or pg._aliases else _own_slot(out, inp, pg._rank)
+    if not async_op and debug.PLAIN:  # (debug OFF, no timeline being recorded)
+        if fast and pg._native is not None:
             given = _mpi.IN_PLACE if in_place else inp
             if native.call(
-                pg, func, key, native.ALL_GATHER, given, out, inp.size, datatype, None, 0,
-                out, given, None, place=inp if in_place else None,
+                pg, func, key, native.ALL_GATHER, given if part is None else _mpi.IN_PLACE,
+                out, inp.size, datatype, None, 0, out, given, None,
+                place=inp if in_place else None, copy_in=None if part is None else (part, inp),
             ):  # fmt: skip
                 return None
-        send = _mpi.MPI.IN_PLACE if in_place else [inp, datatype]
+        send = _send(inp, out, part, in_place, datatype)
         plain(pg, func, key, comm.Iallgather, comm.Allgather, send, [out, datatype])
         return None
-    if in_place or is_slot(inp, out, pg._rank):
-        send = _mpi.MPI.IN_PLACE  # the input already sits where its result goes
-    else:
-        send = [detach(inp, out), datatype]
+    send = _send(inp, out, part, in_place, datatype)
     return run(
         pg,
         func,
@@ -224,6 +235,27 @@ def all_gather_into_tensor(
         call=desc,
         key=key,
     )
+
+
+def _send(
+    inp: np.ndarray, out: np.ndarray, part: Optional[np.ndarray], in_place: bool, datatype: Any
+) -> Any:
+    """all_gather_into_tensor's send argument: ``MPI_IN_PLACE`` where the
+    input is this rank's part of the output, or once it is copied into
+    ``part`` (that part) where there is one; else (device memory) the input,
+    or a copy of it where it overlaps the output."""
+    if part is not None:
+        np.copyto(part, inp.reshape(-1))  # (numpy minds an overlap)
+        return _mpi.MPI.IN_PLACE
+    if in_place:
+        return _mpi.MPI.IN_PLACE
+    return [detach(inp, out), datatype]
+
+
+def _own_slot(out: np.ndarray, inp: np.ndarray, index: int) -> np.ndarray:
+    """Part ``index`` of ``out`` (as many elements as ``inp``), flat."""
+    k = inp.size
+    return out.reshape(-1)[k * index : k * index + k]
 
 
 def _own_part(inp: np.ndarray, out: np.ndarray, index: int) -> bool:
