@@ -127,8 +127,11 @@ def broadcast(
                 pg, func, tensor if mine else None, None if mine else tensor, async_op, desc
             )
     comm = pg.comm
-    if fast and not async_op and debug.PLAIN:  # (debug OFF, no timeline being recorded)
-        if pg._native is not None and native.call(
+    # Synchronous with debug OFF (no timeline being recorded): MPI's call
+    # straight away, however this rank's array was checked (under
+    # PYCOLL_WAIT=blocking, the blocking call every rank makes alike).
+    if not async_op and debug.PLAIN:
+        if fast and pg._native is not None and native.call(
             pg, func, key, native.BROADCAST, None, tensor, tensor.size, datatype, None, root,
             tensor, None, src,
         ):  # fmt: skip
