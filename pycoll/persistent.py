@@ -373,13 +373,21 @@ def for_reduce_scatter(
     return plan or None
 
 
-def for_all_to_all(pg: Any, key: int, inp: np.ndarray, datatype: Any) -> Optional[Plan]:
-    """all_to_all_single's plan (equal splits; ``inp`` the whole input), or None."""
+def for_all_to_all(
+    pg: Any, key: int, inp: np.ndarray, datatype: Any, in_place: bool
+) -> Optional[Plan]:
+    """all_to_all_single's plan (equal splits; ``inp`` the whole input), or
+    None: MPI's in-place form on one buffer where ``in_place`` (the same on
+    every rank: pycoll.collectives.alltoall's choice), else two buffers."""
     plan = lookup(pg, key, inp.nbytes)
     if plan is True:
         send = np.empty(inp.size, inp.dtype)
-        recv = np.empty(inp.size, inp.dtype)
-        args = ([send, datatype], [recv, datatype])
+        if in_place:
+            recv = send
+            args: tuple = (_mpi.MPI.IN_PLACE, [recv, datatype])
+        else:
+            recv = np.empty(inp.size, inp.dtype)
+            args = ([send, datatype], [recv, datatype])
         return pg._plans.make(key, inp.nbytes, pg.comm.Alltoall_init, args, send, recv)
     return plan or None
 

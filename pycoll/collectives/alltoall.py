@@ -10,7 +10,7 @@ all_to_all_single needs none.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -36,10 +36,40 @@ from ._common import DETAIL, plain, run, sig
 __all__ = ["all_to_all", "all_to_all_single"]
 
 
-def _copy_aside(pg: ProcessGroup, input: np.ndarray) -> np.ndarray:
-    """A copy of ``input`` to send from, in a buffer the group keeps for
-    large calls (pycoll.collectives.scratch; give it back once the call is
-    done): a new one each call would be mapped page by page."""
+# Two ranks on MPICH: its in-place all-to-all, the out-of-place input copied
+# into the output first, measured 0.73-0.83x the out-of-place call's time up
+# to 64 KiB (nonblocking and blocking alike), 1.46x at 128 KiB; on 3 ranks
+# 1.05-1.16x, on Open MPI 1.2-1.6x (docs/benchmarks.md).
+PAIR_IN_PLACE_BYTES = 64 << 10
+
+
+def _in_place(n: int, nbytes: int) -> bool:
+    """Whether every rank makes an even all-to-all of ``nbytes`` on a group
+    of ``n`` ranks in place (else every rank out of place): from what every
+    rank shares, so every rank makes the same form of MPI's call."""
+    return n == 2 and nbytes <= PAIR_IN_PLACE_BYTES and _mpi.VENDOR == "MPICH"
+
+
+def _send(
+    pg: ProcessGroup,
+    input: np.ndarray,
+    output: np.ndarray,
+    overlaps: bool,
+    together: bool,
+    send: Any,
+) -> Any:
+    """What MPI sends from: ``send`` (``MPI_IN_PLACE`` or the input), once an
+    out-of-place input is copied into the output where every rank goes in
+    place (``together``); else, where the input overlaps the output, a copy
+    of it in a buffer the group keeps for large calls (pycoll.collectives.
+    scratch: give it back once the call is done; a new one each call would
+    be mapped page by page)."""
+    if together:
+        if input is not output:
+            np.copyto(output, input)  # (numpy minds an overlap)
+        return send
+    if not overlaps or send is _mpi.MPI.IN_PLACE:
+        return send
     held = scratch.beside(pg, input)
     np.copyto(held, input)
     return held
@@ -259,7 +289,7 @@ def all_to_all_single(
         desc = f"{func}(even, {sig(input)})" if debug.LEVEL >= DETAIL else None
         key = crosscheck.key(func, dtype, input.size)
         if pg._plans is not None and input.nbytes <= PLAN_LIMIT:  # a repeated small call?
-            made = persistent.for_all_to_all(pg, key, input, mpitype)
+            made = persistent.for_all_to_all(pg, key, input, mpitype, _in_place(n, input.nbytes))
             if made is not None:
                 if (  # kept as the lane above looks for it
                     not async_op
@@ -277,50 +307,58 @@ def all_to_all_single(
                 ):
                     return None
                 return made.call(pg, func, input, output, async_op, desc)
-        # In place (or overlapping), the input is sent from a copy. MPI takes
-        # MPI_IN_PLACE only where every rank of the call passes it, and each
-        # rank's call may be in place or not (as torch's): MPICH's blocking
-        # in-place all-to-all runs another algorithm than the out-of-place
-        # one, and ranks that mixed the two waited for each other for good.
-        # So every rank makes the out-of-place call.
-        aside = None  # (the input, where it is sent from a copy)
+        # Every rank makes the same form of MPI's call: MPI takes MPI_IN_PLACE
+        # only where every rank passes it, and each rank's call may be in
+        # place or not (as torch's). MPICH's blocking in-place all-to-all runs
+        # another algorithm than its out-of-place one, and ranks that mixed
+        # the two waited for each other for good. So the form follows what
+        # every rank shares (:func:`_in_place`): in place, an out-of-place
+        # input is first copied into the output; out of place, an in-place
+        # (or overlapping) input is sent from a copy. Device memory through
+        # CUDA-aware MPI, which no CPU copy may touch, is passed as given.
+        overlaps = input is output or may_alias(input, output)
+        together = False  # every rank in place
         send: Any = input
-        if input is output or may_alias(input, output):
-            if not pg._aliases:
-                aside = input
-            elif input is output:  # device memory (CUDA-aware MPI): no CPU copy
+        if pg._aliases:
+            if input is output:
                 send = _mpi.MPI.IN_PLACE
-            else:
+            elif overlaps:
                 raise ValueError(
                     f"{func}: input overlaps output without being it, in device "
                     f"memory, which pycoll cannot copy aside; pass separate arrays"
                 )
+        elif _in_place(n, input.nbytes):
+            together, send = True, _mpi.MPI.IN_PLACE
         if not async_op and debug.PLAIN:
-            if pg._native is not None and (aside is None or input is output):
+            if pg._native is not None and (input is output or not overlaps):
+                # kept as the lane above looks for it: by the input, or IN_PLACE
+                other = _mpi.IN_PLACE if input is output else input
+                copy_in: Optional[Tuple[Any, np.ndarray]]
+                if together:  # (the input copied into the output first)
+                    copy_in = None if input is output else (output, input)
+                else:  # (an in-place input sent from a copy the call keeps)
+                    copy_in = None if input is not output else (None, input)
                 if native.call(
-                    pg, func, key, native.ALL_TO_ALL, None if aside is not None else input,
-                    output, output.size // n, mpitype, None, 0, output,
-                    _mpi.IN_PLACE if aside is not None else input, None,
-                    copy_in=None if aside is None else (None, aside),
+                    pg, func, key, native.ALL_TO_ALL,
+                    _mpi.IN_PLACE if together else None if copy_in else input, output,
+                    output.size // n, mpitype, None, 0, output, other, None, copy_in=copy_in,
                 ):  # fmt: skip
                     return None
-            if aside is not None:
-                send = _copy_aside(pg, input)
-            plain(pg, func, key, comm.Ialltoall, comm.Alltoall, _spec(send, mpitype),
+            held = _send(pg, input, output, overlaps, together, send)
+            plain(pg, func, key, comm.Ialltoall, comm.Alltoall, _spec(held, mpitype),
                   [output, mpitype])  # fmt: skip
-            if aside is not None:
-                scratch.give(pg, send)
+            if held is not input and held is not _mpi.MPI.IN_PLACE:
+                scratch.give(pg, held)
             return None
-        if aside is not None:
-            send = _copy_aside(pg, input)
+        held = _send(pg, input, output, overlaps, together, send)
         return run(
             pg,
             func,
             input.nbytes,
             comm.Ialltoall,
-            (_spec(send, mpitype), [output, mpitype]),
+            (_spec(held, mpitype), [output, mpitype]),
             async_op,
-            None if aside is None else lambda: scratch.give(pg, send),
+            None if held is input or held is _mpi.MPI.IN_PLACE else lambda: scratch.give(pg, held),
             [output],
             call=desc,
             key=key,
