@@ -1,0 +1,142 @@
+"""MPI's all-to-all in its two forms, as every rank of a call must choose alike.
+
+MPI takes ``MPI_IN_PLACE`` only where every rank of a call passes it, so
+pycoll's all_to_all_single makes one form on every rank whatever each rank's
+call is (pycoll.collectives.alltoall._in_place). What each form costs the
+callers it does not match:
+
+- ``out of place``: MPI's out-of-place call (what an out-of-place caller
+  costs where every rank goes out of place);
+- ``in place + copy``: the input copied into the output, then MPI's in-place
+  call (what an out-of-place caller costs where every rank goes in place);
+- ``copy aside + out of place``: the input copied into a buffer kept across
+  calls, then MPI's out-of-place call into the input (what an in-place caller
+  costs where every rank goes out of place);
+- ``in place``: MPI's in-place call alone.
+
+Each form nonblocking (``MPI_Ialltoall`` then a wait: pycoll's default mode)
+and blocking (``PYCOLL_WAIT=blocking``), and the persistent requests of
+pycoll's plans (``MPI_Alltoall_init`` out of place and in place, started and
+waited for). Every form's result is checked once on every rank; then rounds,
+the order rotated each round; a figure is the median over rounds of the
+slowest rank's mean per call, and each ratio the median of the per-round
+ratios to the nonblocking out-of-place call. Not part of pycoll:
+
+    mpiexec -n 2 python docs/measurements/all_to_all_forms.py [ROUNDS] [BYTES,...]
+
+ROUNDS (7); BYTES, the whole input of a rank (default 16 B to 32 MiB).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable, Dict, List, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+n, me = comm.size, comm.rank
+F = MPI.FLOAT
+ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+SIZES = (
+    [int(b) for b in sys.argv[2].split(",")]
+    if len(sys.argv) > 2
+    else [16, 256, 4096, 16384, 65536, 131072, 1 << 20, 8 << 20, 32 << 20]
+)
+
+
+def source(count: int) -> np.ndarray:
+    """This rank's input: part d, for rank d, tagged with both ranks."""
+    per = count // n
+    return np.concatenate([np.arange(per, dtype=np.float32) + 1000 * me + 100000 * d
+                           for d in range(n)])  # fmt: skip
+
+
+def wanted(count: int) -> np.ndarray:
+    per = count // n
+    return np.concatenate([np.arange(per, dtype=np.float32) + 1000 * s + 100000 * me
+                           for s in range(n)])  # fmt: skip
+
+
+def forms(
+    count: int,
+) -> Tuple[Dict[str, Callable[[], np.ndarray]], Tuple[Any, Any], Callable[[], None]]:
+    """Each form as a call that leaves the result in the array it returns;
+    the two persistent requests (to free); and what puts the in-place forms'
+    input back (each call of theirs leaves the result in it)."""
+    inp = source(count)
+    out = np.empty_like(inp)
+    buf = inp.copy()  # the in-place caller's array
+    aside = np.empty_like(inp)
+    plan_send, plan_recv, plan_buf = inp.copy(), np.empty_like(inp), inp.copy()
+    plans = (
+        comm.Alltoall_init([plan_send, F], [plan_recv, F]),
+        comm.Alltoall_init(MPI.IN_PLACE, [plan_buf, F]),
+    )
+
+    def reset() -> None:
+        buf[...] = inp
+        plan_buf[...] = inp
+
+    def run(name: str, nonblocking: bool) -> Callable[[], np.ndarray]:
+        def call(send: object, recv: np.ndarray) -> None:
+            if nonblocking:
+                comm.Ialltoall(send, [recv, F]).Wait()
+            else:
+                comm.Alltoall(send, [recv, F])
+
+        if name == "out of place":
+            return lambda: (call([inp, F], out), out)[1]
+        if name == "in place + copy":
+            return lambda: (np.copyto(out, inp), call(MPI.IN_PLACE, out), out)[2]
+        if name == "copy aside + out of place":
+            return lambda: (np.copyto(aside, buf), call([aside, F], buf), buf)[2]
+        return lambda: (call(MPI.IN_PLACE, buf), buf)[1]  # in place
+
+    made: Dict[str, Callable[[], np.ndarray]] = {}
+    for name in ("out of place", "in place + copy", "copy aside + out of place", "in place"):
+        made[f"I {name}"] = run(name, True)
+        made[f"B {name}"] = run(name, False)
+    made["plan out of place"] = lambda: (plans[0].Start(), plans[0].Wait(), plan_recv)[2]
+    made["plan in place"] = lambda: (plans[1].Start(), plans[1].Wait(), plan_buf)[2]
+    return made, plans, reset
+
+
+def main() -> None:
+    if me == 0:
+        print(f"# all-to-all forms, {n} ranks, {MPI.Get_library_version().splitlines()[0]}")
+        print("# us per call (median of rounds); ratio to the nonblocking out-of-place call")
+    for nbytes in SIZES:
+        count = nbytes // 4 // n * n
+        made, plans, reset = forms(count)
+        want = wanted(count)
+        wrong = 0
+        for f in made.values():
+            reset()
+            wrong += int((f() != want).sum())
+        wrong = comm.allreduce(wrong)
+        reps = max(3, min(2000, int(2e7 // max(count * 4, 64))))
+        names: List[str] = list(made)
+        times: Dict[str, List[float]] = {k: [] for k in names}
+        for r in range(ROUNDS):
+            for k in names[r % len(names) :] + names[: r % len(names)]:
+                f = made[k]
+                comm.Barrier()
+                t = time.perf_counter()
+                for _ in range(reps):
+                    f()
+                times[k].append(comm.allreduce(time.perf_counter() - t, MPI.MAX) / reps * 1e6)
+        if me == 0:
+            base = np.array(times["I out of place"])
+            cells = [
+                f"{k} {np.median(v):.1f} ({np.median(np.array(v) / base):.2f})"
+                for k, v in times.items()
+            ]
+            print(f"{count * 4:>9} B  wrong {wrong}: " + "; ".join(cells), flush=True)
+        for p in plans:
+            p.Free()
+
+
+main()
