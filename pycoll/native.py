@@ -325,11 +325,11 @@ def call(
     output that lies in the input (torch's in-place reduce-scatter), has
     the call receive into a buffer it keeps (``recv`` is then None) and
     copy that to ``beside`` once done. ``copy_in``, a (target, source)
-    pair, has the call copy ``source`` into ``target`` before it starts
-    (an out-of-place all-gather's input into this rank's part of the output,
-    sent in place); a target of None, a buffer the call keeps, which MPI
-    sends from (``send`` is then None: an in-place all-to-all's input sent
-    from a copy). ``place`` as for :func:`again`.
+    pair, has the call copy ``source`` into ``target`` before it starts: an
+    address in ``main`` (an out-of-place all-gather's input into this rank's
+    part of the output, sent in place); or None, a buffer the call keeps,
+    which MPI sends from (``send`` is then None: an in-place all-to-all's
+    input sent from a copy). ``place`` as for :func:`again`.
     (REDUCE_SCATTER_V's per-rank counts, all ``count``, are made here and
     held.)
 
@@ -380,7 +380,8 @@ def call(
         counts,
     )
     if copy_in is not None:
-        words[IN_TO:] = (_address(target), _address(source), source.nbytes)
+        to = target if type(target) is int else _address(target)
+        words[IN_TO:] = (to, _address(source), source.nbytes)
     return _keep(pg, state, op, key, main, other, extra, words, (target, recv, counts), held, None)
 
 
