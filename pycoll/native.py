@@ -55,6 +55,10 @@ __all__ = [
 ALL_REDUCE, BROADCAST, REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, BARRIER = range(7)
 REDUCE_SCATTER_V = 7  # MPI_Ireduce_scatter, equal counts (pycoll._mpi.reduce_scatter_v)
 START = 8  # MPI_Start of a persistent plan's request (pycoll.persistent)
+# MPI_Ialltoallv with this rank's own counts 0 (pycoll.collectives.alltoall's
+# large even all-to-all): COUNTS the address of int32 counts then
+# displacements, the same for both sides; COUNT the group's size.
+ALL_TO_ALL_V = 9
 
 # A call's words, as the compiled code reads them: what it starts, the send
 # buffer's address (MPI_IN_PLACE's value, or 0), the receive buffer's (or 0),
@@ -309,7 +313,7 @@ def call(
     extra: Any,
     beside: Any = None,
     place: Any = None,
-    copy_in: Optional[Tuple[Any, np.ndarray]] = None,
+    copy_in: Optional[Tuple[Any, Any, int]] = None,
 ) -> bool:
     """Keep a synchronous collective for :func:`again` and make it there, once
     it is made a second time on the same ``main`` array (an array seen once,
@@ -324,14 +328,16 @@ def call(
     ``extra`` what :func:`again` will know the call by. ``beside``, an
     output that lies in the input (torch's in-place reduce-scatter), has
     the call receive into a buffer it keeps (``recv`` is then None) and
-    copy that to ``beside`` once done. ``copy_in``, a (target, source)
-    pair, has the call copy ``source`` into ``target`` before it starts: an
-    address in ``main`` (an out-of-place all-gather's input into this rank's
-    part of the output, sent in place); or None, a buffer the call keeps,
-    which MPI sends from (``send`` is then None: an in-place all-to-all's
-    input sent from a copy). ``place`` as for :func:`again`.
-    (REDUCE_SCATTER_V's per-rank counts, all ``count``, are made here and
-    held.)
+    copy that to ``beside`` once done. ``copy_in``, (target, source,
+    bytes), has the call copy that many bytes from ``source`` (an array or
+    an address) to ``target`` before it starts: an array, or an address in
+    ``main`` or ``other`` (an out-of-place all-gather's input into this
+    rank's part of the output, sent in place); or None, a buffer the call
+    keeps, which MPI sends from (``send`` is then None: an in-place
+    all-to-all's input sent from a copy). ``place`` as for :func:`again`.
+    (REDUCE_SCATTER_V's per-rank counts, all ``count``, and ALL_TO_ALL_V's
+    counts and displacements, ``count`` to each rank but this one, are made
+    here and held.)
 
     Not, on a group with persistent plans, a call of the collectives whose
     calls every rank counts until their plan is made (pycoll.persistent's
@@ -354,17 +360,24 @@ def call(
     if beside is not None:
         held += beside.nbytes
     if copy_in is not None and copy_in[0] is None:
-        held += copy_in[1].nbytes
+        held += copy_in[2]
     if held > KEPT_BYTES:
         return False
     if beside is not None:
         recv = np.empty(beside.shape, beside.dtype)
     target = None
     if copy_in is not None:
-        target, source = copy_in
+        target, source, nbytes = copy_in
         if target is None:
-            target = send = np.empty(source.shape, source.dtype)
-    counts = np.full(pg._size, count, np.intc) if what == REDUCE_SCATTER_V else None
+            target = send = np.empty(nbytes, np.uint8)
+    counts = None
+    if what == REDUCE_SCATTER_V:
+        counts = np.full(pg._size, count, np.intc)
+    elif what == ALL_TO_ALL_V:
+        counts = np.concatenate([np.full(pg._size, count, np.intc),
+                                 np.arange(pg._size, dtype=np.intc) * count])  # fmt: skip
+        counts[pg._rank] = 0  # (this rank's own part: not sent, not received)
+        count = pg._size
     mask = _handle_mask
     words = _words(
         what,
@@ -380,8 +393,11 @@ def call(
         counts,
     )
     if copy_in is not None:
-        to = target if type(target) is int else _address(target)
-        words[IN_TO:] = (to, _address(source), source.nbytes)
+        words[IN_TO:] = (
+            target if type(target) is int else _address(target),
+            source if type(source) is int else _address(source),
+            nbytes,
+        )
     return _keep(pg, state, op, key, main, other, extra, words, (target, recv, counts), held, None)
 
 

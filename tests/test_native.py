@@ -311,6 +311,25 @@ def test_all_to_all_single(group, plain_calls, rank, world_size, in_place):
     assert plain_calls == {"all_to_all_single": 1}
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["out-of-place", "in-place"])
+def test_all_to_all_single_of_large_parts(group, plain_calls, rank, world_size, in_place):
+    """From alltoall.PARTS_FROM bytes MPI's v-form, this rank's own part
+    left out (copied by the compiled call, or sent from a copy in place)."""
+    n = world_size
+    count = alltoall.PARTS_FROM // 8 // n + 5  # float64 elements a part
+    out = np.zeros(count * n, np.float64)
+    inp = out if in_place else np.zeros(count * n, np.float64)
+    for i in range(CALLS):
+        inp[...] = np.arange(count * n) + 1e6 * rank + i
+        pycoll.all_to_all_single(out, inp, group=group)
+        want = np.concatenate([np.arange(count * rank, count * (rank + 1)) + 1e6 * r + i
+                               for r in range(n)])  # fmt: skip
+        assert_array_equal(out, want)
+    assert plain_calls == {"all_to_all_single": 1}
+    known = group._native.calls[id(out)]
+    assert known[native._WORDS][0][native.WHAT] == native.ALL_TO_ALL_V
+
+
 def test_several_calls_on_one_array_are_each_kept(group, plain_calls, keeps, rank,
                                                   world_size):  # fmt: skip
     """One array all-reduced with two ops, broadcast and reduced in turn: each

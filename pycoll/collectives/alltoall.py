@@ -36,48 +36,86 @@ from ._common import DETAIL, plain, run, sig
 __all__ = ["all_to_all", "all_to_all_single"]
 
 
-# Two ranks on MPICH: its in-place all-to-all, the out-of-place input copied
-# into the output first, measured 0.73-0.83x the out-of-place call's time up
-# to 64 KiB (nonblocking and blocking alike), 1.46x at 128 KiB; on 3 ranks
-# 1.05-1.16x, on Open MPI 1.2-1.6x (docs/benchmarks.md).
+# The form of MPI's call every rank makes for an even all-to-all (see
+# all_to_all_single), from what every rank shares:
+# - IN_PLACE: MPI's in-place call (an out-of-place input copied into the
+#   output first). Two ranks on MPICH up to PAIR_IN_PLACE_BYTES: with the copy,
+#   0.73-0.83x the out-of-place call's time (nonblocking and blocking alike),
+#   1.46x at 128 KiB; on 3 ranks 1.05-1.16x, on Open MPI 1.2-1.6x.
+# - PARTS: from PARTS_FROM bytes, MPI's v-form with this rank's own part left
+#   out on both sides (the output's own part copied from the input by pycoll,
+#   as MPI's call would; an in-place input's other parts sent from a copy).
+#   It measured level with the out-of-place call for an out-of-place caller,
+#   and spared an in-place one most of the copy (docs/benchmarks.md).
+# - OUT_OF_PLACE otherwise (an in-place input sent from a copy).
+OUT_OF_PLACE, IN_PLACE, PARTS = range(3)
 PAIR_IN_PLACE_BYTES = 64 << 10
+PARTS_FROM = 128 << 10
 
 
-def _in_place(n: int, nbytes: int) -> bool:
-    """Whether every rank makes an even all-to-all of ``nbytes`` on a group
-    of ``n`` ranks in place (else every rank out of place): from what every
-    rank shares, so every rank makes the same form of MPI's call."""
-    return n == 2 and nbytes <= PAIR_IN_PLACE_BYTES and _mpi.VENDOR == "MPICH"
+def _form(n: int, nbytes: int) -> int:
+    """The form of MPI's call every rank makes for an even all-to-all of
+    ``nbytes`` on a group of ``n`` ranks (host memory)."""
+    if nbytes >= PARTS_FROM:
+        return PARTS
+    if n == 2 and nbytes <= PAIR_IN_PLACE_BYTES and _mpi.VENDOR == "MPICH":
+        return IN_PLACE
+    return OUT_OF_PLACE
 
 
 def _send(
-    pg: ProcessGroup,
-    input: np.ndarray,
-    output: np.ndarray,
-    overlaps: bool,
-    together: bool,
-    send: Any,
+    pg: ProcessGroup, input: np.ndarray, output: np.ndarray, overlaps: bool, form: int
 ) -> Any:
-    """What MPI sends from: ``send`` (``MPI_IN_PLACE`` or the input), once an
-    out-of-place input is copied into the output where every rank goes in
-    place (``together``); else, where the input overlaps the output, a copy
-    of it in a buffer the group keeps for large calls (pycoll.collectives.
-    scratch: give it back once the call is done; a new one each call would
-    be mapped page by page)."""
-    if together:
+    """Make ready what MPI sends from, and return it: MPI_IN_PLACE, an
+    out-of-place input first copied into the output (IN_PLACE); the input,
+    its own part first copied into the output's (PARTS); the input
+    (OUT_OF_PLACE). An input that overlaps the output is sent from a copy
+    (of the parts that are sent) in a buffer the group keeps for large calls
+    (pycoll.collectives.scratch: give it back once the call is done; a new
+    one each call would be mapped page by page)."""
+    if form == IN_PLACE:
         if input is not output:
             np.copyto(output, input)  # (numpy minds an overlap)
-        return send
-    if not overlaps or send is _mpi.MPI.IN_PLACE:
-        return send
+        return _mpi.MPI.IN_PLACE
+    part = input.size // pg._size
+    lo, hi = part * pg._rank, part * (pg._rank + 1)
+    if not overlaps:
+        if form == PARTS:
+            output.reshape(-1)[lo:hi] = input.reshape(-1)[lo:hi]
+        return input
     held = scratch.beside(pg, input)
-    np.copyto(held, input)
+    if form == PARTS:  # (this rank's own part is neither sent nor received)
+        flat, copy = input.reshape(-1), held.reshape(-1)
+        copy[:lo], copy[hi:] = flat[:lo], flat[hi:]
+    else:
+        np.copyto(held, input)
     return held
 
 
-def _spec(send: Any, datatype: Any) -> Any:
-    """MPI's send argument: ``MPI_IN_PLACE`` as it is, an array with its datatype."""
-    return send if send is _mpi.MPI.IN_PLACE else [send, datatype]
+def _kept(
+    pg: ProcessGroup, input: np.ndarray, output: np.ndarray, form: int
+) -> Tuple[Any, Optional[Tuple[Any, Any, int]]]:
+    """pycoll.native.call's send buffer and copy_in for :func:`_send`'s
+    work (arrays that do not overlap unless they are one), made by the
+    compiled call before it starts."""
+    if form == IN_PLACE:
+        return _mpi.IN_PLACE, None if input is output else (output, input, input.nbytes)
+    if input is output:  # (sent from a copy of it the call keeps)
+        return None, (None, input, input.nbytes)
+    if form == PARTS:  # (its own part copied into the output's)
+        part = input.nbytes // pg._size
+        lo = part * pg._rank
+        address = _mpi.MPI.buffer
+        return input, (address(output).address + lo, address(input).address + lo, part)
+    return input, None
+
+
+def _spec(buffer: Any, v: Any, datatype: Any) -> Any:
+    """MPI's buffer argument: ``MPI_IN_PLACE`` as it is, an array with its
+    datatype, and with ``v`` (counts, displacements) for the v-form."""
+    if buffer is _mpi.MPI.IN_PLACE:
+        return buffer
+    return [buffer, datatype] if v is None else [buffer, v, datatype]
 
 
 def _displacements(counts: Sequence[int]) -> List[int]:
@@ -289,7 +327,9 @@ def all_to_all_single(
         desc = f"{func}(even, {sig(input)})" if debug.LEVEL >= DETAIL else None
         key = crosscheck.key(func, dtype, input.size)
         if pg._plans is not None and input.nbytes <= PLAN_LIMIT:  # a repeated small call?
-            made = persistent.for_all_to_all(pg, key, input, mpitype, _in_place(n, input.nbytes))
+            made = persistent.for_all_to_all(
+                pg, key, input, mpitype, _form(n, input.nbytes) == IN_PLACE
+            )
             if made is not None:
                 if (  # kept as the lane above looks for it
                     not async_op
@@ -312,51 +352,53 @@ def all_to_all_single(
         # place or not (as torch's). MPICH's blocking in-place all-to-all runs
         # another algorithm than its out-of-place one, and ranks that mixed
         # the two waited for each other for good. So the form follows what
-        # every rank shares (:func:`_in_place`): in place, an out-of-place
-        # input is first copied into the output; out of place, an in-place
-        # (or overlapping) input is sent from a copy. Device memory through
-        # CUDA-aware MPI, which no CPU copy may touch, is passed as given.
+        # every rank shares (:func:`_form`). Device memory through CUDA-aware
+        # MPI, which no CPU copy may touch, is passed as given.
         overlaps = input is output or may_alias(input, output)
-        together = False  # every rank in place
-        send: Any = input
-        if pg._aliases:
-            if input is output:
-                send = _mpi.MPI.IN_PLACE
-            elif overlaps:
-                raise ValueError(
-                    f"{func}: input overlaps output without being it, in device "
-                    f"memory, which pycoll cannot copy aside; pass separate arrays"
-                )
-        elif _in_place(n, input.nbytes):
-            together, send = True, _mpi.MPI.IN_PLACE
+        form = OUT_OF_PLACE
+        if not pg._aliases:
+            form = _form(n, input.nbytes)
+        elif overlaps and input is not output:
+            raise ValueError(
+                f"{func}: input overlaps output without being it, in device "
+                f"memory, which pycoll cannot copy aside; pass separate arrays"
+            )
+        count = output.size // n
+        v = None
+        start, blocking = comm.Ialltoall, comm.Alltoall
+        if form == PARTS:
+            counts = [count] * n
+            counts[pg._rank] = 0  # (this rank's own part: neither sent nor received)
+            v = (counts, [count * r for r in range(n)])
+            start, blocking = comm.Ialltoallv, comm.Alltoallv
         if not async_op and debug.PLAIN:
             if pg._native is not None and (input is output or not overlaps):
-                # kept as the lane above looks for it: by the input, or IN_PLACE
-                other = _mpi.IN_PLACE if input is output else input
-                copy_in: Optional[Tuple[Any, np.ndarray]]
-                if together:  # (the input copied into the output first)
-                    copy_in = None if input is output else (output, input)
-                else:  # (an in-place input sent from a copy the call keeps)
-                    copy_in = None if input is not output else (None, input)
+                send, copy_in = _kept(pg, input, output, form)
                 if native.call(
-                    pg, func, key, native.ALL_TO_ALL,
-                    _mpi.IN_PLACE if together else None if copy_in else input, output,
-                    output.size // n, mpitype, None, 0, output, other, None, copy_in=copy_in,
+                    pg, func, key, native.ALL_TO_ALL_V if form == PARTS else native.ALL_TO_ALL,
+                    send, output, count, mpitype, None, 0, output,
+                    _mpi.IN_PLACE if input is output else input, None, copy_in=copy_in,
                 ):  # fmt: skip
                     return None
-            held = _send(pg, input, output, overlaps, together, send)
-            plain(pg, func, key, comm.Ialltoall, comm.Alltoall, _spec(held, mpitype),
-                  [output, mpitype])  # fmt: skip
+            if pg._aliases and input is output:
+                held: Any = _mpi.MPI.IN_PLACE  # (device memory: MPI's in-place form)
+            else:
+                held = _send(pg, input, output, overlaps, form)
+            plain(pg, func, key, start, blocking, _spec(held, v, mpitype),
+                  _spec(output, v, mpitype))  # fmt: skip
             if held is not input and held is not _mpi.MPI.IN_PLACE:
                 scratch.give(pg, held)
             return None
-        held = _send(pg, input, output, overlaps, together, send)
+        if pg._aliases and input is output:
+            held = _mpi.MPI.IN_PLACE
+        else:
+            held = _send(pg, input, output, overlaps, form)
         return run(
             pg,
             func,
             input.nbytes,
-            comm.Ialltoall,
-            (_spec(held, mpitype), [output, mpitype]),
+            start,
+            (_spec(held, v, mpitype), _spec(output, v, mpitype)),
             async_op,
             None if held is input or held is _mpi.MPI.IN_PLACE else lambda: scratch.give(pg, held),
             [output],

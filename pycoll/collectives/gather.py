@@ -217,8 +217,8 @@ def all_gather_into_tensor(
                 pg, func, key, native.ALL_GATHER, _mpi.IN_PLACE if into else given,
                 out, inp.size, datatype, None, 0, out, given, None,
                 place=inp if in_place else None,
-                copy_in=(_mpi.MPI.buffer(out).address + pg._rank * inp.nbytes, inp) if into
-                else None,
+                copy_in=(_mpi.MPI.buffer(out).address + pg._rank * inp.nbytes, inp, inp.nbytes)
+                if into else None,
             ):  # fmt: skip
                 return None
         send = _send(inp, out, pg._rank, into, fast, in_place, datatype)

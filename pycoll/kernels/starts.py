@@ -39,6 +39,7 @@ from ..native import (
     ALL_GATHER,
     ALL_REDUCE,
     ALL_TO_ALL,
+    ALL_TO_ALL_V,
     BROADCAST,
     CALL_WORDS,
     COPY_BYTES,
@@ -90,6 +91,7 @@ _FUNCTIONS = {
     "MPI_Ireduce_scatter_block": "ppihhhp",
     "MPI_Ireduce_scatter": "ppphhhp",
     "MPI_Ialltoall": "pihpihhp",
+    "MPI_Ialltoallv": "ppphppphhp",
     "MPI_Ibarrier": "hp",
     "MPI_Test": "ppp",
     "MPI_Start": "p",
@@ -101,6 +103,7 @@ _FUNCTIONS = {
     "MPI_Reduce_scatter_block": "ppihhh",
     "MPI_Reduce_scatter": "ppphhh",
     "MPI_Alltoall": "pihpihh",
+    "MPI_Alltoallv": "ppphppphh",
 }
 
 
@@ -134,6 +137,7 @@ n_ireduce_scatter, w_ireduce_scatter = (
 )
 n_ireduce_scatter_v, w_ireduce_scatter_v = _N["MPI_Ireduce_scatter"], _W["MPI_Ireduce_scatter"]
 n_ialltoall, w_ialltoall = _N["MPI_Ialltoall"], _W["MPI_Ialltoall"]
+n_ialltoallv, w_ialltoallv = _N["MPI_Ialltoallv"], _W["MPI_Ialltoallv"]
 n_ibarrier, w_ibarrier = _N["MPI_Ibarrier"], _W["MPI_Ibarrier"]
 mpi_test = _N["MPI_Test"]  # (no handle among its parameters: one width serves)
 mpi_start, mpi_wait = _N["MPI_Start"], _N["MPI_Wait"]
@@ -144,6 +148,7 @@ n_allgather, w_allgather = _N["MPI_Allgather"], _W["MPI_Allgather"]
 n_reduce_scatter, w_reduce_scatter = _N["MPI_Reduce_scatter_block"], _W["MPI_Reduce_scatter_block"]
 n_reduce_scatter_v, w_reduce_scatter_v = _N["MPI_Reduce_scatter"], _W["MPI_Reduce_scatter"]
 n_alltoall, w_alltoall = _N["MPI_Alltoall"], _W["MPI_Alltoall"]
+n_alltoallv, w_alltoallv = _N["MPI_Alltoallv"], _W["MPI_Alltoallv"]
 
 
 @intrinsic
@@ -272,6 +277,16 @@ def _call(st, p, call, blocking):
         if wide:
             return w_ialltoall(send, count, dt, recv, count, dt, comm, req)
         return n_ialltoall(send, count, dt, recv, count, dt, comm, req)
+    if what == ALL_TO_ALL_V:  # (counts, then displacements at COUNT ints on)
+        counts = call[COUNTS]
+        displs = counts + 4 * count
+        if blocking:
+            if wide:
+                return w_alltoallv(send, counts, displs, dt, recv, counts, displs, dt, comm)
+            return n_alltoallv(send, counts, displs, dt, recv, counts, displs, dt, comm)
+        if wide:
+            return w_ialltoallv(send, counts, displs, dt, recv, counts, displs, dt, comm, req)
+        return n_ialltoallv(send, counts, displs, dt, recv, counts, displs, dt, comm, req)
     if wide:
         return w_ibarrier(comm, req)
     return n_ibarrier(comm, req)
