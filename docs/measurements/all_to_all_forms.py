@@ -12,7 +12,11 @@ callers it does not match:
 - ``copy aside + out of place``: the input copied into a buffer kept across
   calls, then MPI's out-of-place call into the input (what an in-place caller
   costs where every rank goes out of place);
-- ``in place``: MPI's in-place call alone.
+- ``in place``: MPI's in-place call alone;
+- ``v-form, out of place`` and ``v-form, in place``: ``MPI_Ialltoallv`` with
+  this rank's own part left out on both sides (its counts 0), the output's
+  own part copied from the input by the caller, or, in place, only the parts
+  sent copied aside (pycoll's form from 128 KiB).
 
 Each form nonblocking (``MPI_Ialltoall`` then a wait: pycoll's default mode)
 and blocking (``PYCOLL_WAIT=blocking``), and the persistent requests of
@@ -99,6 +103,23 @@ def forms(
     for name in ("out of place", "in place + copy", "copy aside + out of place", "in place"):
         made[f"I {name}"] = run(name, True)
         made[f"B {name}"] = run(name, False)
+    per = count // n
+    lo, hi = per * me, per * (me + 1)
+    counts = [0 if r == me else per for r in range(n)]
+    v = (counts, [per * r for r in range(n)])
+
+    def v_out() -> np.ndarray:
+        out[lo:hi] = inp[lo:hi]
+        comm.Ialltoallv([inp, v, F], [out, v, F]).Wait()
+        return out
+
+    def v_in() -> np.ndarray:
+        aside[:lo], aside[hi:] = buf[:lo], buf[hi:]
+        comm.Ialltoallv([aside, v, F], [buf, v, F]).Wait()
+        return buf
+
+    made["I v-form, out of place"] = v_out
+    made["I v-form, in place"] = v_in
     made["plan out of place"] = lambda: (plans[0].Start(), plans[0].Wait(), plan_recv)[2]
     made["plan in place"] = lambda: (plans[1].Start(), plans[1].Wait(), plan_buf)[2]
     return made, plans, reset
