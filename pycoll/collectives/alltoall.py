@@ -72,16 +72,21 @@ def _send(
     (OUT_OF_PLACE). An input that overlaps the output is sent from a copy
     (of the parts that are sent) in a buffer the group keeps for large calls
     (pycoll.collectives.scratch: give it back once the call is done; a new
-    one each call would be mapped page by page)."""
+    one each call would be mapped page by page). Device memory through
+    CUDA-aware MPI, which no CPU copy may touch, is sent as given (in place
+    where the input is the output)."""
     if form == IN_PLACE:
         if input is not output:
             np.copyto(output, input)  # (numpy minds an overlap)
         return _mpi.MPI.IN_PLACE
+    if pg._aliases:
+        return _mpi.MPI.IN_PLACE if input is output else input
+    if not overlaps and form == OUT_OF_PLACE:
+        return input
     part = input.size // pg._size
     lo, hi = part * pg._rank, part * (pg._rank + 1)
-    if not overlaps:
-        if form == PARTS:
-            output.reshape(-1)[lo:hi] = input.reshape(-1)[lo:hi]
+    if not overlaps:  # (PARTS)
+        output.reshape(-1)[lo:hi] = input.reshape(-1)[lo:hi]
         return input
     held = scratch.beside(pg, input)
     if form == PARTS:  # (this rank's own part is neither sent nor received)
@@ -380,19 +385,13 @@ def all_to_all_single(
                     _mpi.IN_PLACE if input is output else input, None, copy_in=copy_in,
                 ):  # fmt: skip
                     return None
-            if pg._aliases and input is output:
-                held: Any = _mpi.MPI.IN_PLACE  # (device memory: MPI's in-place form)
-            else:
-                held = _send(pg, input, output, overlaps, form)
+            held = _send(pg, input, output, overlaps, form)
             plain(pg, func, key, start, blocking, _spec(held, v, mpitype),
                   _spec(output, v, mpitype))  # fmt: skip
             if held is not input and held is not _mpi.MPI.IN_PLACE:
                 scratch.give(pg, held)
             return None
-        if pg._aliases and input is output:
-            held = _mpi.MPI.IN_PLACE
-        else:
-            held = _send(pg, input, output, overlaps, form)
+        held = _send(pg, input, output, overlaps, form)
         return run(
             pg,
             func,
