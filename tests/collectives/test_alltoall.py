@@ -61,6 +61,33 @@ def test_all_to_all_single_even_large(dtype, in_place, async_op, rank, world_siz
     assert_equal(out, np.concatenate([block(s, rank, dtype, rows) for s in range(world_size)]))
 
 
+@pytest.mark.parametrize("rows", [1, alltoall.PARTS_FROM // 32], ids=["small", "large"])
+def test_all_to_all_single_over_device_memory(rows, rank, world_size, monkeypatch):
+    """Arrays that alias device memory (CUDA-aware MPI, pycoll.gpu) are
+    passed as given, with no CPU copy: in place on every rank here (MPI's
+    in-place form), out of place, and an input overlapping the output
+    without being it refused on every rank that passes one."""
+    from pycoll.collectives._common import device_aliases
+
+    copies = []
+    monkeypatch.setattr(np, "copyto", lambda *a, **k: copies.append(a))
+    dtype = np.dtype(np.float64)
+    want = np.concatenate([block(s, rank, dtype, rows) for s in range(world_size)])
+    with device_aliases(pycoll.group.WORLD):
+        x = np.concatenate([block(rank, d, dtype, rows) for d in range(world_size)])
+        pycoll.all_to_all_single(x, x)
+        assert_equal(x, want)
+        x = np.concatenate([block(rank, d, dtype, rows) for d in range(world_size)])
+        out = np.zeros_like(x)
+        pycoll.all_to_all_single(out, x)
+        assert_equal(out, want)
+        m = world_size * max(rows, 2)  # (rows of each: shifted by one, they overlap)
+        whole = np.zeros((m + 1, 2))
+        with pytest.raises(ValueError, match="overlaps output without being it, in device"):
+            pycoll.all_to_all_single(whole[1:], whole[:m])
+    assert copies == []
+
+
 def test_all_to_all_single_one_split_given(rank, world_size):
     """Only input splits given: the output is split evenly."""
     send = [1] * world_size
