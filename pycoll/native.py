@@ -65,11 +65,12 @@ ALL_TO_ALL_V = 9
 # MPI's count, datatype, op and root, the address of its group's state, a
 # copy made once the call is done (to, from, bytes: 0 bytes for none), the
 # address of MPI's counts (an int array: REDUCE_SCATTER_V's recvcounts), then
-# for START the plan's request handle and a copy made before it starts.
+# for START the plan's request handle, a copy made before it starts, and a
+# part of that copy's range left out (its offset and bytes: 0 bytes for none).
 WHAT, SEND, RECV, COUNT, DATATYPE, OP, ROOT, STATE = range(8)
 COPY_TO, COPY_FROM, COPY_BYTES, COUNTS = range(8, 12)
-PLAN, IN_TO, IN_FROM, IN_BYTES = range(12, 16)
-CALL_WORDS = 16
+PLAN, IN_TO, IN_FROM, IN_BYTES, IN_SKIP, IN_SKIP_BYTES = range(12, 18)
+CALL_WORDS = 18
 
 # A kept call (a tuple): its words' address, the call check's key, its main
 # array, other buffer, extra and collective (what again knows it by), main's
@@ -314,6 +315,7 @@ def call(
     beside: Any = None,
     place: Any = None,
     copy_in: Optional[Tuple[Any, Any, int]] = None,
+    skip: Optional[Tuple[int, int]] = None,
 ) -> bool:
     """Keep a synchronous collective for :func:`again` and make it there, once
     it is made a second time on the same ``main`` array (an array seen once,
@@ -334,7 +336,10 @@ def call(
     ``main`` or ``other`` (an out-of-place all-gather's input into this
     rank's part of the output, sent in place); or None, a buffer the call
     keeps, which MPI sends from (``send`` is then None: an in-place
-    all-to-all's input sent from a copy). ``place`` as for :func:`again`.
+    all-to-all's input sent from a copy). ``skip``, (offset, bytes), leaves
+    that part of the copy's range uncopied (what MPI neither sends nor
+    receives: the v-form all-to-all's own part). ``place`` as for
+    :func:`again`.
     (REDUCE_SCATTER_V's per-rank counts, all ``count``, and ALL_TO_ALL_V's
     counts and displacements, ``count`` to each rank but this one, are made
     here and held.)
@@ -393,11 +398,13 @@ def call(
         counts,
     )
     if copy_in is not None:
-        words[IN_TO:] = (
+        words[IN_TO:IN_SKIP] = (
             target if type(target) is int else _address(target),
             source if type(source) is int else _address(source),
             nbytes,
         )
+        if skip is not None:
+            words[IN_SKIP:] = skip
     return _keep(pg, state, op, key, main, other, extra, words, (target, recv, counts), held, None)
 
 
@@ -431,7 +438,7 @@ def call_plan(
                    plan.recv if out is not None else None, None)  # fmt: skip
     words[PLAN] = plan.request.handle & _handle_mask
     if inp is not None:
-        words[IN_TO:] = (_address(plan.send), _address(inp), inp.nbytes)
+        words[IN_TO:IN_SKIP] = (_address(plan.send), _address(inp), inp.nbytes)
     return _keep(pg, state, op, plan.key, main, other, extra, words, (inp, out), held, plan)
 
 
@@ -462,7 +469,7 @@ def _words(
     copy_from: Any,
     counts: Any,
 ) -> Any:
-    """A call's words (WHAT to IN_BYTES; the plan's words zero)."""
+    """A call's words (WHAT to COUNTS; the plan's and copy_in's words zero)."""
     words = np.zeros(CALL_WORDS, np.int64)
     words[:COPY_TO] = (what, _address(send), _address(recv), count, datatype, mpi_op, root, state)
     if copy_to is not None:

@@ -99,20 +99,20 @@ def _send(
 
 def _kept(
     pg: ProcessGroup, input: np.ndarray, output: np.ndarray, form: int
-) -> Tuple[Any, Optional[Tuple[Any, Any, int]]]:
-    """pycoll.native.call's send buffer and copy_in for :func:`_send`'s
-    work (arrays that do not overlap unless they are one), made by the
-    compiled call before it starts."""
+) -> Tuple[Any, Optional[Tuple[Any, Any, int]], Optional[Tuple[int, int]]]:
+    """pycoll.native.call's send buffer, copy_in and skip for
+    :func:`_send`'s work (arrays that do not overlap unless they are one),
+    made by the compiled call before it starts."""
     if form == IN_PLACE:
-        return _mpi.IN_PLACE, None if input is output else (output, input, input.nbytes)
-    if input is output:  # (sent from a copy of it the call keeps)
-        return None, (None, input, input.nbytes)
+        return _mpi.IN_PLACE, None if input is output else (output, input, input.nbytes), None
+    part = input.nbytes // pg._size
+    lo = part * pg._rank
+    if input is output:  # (sent from a copy the call keeps: in the v-form, of the parts sent)
+        return None, (None, input, input.nbytes), (lo, part) if form == PARTS else None
     if form == PARTS:  # (its own part copied into the output's)
-        part = input.nbytes // pg._size
-        lo = part * pg._rank
         address = _mpi.MPI.buffer
-        return input, (address(output).address + lo, address(input).address + lo, part)
-    return input, None
+        return input, (address(output).address + lo, address(input).address + lo, part), None
+    return input, None, None
 
 
 def _spec(buffer: Any, v: Any, datatype: Any) -> Any:
@@ -378,11 +378,12 @@ def all_to_all_single(
             start, blocking = comm.Ialltoallv, comm.Alltoallv
         if not async_op and debug.PLAIN:
             if pg._native is not None and (input is output or not overlaps):
-                send, copy_in = _kept(pg, input, output, form)
+                send, copy_in, skip = _kept(pg, input, output, form)
                 if native.call(
                     pg, func, key, native.ALL_TO_ALL_V if form == PARTS else native.ALL_TO_ALL,
                     send, output, count, mpitype, None, 0, output,
                     _mpi.IN_PLACE if input is output else input, None, copy_in=copy_in,
+                    skip=skip,
                 ):  # fmt: skip
                     return None
             held = _send(pg, input, output, overlaps, form)

@@ -50,6 +50,8 @@ from ..native import (
     DATATYPE,
     IN_BYTES,
     IN_FROM,
+    IN_SKIP,
+    IN_SKIP_BYTES,
     IN_TO,
     OP,
     PLAN,
@@ -171,9 +173,18 @@ def _copy(call):
 
 @njit(cache=True)
 def _copy_in(call):
-    """The copy a call makes before it starts (its words IN_TO to IN_BYTES), if any."""
-    if call[IN_BYTES]:
-        memcpy(call[IN_TO], call[IN_FROM], call[IN_BYTES])
+    """The copy a call makes before it starts (its words IN_TO to IN_BYTES),
+    if any, less the part IN_SKIP and IN_SKIP_BYTES leave out."""
+    nbytes = call[IN_BYTES]
+    if nbytes:
+        to, source, skip = call[IN_TO], call[IN_FROM], call[IN_SKIP_BYTES]
+        if skip:
+            at = call[IN_SKIP]
+            memcpy(to, source, at)
+            at += skip
+            memcpy(to + at, source + at, nbytes - at)
+        else:
+            memcpy(to, source, nbytes)
 
 
 @njit(cache=True)
