@@ -16,7 +16,12 @@ callers it does not match:
 - ``v-form, out of place`` and ``v-form, in place``: ``MPI_Ialltoallv`` with
   this rank's own part left out on both sides (its counts 0), the output's
   own part copied from the input by the caller, or, in place, only the parts
-  sent copied aside (pycoll's form from 128 KiB).
+  sent copied aside (pycoll's form from 128 KiB);
+- ``v-form, in place, whole copy``: the same with the whole input copied
+  aside (pycoll's compiled path before it skipped the own part);
+- ``v-form, in place, received aside``: the v-form sent from the caller's
+  array and received into a kept buffer, the parts received then copied
+  into place (measured, not pycoll's).
 
 Each form nonblocking (``MPI_Ialltoall`` then a wait: pycoll's default mode)
 and blocking (``PYCOLL_WAIT=blocking``), and the persistent requests of
@@ -118,8 +123,20 @@ def forms(
         comm.Ialltoallv([aside, v, F], [buf, v, F]).Wait()
         return buf
 
+    def v_in_whole() -> np.ndarray:
+        aside[...] = buf
+        comm.Ialltoallv([aside, v, F], [buf, v, F]).Wait()
+        return buf
+
+    def v_in_received() -> np.ndarray:
+        comm.Ialltoallv([buf, v, F], [aside, v, F]).Wait()
+        buf[:lo], buf[hi:] = aside[:lo], aside[hi:]
+        return buf
+
     made["I v-form, out of place"] = v_out
     made["I v-form, in place"] = v_in
+    made["I v-form, in place, whole copy"] = v_in_whole
+    made["I v-form, in place, received aside"] = v_in_received
     made["plan out of place"] = lambda: (plans[0].Start(), plans[0].Wait(), plan_recv)[2]
     made["plan in place"] = lambda: (plans[1].Start(), plans[1].Wait(), plan_buf)[2]
     return made, plans, reset
