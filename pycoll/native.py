@@ -357,11 +357,10 @@ def call(
         return False  # (arrays over device memory: no CPU copy may touch them)
     if pg._plans is not None and pg._plans.counts(op, main.nbytes):
         return False  # (a call pycoll.persistent counts on every rank: call_plan's, if any)
-    if place is not None:
-        extra = (extra, _address(place))
-    if not _again_on(pg, state, main):
+    found = _found(pg, state, main, other, extra, place)
+    if found is None:
         return False
-    held = main.nbytes + (other.nbytes if type(other) is np.ndarray else 0)
+    extra, held = found
     if beside is not None:
         held += beside.nbytes
     if copy_in is not None and copy_in[0] is None:
@@ -429,17 +428,29 @@ def call_plan(
     state = pg._native
     if state is None:
         return False
-    if place is not None:
-        extra = (extra, _address(place))
-    if not _again_on(pg, state, main):
+    found = _found(pg, state, main, other, extra, place)
+    if found is None:
         return False
-    held = main.nbytes + (other.nbytes if type(other) is np.ndarray else 0)
+    extra, held = found
     words = _words(START, None, None, 0, 0, 0, 0, state.address, out,
                    plan.recv if out is not None else None, None)  # fmt: skip
     words[PLAN] = plan.request.handle & _handle_mask
     if inp is not None:
         words[IN_TO:IN_SKIP] = (_address(plan.send), _address(inp), inp.nbytes)
     return _keep(pg, state, op, plan.key, main, other, extra, words, (inp, out), held, plan)
+
+
+def _found(
+    pg: ProcessGroup, state: _State, main: Any, other: Any, extra: Any, place: Any
+) -> Optional[Tuple[Any, int]]:
+    """What :func:`call` and :func:`call_plan` keep a call by: its ``extra``
+    (with ``place``'s address, if given) and the bytes of the arrays it
+    holds; None where the call is not kept (:func:`_again_on`)."""
+    if place is not None:
+        extra = (extra, _address(place))
+    if not _again_on(pg, state, main):
+        return None
+    return extra, main.nbytes + (other.nbytes if type(other) is np.ndarray else 0)
 
 
 def _again_on(pg: ProcessGroup, state: _State, main: Any) -> bool:
