@@ -298,6 +298,13 @@ def again(
     return True
 
 
+def may_keep(nbytes: int) -> bool:
+    """Whether a call whose buffers hold ``nbytes`` may be kept (at most
+    KEPT_BYTES): a caller may skip preparing :func:`call`'s arguments for
+    one that cannot be."""
+    return nbytes <= KEPT_BYTES
+
+
 def call(
     pg: ProcessGroup,
     op: str,
@@ -365,7 +372,7 @@ def call(
         held += beside.nbytes
     if copy_in is not None and copy_in[0] is None:
         held += copy_in[2]
-    if held > KEPT_BYTES:
+    if not may_keep(held):
         return False
     if beside is not None:
         recv = np.empty(beside.shape, beside.dtype)

@@ -377,7 +377,11 @@ def all_to_all_single(
             v = (counts, [count * r for r in range(n)])
             start, blocking = comm.Ialltoallv, comm.Alltoallv
         if not async_op and debug.PLAIN:
-            if pg._native is not None and (input is output or not overlaps):
+            if (  # (a kept call holds the output and the input or its copy)
+                pg._native is not None
+                and (input is output or not overlaps)
+                and native.may_keep(2 * input.nbytes)
+            ):
                 send, copy_in, skip = _kept(pg, input, output, form)
                 if native.call(
                     pg, func, key, native.ALL_TO_ALL_V if form == PARTS else native.ALL_TO_ALL,
