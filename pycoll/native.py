@@ -64,9 +64,9 @@ ALL_TO_ALL_V = 9
 # buffer's address (MPI_IN_PLACE's value, or 0), the receive buffer's (or 0),
 # MPI's count, datatype, op and root, the address of its group's state, a
 # copy made once the call is done (to, from, bytes: 0 bytes for none), the
-# address of MPI's counts (an int array: REDUCE_SCATTER_V's recvcounts), then
-# for START the plan's request handle, a copy made before it starts, and a
-# part of that copy's range left out (its offset and bytes: 0 bytes for none).
+# address of MPI's counts (an int array: REDUCE_SCATTER_V's recvcounts), for
+# START the plan's request handle, then a copy made before the call starts
+# (to, from, bytes) and a part of its range left out (offset and bytes).
 WHAT, SEND, RECV, COUNT, DATATYPE, OP, ROOT, STATE = range(8)
 COPY_TO, COPY_FROM, COPY_BYTES, COUNTS = range(8, 12)
 PLAN, IN_TO, IN_FROM, IN_BYTES, IN_SKIP, IN_SKIP_BYTES = range(12, 18)
