@@ -76,9 +76,9 @@ CALL_WORDS = 18
 # array, other buffer, extra and collective (what again knows it by), main's
 # dtype, its progress code, what it holds besides (its words, then what they
 # point into: the buffer it receives into, MPI's counts, a plan's input and
-# output), the call kept before it on the same main array or None, and the
-# persistent plan it starts or None.
-_ADDRESS, _KEY, _MAIN, _OTHER, _EXTRA, _OP, _DTYPE, _CODE, _WORDS, _NEXT, _PLAN = range(11)
+# output), the call kept before it on the same main array or None, the
+# persistent plan it starts or None, and the bytes of buffer it holds.
+_ADDRESS, _KEY, _MAIN, _OTHER, _EXTRA, _OP, _DTYPE, _CODE, _WORDS, _NEXT, _PLAN, _HELD = range(12)
 # Calls kept on one array (the collectives a program makes on it): beyond,
 # the oldest is dropped.
 KEPT_PER_ARRAY = 4
@@ -93,6 +93,12 @@ ENV = "PYCOLL_NATIVE"
 KEPT_CALLS = 1024
 KEPT_BYTES = 1 << 20
 KEPT_TOTAL = 16 << 20  # the most bytes of buffer one group's kept calls hold
+# A group whose kept calls are full starts over (a program whose arrays
+# change), but at most once in this many calls: a program that cycles through
+# more calls than a group keeps (a model's 1,500 gradients all-reduced one by
+# one) would otherwise keep every call afresh, 1.4-1.8x the plain path's time.
+# Between, the calls kept stay kept and the others take the plain path.
+RENEW_CALLS = 16 * KEPT_CALLS
 SEEN = 4096  # arrays seen once (weakly) a group remembers
 AUTO, ON, OFF = "auto", "1", "0"
 MODE = AUTO
@@ -189,7 +195,7 @@ class _State:
     first, each linking to the one kept before it on that array), and the
     arrays seen once."""
 
-    __slots__ = ("st", "address", "calls", "seen", "held")
+    __slots__ = ("st", "address", "calls", "seen", "held", "renewed")
 
     def __init__(self, st: Any) -> None:
         self.st = st
@@ -197,6 +203,7 @@ class _State:
         self.calls: Dict[int, Tuple[Any, ...]] = {}
         self.seen: Dict[int, Any] = {}
         self.held = 0  # bytes of buffer the kept calls hold
+        self.renewed = 0  # the group's sequence number when its calls last started over
 
 
 def detach(pg: ProcessGroup) -> None:
@@ -364,7 +371,7 @@ def call(
         return False  # (arrays over device memory: no CPU copy may touch them)
     if pg._plans is not None and pg._plans.counts(op, main.nbytes):
         return False  # (a call pycoll.persistent counts on every rank: call_plan's, if any)
-    found = _found(pg, state, main, other, extra, place)
+    found = _found(pg, state, main, other, extra, place, op)
     if found is None:
         return False
     extra, held = found
@@ -372,7 +379,7 @@ def call(
         held += beside.nbytes
     if copy_in is not None and copy_in[0] is None:
         held += copy_in[2]
-    if not may_keep(held):
+    if not may_keep(held) or not _room(pg, state, main, held):
         return False
     if beside is not None:
         recv = np.empty(beside.shape, beside.dtype)
@@ -435,10 +442,12 @@ def call_plan(
     state = pg._native
     if state is None:
         return False
-    found = _found(pg, state, main, other, extra, place)
+    found = _found(pg, state, main, other, extra, place, op)
     if found is None:
         return False
     extra, held = found
+    if not _room(pg, state, main, held):
+        return False
     words = _words(START, None, None, 0, 0, 0, 0, state.address, out,
                    plan.recv if out is not None else None, None)  # fmt: skip
     words[PLAN] = plan.request.handle & _handle_mask
@@ -448,16 +457,50 @@ def call_plan(
 
 
 def _found(
-    pg: ProcessGroup, state: _State, main: Any, other: Any, extra: Any, place: Any
+    pg: ProcessGroup, state: _State, main: Any, other: Any, extra: Any, place: Any, op: str
 ) -> Optional[Tuple[Any, int]]:
     """What :func:`call` and :func:`call_plan` keep a call by: its ``extra``
     (with ``place``'s address, if given) and the bytes of the arrays it
-    holds; None where the call is not kept (:func:`_again_on`)."""
+    holds; None where the call is not to be kept: seen for the first time
+    (:func:`_again_on`), or kept already, words and all, and declined by
+    :func:`again` for a reason of the moment (the call check's exchange
+    point, another thread) that the plain path serves."""
     if place is not None:
         extra = (extra, _address(place))
     if not _again_on(pg, state, main):
         return None
+    link = state.calls.get(id(main))
+    while link is not None:
+        if _same(link, other, extra, op) and link[_DTYPE] is main.dtype:
+            return None
+        link = link[_NEXT]
     return extra, main.nbytes + (other.nbytes if type(other) is np.ndarray else 0)
+
+
+def _same(link: Tuple[Any, ...], other: Any, extra: Any, op: str) -> bool:
+    """Whether the kept call ``link`` is the call of ``other``, ``extra``
+    and ``op`` on its main array (its dtype aside)."""
+    return (
+        link[_OTHER] is other
+        and (link[_EXTRA] is extra or link[_EXTRA] == extra)
+        and link[_OP] == op
+    )
+
+
+def _room(pg: ProcessGroup, state: _State, main: Any, held: int) -> bool:
+    """Whether the group may keep one more call on ``main``, holding ``held``
+    bytes: within KEPT_CALLS arrays and KEPT_TOTAL bytes, or once they are
+    full, by starting over where it last did so RENEW_CALLS calls ago or
+    more (then every kept call is dropped)."""
+    calls = state.calls
+    if state.held + held <= KEPT_TOTAL and (len(calls) < KEPT_CALLS or id(main) in calls):
+        return True
+    if pg._seq - state.renewed < RENEW_CALLS:
+        return False  # (full again soon after starting over: the plain path serves the rest)
+    calls.clear()
+    state.held = 0
+    state.renewed = pg._seq
+    return True
 
 
 def _again_on(pg: ProcessGroup, state: _State, main: Any) -> bool:
@@ -515,31 +558,26 @@ def _keep(
     bytes of it counted) for :func:`again`, and make it there."""
     # Kept, a call holds its arrays: their addresses stay valid (numpy will
     # not resize an array another object holds), and the memory held stays
-    # bounded (KEPT_CALLS calls, KEPT_TOTAL bytes: beyond, the group starts
-    # over, as a program whose arrays change would have it). A call kept
+    # bounded (KEPT_CALLS calls, KEPT_TOTAL bytes: see _room). A call kept
     # before on the same array stays behind it (up to KEPT_PER_ARRAY), unless
     # it is this call again (its dtype reassigned): a program that makes
-    # several collectives on one array keeps each.
+    # several collectives on one array keeps each. What the calls dropped
+    # held is counted off.
     calls = state.calls
-    if len(calls) >= KEPT_CALLS or state.held + held > KEPT_TOTAL:
-        calls.clear()
-        state.held = 0
     before: List[Tuple[Any, ...]] = []
     link = calls.get(id(main))
-    while link is not None and len(before) < KEPT_PER_ARRAY - 1:
-        if not (
-            link[_OTHER] is other
-            and (link[_EXTRA] is extra or link[_EXTRA] == extra)
-            and link[_OP] == op
-        ):
+    while link is not None:
+        if len(before) < KEPT_PER_ARRAY - 1 and not _same(link, other, extra, op):
             before.append(link)
+        else:
+            state.held -= link[_HELD]
         link = link[_NEXT]
     rest = None
     for link in reversed(before):
-        rest = link[:_NEXT] + (rest, link[_PLAN])
+        rest = link[:_NEXT] + (rest,) + link[_PLAN:]
     known = (
         _buffer(words).address, key, main, other, extra, op, main.dtype, BUSY_CODE[op],
-        (words, holds), rest, plan,
+        (words, holds), rest, plan, held,
     )  # fmt: skip
     calls[id(main)] = known
     state.held += held

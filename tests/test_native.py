@@ -70,6 +70,20 @@ def plain_calls(monkeypatch) -> Dict[str, int]:
 
 
 @pytest.fixture
+def kept(monkeypatch) -> List[str]:
+    """The collective of each call the group kept (pycoll.native._keep)."""
+    calls: List[str] = []
+    real = native._keep
+
+    def counting(pg, state, op, *args):
+        calls.append(op)
+        return real(pg, state, op, *args)
+
+    monkeypatch.setattr(native, "_keep", counting)
+    return calls
+
+
+@pytest.fixture
 def keeps(monkeypatch) -> List[str]:
     """The collective of each call that reached native.call (to be kept, or
     seen once): a call found again never does."""
@@ -511,9 +525,38 @@ def test_arrays_made_afresh_take_the_plain_path(group, plain_calls, rank, world_
     assert group._native.calls == {}
 
 
-def test_many_arrays_are_kept(group, plain_calls, rank, world_size):
+def test_calls_dropped_from_an_array_give_back_their_bytes(group, kept, rank, world_size):
+    """Six collectives on one array (the first a first sighting) keep the
+    latest KEPT_PER_ARRAY; the one dropped, and one kept again for a dtype
+    reassigned, no longer count toward KEPT_TOTAL."""
+    x = np.zeros(1024, np.int32)
+    ops = [pycoll.ReduceOp.SUM, pycoll.ReduceOp.MAX, pycoll.ReduceOp.MIN, pycoll.ReduceOp.PRODUCT]
+    for op in ops:
+        x[...] = 1
+        pycoll.all_reduce(x, op=op, group=group)
+        assert_array_equal(x, np.full(1024, world_size if op == pycoll.ReduceOp.SUM else 1))
+    x[...] = 5 if rank == 0 else 0
+    pycoll.broadcast(x, src=0, group=group)
+    assert_array_equal(x, np.full(1024, 5))
+    x[...] = 1
+    pycoll.reduce(x, dst=0, group=group)
+    assert_array_equal(x, np.full(1024, world_size if rank == 0 else 1))
+    assert len(kept) == 5  # (MAX dropped for the reduce)
+    assert group._native.held == native.KEPT_PER_ARRAY * x.nbytes
+    x.dtype = np.float32  # (the same bytes, another dtype: the broadcast kept again)
+    for _ in range(2):
+        x[...] = 2.5 if rank == 0 else 0
+        pycoll.broadcast(x, src=0, group=group)
+        assert_array_equal(x, np.full(1024, 2.5, np.float32))
+    assert len(kept) == 6
+    assert group._native.held == native.KEPT_PER_ARRAY * x.nbytes
+
+
+def test_many_arrays_are_kept(group, plain_calls, kept, rank, world_size):
     """A step's worth of arrays, each used once a step and more of them than
-    calls between two exchange points, is kept from the second step on."""
+    calls between two exchange points, is kept from the second step on, each
+    once: a kept call that meets an exchange point (which the plain path
+    makes) is not kept again."""
     arrays = [np.zeros(4, np.int32) for _ in range(200)]
     for i in range(3):
         for k, a in enumerate(arrays):
@@ -522,10 +565,48 @@ def test_many_arrays_are_kept(group, plain_calls, rank, world_size):
             assert_array_equal(a, np.full(4, sum(r + i + k for r in range(world_size))))
     exchanges = 3 * len(arrays) // (group._mask + 1) + 1  # (the plain path makes them)
     assert len(arrays) <= plain_calls["all_reduce"] <= len(arrays) + exchanges
+    assert len(kept) == len(arrays)
+
+
+def test_more_arrays_than_are_kept(group, monkeypatch, plain_calls, kept, rank, world_size):
+    """A program cycling through more arrays than a group keeps: the first
+    ones stay kept and the rest take the plain path, rather than every call
+    being kept afresh (until RENEW_CALLS calls have passed)."""
+    monkeypatch.setattr(native, "KEPT_CALLS", 8)
+    arrays = [np.zeros(4, np.int64) for _ in range(20)]
+    rounds = 6
+    for i in range(rounds):
+        for k, a in enumerate(arrays):
+            a[...] = rank + i + k
+            pycoll.all_reduce(a, group=group)
+            assert_array_equal(a, np.full(4, sum(r + i + k for r in range(world_size))))
+    assert len(kept) == 8
+    assert set(group._native.calls) == {id(a) for a in arrays[:8]}
+    exchanges = rounds * len(arrays) // (group._mask + 1) + 1
+    rest = len(arrays) + (rounds - 1) * (len(arrays) - 8)  # first sightings, then the 12
+    assert rest <= plain_calls["all_reduce"] <= rest + exchanges
+
+
+def test_full_calls_start_over_for_new_arrays(group, monkeypatch, kept, rank, world_size):
+    """Once RENEW_CALLS calls have passed since it last started over, a
+    group whose kept calls are full drops them for the arrays now in use (a
+    program whose arrays change)."""
+    monkeypatch.setattr(native, "KEPT_CALLS", 4)
+    monkeypatch.setattr(native, "RENEW_CALLS", 40)
+    for arrays in ([np.zeros(2, np.int32) for _ in range(4)],
+                   [np.zeros(2, np.int32) for _ in range(4)]):  # fmt: skip
+        for i in range(12):
+            for a in arrays:
+                a[...] = rank + i
+                pycoll.all_reduce(a, group=group)
+                assert_array_equal(a, np.full(2, sum(r + i for r in range(world_size))))
+        assert set(group._native.calls) == {id(a) for a in arrays}
+    assert len(kept) == 8
 
 
 def test_the_bytes_kept_are_bounded(group, monkeypatch, rank, world_size):
-    """Kept calls hold their arrays; past KEPT_TOTAL bytes the group starts over."""
+    """Kept calls hold their arrays, at most KEPT_TOTAL bytes of them (those
+    that would hold more take the plain path)."""
     monkeypatch.setattr(native, "KEPT_TOTAL", 3 * 4096)
     arrays = [np.zeros(1024, np.float32) for _ in range(5)]  # 4 KiB each
     for i in range(4):
