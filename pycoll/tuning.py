@@ -21,7 +21,7 @@ The file is JSON::
 
     {"pycoll_tuning": 1,
      "all_reduce": {"2": [[1048576, "window"], [16777216, "ring"]], "4": ...},
-     "reduce_scatter": {"2": [[262144, "mpi"], [33554432, "window"]], ...},
+     "reduce_scatter": {"2": [[262144, "mpi"], [1048576, "pairwise"]], ...},
      "measured": {...}}
 
 For a group of that many ranks, an all_reduce of at least the first
@@ -36,8 +36,10 @@ table keeps MPI's call) keeps the built-in rule.
 
 A reduce_scatter_tensor or reduce_scatter of at least the first entry's
 bytes of input (every rank's parts together) takes MPI's own call
-(``"mpi"``) or the window (``"window"``, pycoll.collectives.shm.Block;
-MPI's call where the group cannot have one), whatever its op. What the tool
+(``"mpi"``), the window (``"window"``, pycoll.collectives.shm.Block; MPI's
+call where the group cannot have one) or pycoll's pairwise exchange
+(``"pairwise"``, pycoll.collectives.pairwise), whatever its op (MPI's call
+where the kernels cannot reduce it: an AVG of complex numbers). What the tool
 records of its run ("measured") is kept and not read; any other key is an
 error (a misspelt collective would otherwise be ignored).
 """
@@ -67,7 +69,7 @@ ENV = "PYCOLL_TUNING"
 # The paths each collective the table decides can take.
 COLLECTIVES: Dict[str, Tuple[str, ...]] = {
     "all_reduce": ("mpi", "ring", "window"),
-    "reduce_scatter": ("mpi", "window"),
+    "reduce_scatter": ("mpi", "window", "pairwise"),
 }
 PATHS = COLLECTIVES["all_reduce"]
 VERSION = 1

@@ -177,3 +177,27 @@ def test_shm_bytes_must_be_a_number_of_bytes():
         "PYCOLL_SHM_BYTES='1M': set it to a number of bytes (0: never through the shared window)"
         in out.stderr
     )
+
+
+@pytest.mark.parametrize("value,expected", [(None, 1 << 20), ("0", 0), ("65536", 65536)])
+def test_pairwise_bytes_default_and_override(value, expected):
+    """PYCOLL_PAIRWISE_BYTES, where set, is where a two-rank reduce-scatter
+    takes pycoll's pairwise exchange (0: never); a size that is not a number
+    of bytes stops the import with the fix. Read at import: a fresh
+    interpreter each."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYCOLL_PAIRWISE_BYTES"}
+    if value is not None:
+        env["PYCOLL_PAIRWISE_BYTES"] = value
+    code = "from pycoll.collectives import reduce as r; print(r.PAIRWISE_BYTES)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert int(out.stdout) == expected
+    env["PYCOLL_PAIRWISE_BYTES"] = "4M"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "PYCOLL_PAIRWISE_BYTES='4M': set it to a number of bytes (0: never)" in out.stderr

@@ -7,12 +7,12 @@ take on this machine, and write it down as a tuning table (pycoll.tuning).
 For each size (256 KiB to 128 MiB by default) it times float32 SUM each way
 the collective has, forced through the table itself: for all_reduce (in
 place) MPI's own call, pycoll's ring and the node's shared window; for
-reduce_scatter_tensor (out of place, the size its input) MPI's own call and
-the window. Every way's result is checked on every rank first. Then rounds
-of a block of calls each, the order rotated every round
-(pycoll.bench.table.rotated); a round's figure is the way's time over MPI's
-in that round. A way is chosen over MPI's own call only where the
-median of those is at most ``--margin`` (0.95) and the upper quartile under
+reduce_scatter_tensor (out of place, the size its input) MPI's own call,
+the window and pycoll's pairwise exchange. Every way's result is checked on
+every rank first. Then rounds of a block of calls each, the order rotated
+every round (pycoll.bench.table.rotated); a round's figure is the way's
+time over MPI's in that round. A way is chosen over MPI's own call only
+where the median of those is at most ``--margin`` (0.95) and the upper quartile under
 1, the fastest such: never slower than MPI's own call as far as the rounds
 can tell. The choices for this number of ranks go into the file (its other
 rank counts are kept), with the figures they came from.

@@ -33,12 +33,14 @@ from ..ops import (
     SPLIT_BYTES_TWO_RANKS,
     Plan,
     ReduceOp,
+    env_bytes,
     plan,
 )
 from ..persistent import LIMIT as PLAN_LIMIT
 from ..work import Work
 from . import scratch, shm
 from ._common import plain, root_of, run, sig
+from .pairwise import Pairwise
 from .ring import Ring
 
 __all__ = [
@@ -182,7 +184,7 @@ def all_reduce(
         # MPI's own float32 SUM, it beats MPI's user ops and AVG the more); where
         # it keeps MPI's call, MPI's own ops follow it and the others the rule.
         chosen = tuning.path(pg._tuned, nbytes)
-        if chosen == "ring" and (not how.average or kernels.divides(tensor.dtype)):
+        if chosen == "ring" and _ring_carries(pg, how, tensor.dtype):
             return _all_reduce_ring(pg, tensor, op, how, async_op, key)
         if chosen == "window":
             win = shm.usable(pg, how, tensor.dtype, "all_reduce")
@@ -190,9 +192,13 @@ def all_reduce(
                 return _all_reduce_shm(pg, win, tensor, op, how, async_op, key)
         if how.plain and how.builtin:
             nbytes = 0  # MPI's own call, as the table says: no size below is reached
-    if pg._size > 1 and (
-        (how.split and nbytes >= _split_from(pg._size))
-        or (nbytes >= RING_BYTES and not how.average and _ring_from() > 0)
+    if (
+        pg._size > 1
+        and (
+            (how.split and nbytes >= _split_from(pg._size))
+            or (nbytes >= RING_BYTES and not how.average and _ring_from() > 0)
+        )
+        and not pg._aliases  # (device memory: no host kernel may touch it)
     ):
         return _all_reduce_ring(pg, tensor, op, how, async_op, key)
     if (nbytes >= SHM_BYTES_MPICH or nbytes >= SHM_BYTES) and _takes_window(pg._size, nbytes):
@@ -286,21 +292,50 @@ def _takes_window(ranks: int, nbytes: int) -> bool:
 # 0.36-0.91x on 3-4. PYCOLL_SHM_BYTES=0 turns it off (no window at all).
 SCATTER_SHM_BYTES = 64 << 20
 SCATTER_SHM_BYTES_OPEN_MPI = 1 << 20
+# From this many bytes of input a reduce_scatter_tensor or reduce_scatter on
+# a group of two ranks goes by pycoll's pairwise exchange
+# (pycoll.collectives.pairwise), before the window. On 2 ranks of the CI VM
+# it took 0.58-0.70x mpi4py's time at 4-16 MiB on MPICH (1.0 at 1 MiB, where
+# pycoll's own MPI call took 1.07-1.16x) and 0.07-0.47x at 1-64 MiB on Open
+# MPI, against the window's 0.70-0.98x and 0.19-0.79x; on 4 ranks sharing 2
+# cores it was no faster than the window (docs/benchmarks.md), so larger
+# groups keep the rule above. PYCOLL_PAIRWISE_BYTES, where set, is this size
+# (0: never).
+_PAIRWISE_SET = env_bytes("PYCOLL_PAIRWISE_BYTES", "never")
+PAIRWISE_BYTES = 1 << 20 if _PAIRWISE_SET is None else _PAIRWISE_SET
 
 
-def _scatter_window(
+def _ring_carries(pg: ProcessGroup, how: Plan, dtype: np.dtype) -> bool:
+    """Whether pycoll's host kernels can reduce this call's arrays: more than
+    one rank, an AVG's division in the kernels' last sum (real floats only),
+    and host memory (not device memory aliased for a CUDA-aware MPI)."""
+    return pg._size > 1 and not pg._aliases and (not how.average or kernels.divides(dtype))
+
+
+def _scatter_way(
     pg: ProcessGroup, how: Plan, dtype: np.dtype, func: str, nbytes: int
-) -> Optional[Any]:
-    """The group's shared window, where a reduce_scatter_tensor (or
-    reduce_scatter) of ``nbytes`` of input goes through it; None otherwise
-    (shm.for_scatter: one node, an op the kernels reduce, a window at all).
-    From its first size the group's tuning table (pycoll.tuning) decides."""
+) -> Tuple[str, Any]:
+    """How a reduce_scatter_tensor (or reduce_scatter) of ``nbytes`` of input
+    goes: ``("window", win)`` through the group's shared window (one node, an
+    op the kernels reduce, a window at all: shm.for_scatter), ``("pairwise",
+    None)`` by pycoll's pairwise exchange, or ``("mpi", None)``, MPI's own
+    call. From its first size the group's tuning table (pycoll.tuning)
+    decides; else the sizes above: on two ranks the pairwise exchange, on
+    more the window."""
     if nbytes >= pg._tuned_rs_from:
-        wanted = tuning.path(pg._tuned_rs, nbytes) == "window"
+        wanted = tuning.path(pg._tuned_rs, nbytes)
+    elif pg._size == 2 and 0 < PAIRWISE_BYTES <= nbytes:
+        wanted = "pairwise"
     else:
         least = SCATTER_SHM_BYTES_OPEN_MPI if _mpi.VENDOR == "Open MPI" else SCATTER_SHM_BYTES
-        wanted = 0 < least <= nbytes
-    return shm.for_scatter(pg, how, dtype, func) if wanted else None
+        wanted = "window" if 0 < least <= nbytes else "mpi"
+    if wanted == "window":
+        win = shm.for_scatter(pg, how, dtype, func)
+        if win is not None:
+            return wanted, win
+    if wanted == "pairwise" and _ring_carries(pg, how, dtype):
+        return wanted, None
+    return "mpi", None
 
 
 def _reduce_scatter_shm(
@@ -337,6 +372,74 @@ def _reduce_scatter_shm(
     key = how.key | OP_BITS[func] | output.size & COUNT
     return shm.reduce_scatter(
         pg, win, func, data, op, how, into, async_op, [output], desc, key, then
+    )
+
+
+def _reduce_scatter_pairwise(
+    pg: ProcessGroup,
+    func: str,
+    output: np.ndarray,
+    parts: List[np.ndarray],
+    op: ReduceOp,
+    how: Plan,
+    async_op: bool,
+    desc: Callable[[], str],
+) -> Optional[Work]:
+    """``parts`` (one array shaped like ``output`` per rank) reduce-scattered
+    into ``output`` by pycoll's pairwise exchange (pycoll.collectives.
+    pairwise), folding with pycoll's kernels (an AVG's division in each
+    element's last fold). An output that is this rank's part itself (torch's
+    in-place form) is reduced where it is; one overlapping the parts
+    otherwise receives aside and is copied in at the end. A PREMUL_SUM's
+    parts are scaled into a copy first: the input is left as it is."""
+    n, me = pg._size, pg._rank
+    dtype = output.dtype
+    flats = [part.reshape(-1) for part in parts]
+    if how.prescale is not None:
+        send = np.concatenate(flats)
+        kernels.scale(send, how.prescale, out=send)
+        count = output.size
+        flats = [send[d * count : (d + 1) * count] for d in range(n)]
+    into = output.reshape(-1)
+    then: Optional[Callable[[], None]] = None
+    mine = flats[me].ctypes.data == into.ctypes.data
+    if any(may_alias(part, into) for d, part in enumerate(flats) if not (mine and d == me)):
+        aside = into = scratch.beside(pg, into)
+
+        def then() -> None:
+            output.reshape(-1)[...] = aside
+            scratch.give(pg, aside)
+
+    name = "SUM" if how.average or how.prescale is not None else op.name
+    divisor = n if how.average else None
+
+    def fold(src: np.ndarray, dst: np.ndarray, last: bool) -> None:
+        kernels.reduce(name, src, dst, divisor if last else None)
+
+    need = Pairwise.needs(pg, flats, into)
+    room = scratch.take(pg, need * dtype.itemsize, dtype) if need else None
+    steps = Pairwise(pg, func, flats, into, room, fold)
+
+    def finish() -> None:
+        steps.finish()
+        if room is not None:
+            scratch.give(pg, room)
+        if then is not None:
+            then()
+
+    return run(
+        pg,
+        func,
+        output.nbytes * n,
+        steps.start,
+        (),
+        async_op,
+        finish,
+        [output],
+        desc,
+        None,
+        steps.stages,
+        how.key | OP_BITS[func] | output.size & COUNT,
     )
 
 
@@ -752,9 +855,11 @@ def reduce_scatter(
     check_same_shape(func, "input_list", inputs, output.shape, "output")
     how = _plan(op, dtype, func)
     desc = lambda: f"{func}({op.name}, output {sig(output)})"  # noqa: E731
-    win = _scatter_window(pg, how, dtype, func, n * output.nbytes)
-    if win is not None:
+    way, win = _scatter_way(pg, how, dtype, func, n * output.nbytes)
+    if way == "window":
         return _reduce_scatter_shm(pg, win, func, output, inputs, op, how, async_op, desc)
+    if way == "pairwise":
+        return _reduce_scatter_pairwise(pg, func, output, inputs, op, how, async_op, desc)
     send = np.concatenate([x.reshape(-1) for x in inputs])
     if how.prescale is not None:
         kernels.scale(send, how.prescale, out=send)
@@ -820,13 +925,19 @@ def reduce_scatter_tensor(
         check_size(func, "input", input, output.size * n, "output.size x group size")
     how = _plan(op, dtype, func)
     desc = lambda: f"{func}({op.name}, output shape={output.shape}, input {sig(input)})"  # noqa: E731
+    nbytes = input.nbytes
     if (  # (the sizes first: small calls, the hot path, make no call)
-        (input.nbytes >= SCATTER_SHM_BYTES_OPEN_MPI or input.nbytes >= pg._tuned_rs_from)
-        and (win := _scatter_window(pg, how, dtype, func, input.nbytes)) is not None
+        nbytes >= SCATTER_SHM_BYTES_OPEN_MPI
+        or 0 < PAIRWISE_BYTES <= nbytes
+        or nbytes >= pg._tuned_rs_from
     ):
-        flat, count = input.reshape(-1), output.size
-        parts = [flat[d * count : (d + 1) * count] for d in range(n)]
-        return _reduce_scatter_shm(pg, win, func, output, parts, op, how, async_op, desc)
+        way, win = _scatter_way(pg, how, dtype, func, nbytes)
+        if way != "mpi":
+            flat, count = input.reshape(-1), output.size
+            parts = [flat[d * count : (d + 1) * count] for d in range(n)]
+            if way == "window":
+                return _reduce_scatter_shm(pg, win, func, output, parts, op, how, async_op, desc)
+            return _reduce_scatter_pairwise(pg, func, output, parts, op, how, async_op, desc)
     if pg._plans is not None and how.plain and input.nbytes <= PLAN_LIMIT:  # repeated?
         key = how.key | OP_BITS[func] | output.size & COUNT
         made = persistent.for_reduce_scatter(pg, key, output, how.datatype, how.mpi_op)

@@ -327,9 +327,12 @@ def test_reduce_scatter_into_a_part_of_its_input(scatter_group, where, rank, wor
 
 def test_reduce_scatter_below_the_threshold_and_when_turned_off(monkeypatch, world_size):
     """The default thresholds: MPI's own call below them; PYCOLL_SHM_BYTES=0
-    turns the window off for reduce_scatter_tensor too."""
+    turns the window off for reduce_scatter_tensor too. (A group of two
+    ranks takes pycoll's pairwise exchange before the window, from
+    PAIRWISE_BYTES: turned off here, tests/collectives/test_pairwise.py.)"""
     if world_size == 1:
         pytest.skip("one rank reduces nothing")
+    monkeypatch.setattr(reduce_mod, "PAIRWISE_BYTES", 0)
     vendor = "Open MPI" if reduce_mod._mpi.VENDOR == "Open MPI" else "MPICH"
     least = reduce_mod.SCATTER_SHM_BYTES_OPEN_MPI if vendor == "Open MPI" else 64 << 20
     g = pycoll.new_group()
@@ -340,12 +343,13 @@ def test_reduce_scatter_below_the_threshold_and_when_turned_off(monkeypatch, wor
     assert g.attached("shm.window") is None
     f32, func = np.dtype(np.float32), "reduce_scatter_tensor"
     how = reduce_mod._plan(ReduceOp.SUM, f32, func)
-    assert reduce_mod._scatter_window(g, how, f32, func, least - 1) is None
+    assert reduce_mod._scatter_way(g, how, f32, func, least - 1) == ("mpi", None)
     with monkeypatch.context() as off:
         off.setattr(shm, "SHM_SET", 0)
-        assert reduce_mod._scatter_window(g, how, f32, func, 1 << 40) is None
+        assert reduce_mod._scatter_way(g, how, f32, func, 1 << 40) == ("mpi", None)
     assert g.attached("shm.window") is None  # neither made one
-    assert reduce_mod._scatter_window(g, how, f32, func, least) is not None
+    way, win = reduce_mod._scatter_way(g, how, f32, func, least)
+    assert way == "window" and win is not None
     pycoll.destroy_process_group(g)
 
 
