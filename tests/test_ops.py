@@ -179,7 +179,7 @@ def test_shm_bytes_must_be_a_number_of_bytes():
     )
 
 
-@pytest.mark.parametrize("value,expected", [(None, 1 << 20), ("0", 0), ("65536", 65536)])
+@pytest.mark.parametrize("value,expected", [(None, 2 << 20), ("0", 0), ("65536", 65536)])
 def test_pairwise_bytes_default_and_override(value, expected):
     """PYCOLL_PAIRWISE_BYTES, where set, is where a two-rank reduce-scatter
     takes pycoll's pairwise exchange (0: never); a size that is not a number

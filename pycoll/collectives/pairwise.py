@@ -15,10 +15,10 @@ algorithm for large reduce-scatters, less what MPI's call adds around it:
   kernel's pass overlaps the next message and reads what just came from the
   cache.
 
-On the 2-core CI VM, MPICH 5.0.2, float32 SUM, in place, this took
-0.55-0.68x MPICH's in-place call at 1-16 MiB on 2 ranks and 0.70-0.74x at
-4-16 MiB on 4; from 64 MiB, where MPICH's call falls to 1-3 GB/s, 0.18-0.3x
-(docs/benchmarks.md). pycoll.collectives.reduce chooses it by size.
+On 2 ranks of the 2-core CI VM (float32 SUM, either form) it took
+0.58-0.76x mpi4py's time at 2-16 MiB on MPICH 5.0.2 and 0.16-0.25x at
+64 MiB, where MPICH's call falls to 3 GB/s; 0.07-0.68x at 2-64 MiB on Open
+MPI (docs/benchmarks.md). pycoll.collectives.reduce chooses it by size.
 
 Messages go over the group's side communicator (pycoll.watch.side_comm) with
 a tag from the call's sequence number, as the ring's (pycoll.collectives.

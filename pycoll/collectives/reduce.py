@@ -295,14 +295,14 @@ SCATTER_SHM_BYTES_OPEN_MPI = 1 << 20
 # From this many bytes of input a reduce_scatter_tensor or reduce_scatter on
 # a group of two ranks goes by pycoll's pairwise exchange
 # (pycoll.collectives.pairwise), before the window. On 2 ranks of the CI VM
-# it took 0.58-0.70x mpi4py's time at 4-16 MiB on MPICH (1.0 at 1 MiB, where
-# pycoll's own MPI call took 1.07-1.16x) and 0.07-0.47x at 1-64 MiB on Open
-# MPI, against the window's 0.70-0.98x and 0.19-0.79x; on 4 ranks sharing 2
-# cores it was no faster than the window (docs/benchmarks.md), so larger
-# groups keep the rule above. PYCOLL_PAIRWISE_BYTES, where set, is this size
-# (0: never).
+# (docs/benchmarks.md) it took 0.58-0.76x mpi4py's time at 2-16 MiB on MPICH
+# and 0.07-0.68x at 2-64 MiB on Open MPI, where the window took 0.70-0.98x and
+# 0.19-0.95x; at 1 MiB it was level with MPICH's call and slower than the
+# window on Open MPI (0.58-0.61x against 0.52-0.56x). On 4 ranks sharing 2
+# cores it was no faster than the window, so larger groups keep the rule
+# above. PYCOLL_PAIRWISE_BYTES, where set, is this size (0: never).
 _PAIRWISE_SET = env_bytes("PYCOLL_PAIRWISE_BYTES", "never")
-PAIRWISE_BYTES = 1 << 20 if _PAIRWISE_SET is None else _PAIRWISE_SET
+PAIRWISE_BYTES = 2 << 20 if _PAIRWISE_SET is None else _PAIRWISE_SET
 
 
 def _ring_carries(pg: ProcessGroup, how: Plan, dtype: np.dtype) -> bool:
