@@ -8,14 +8,19 @@
 #   bash docs/measurements/gpu_machine.sh WHEELS OUT [PART...]
 #
 # PARTs (default: gpu tests paths bench launch kernels): gpu (goal 6's
-# staged all_reduce), tests (the real-GPU tests), paths (all_reduce's paths
-# forced, 2/4/8 ranks), bench (pycoll-bench, 2/4 ranks, and the 16-bit
-# targets), allreduce (pycoll-bench's all_reduce from 1 MiB), targets (the
+# staged all_reduce, 2 and 4 ranks; GPU_CHUNKS="4M 0" times fewer chunk
+# sizes), gpu2 (the same on 2 ranks alone), tests (the real-GPU tests; with
+# kernels, the device kernels' tests too), paths (all_reduce's paths forced,
+# 2/4/8 ranks), bench (pycoll-bench, every collective with plans, 2/4
+# ranks), allreduce (pycoll-bench's all_reduce from 1 MiB), targets (the
 # 16-bit targets alone), launch (pycoll-run's start-up), kernels (the device
 # kernels), window (the shared window's chunk size, rank binding, one kernel
 # thread a rank), scatter (the reduce-scatters through the window against
 # their packed path and MPI's, and goal 4's coalesced forms), tune (a tuning
-# table made there, and all_reduce with it against the built-in rule).
+# table made there for 2 and 4 ranks, and all_reduce and reduce_scatter on 2
+# ranks with it against the built-in rule), rs (reduce_scatter_tensor's
+# ways forced, against mpi4py's: rs_paths.py, 2 and 4 ranks), coalesced
+# (goal 4's coalesced forms, 2 ranks), gpu4 (goal 6 on 4 ranks alone).
 #
 # WHEELS holds the MPICH wheel, mpi4py's and numpy's for that Python, and
 # pycoll's own (python3 -m pip wheel --no-deps -w WHEELS .): the machine's
@@ -71,11 +76,13 @@ cat "$OUT/setup.txt"
 
 wanted() { [[ " $PARTS " == *" $1 "* ]]; }
 
-if wanted gpu; then
+if wanted gpu || wanted gpu2; then
     # Goal 6 (issue 23): staged all_reduce of cupy arrays against MPI's host
     # all_reduce and gloo on CUDA tensors, 2 ranks on the one GPU, then 4.
     step gpu_bench.txt 150 mpiexec -n 2 python -m pycoll.bench.gpu -b 1M -e 256M -f 4 \
-        -d float32 float16 --chunks 1M 4M 16M 0 --no-kernels
+        -d float32 float16 --chunks ${GPU_CHUNKS:-1M 4M 16M 0} --no-kernels
+fi
+if wanted gpu || wanted gpu4; then
     step gpu_bench.txt 90 mpiexec -n 4 python -m pycoll.bench.gpu -b 16M -e 256M -f 4 \
         -d float32 -R 3 --chunks 1M 4M 16M 0 --no-kernels
 fi
@@ -83,8 +90,8 @@ if wanted tests; then
     # The real-GPU tests (skips become failures).
     step gpu_tests.txt 120 env PYCOLL_TEST_GPU=1 python -m pytest -q -p no:cacheprovider \
         --mpi-reuse-all --mpi-timeout 100 --suite-ranks 2 tests/gpu/test_real.py
-    step gpu_tests.txt 90 env PYCOLL_TEST_GPU=1 python -m pytest -q -p no:cacheprovider \
-        tests/gpu/test_kernels.py
+    wanted kernels && step gpu_tests.txt 90 env PYCOLL_TEST_GPU=1 python -m pytest -q \
+        -p no:cacheprovider tests/gpu/test_kernels.py
 fi
 if wanted paths; then
     # Goal 3 on 16 cores: the three all_reduce paths forced, and the default.
@@ -95,8 +102,7 @@ fi
 if wanted bench; then
     # Goals 1-3 on 16 cores: pycoll-bench against mpi4py and the C floor.
     for n in 2 4; do
-        step bench.txt 60 mpiexec -n "$n" python -m pycoll.bench -b 8 -e 128M -f 8 -R 5 \
-            --collectives all_reduce,all_gather,reduce_scatter,all_to_all,broadcast
+        step bench.txt 90 mpiexec -n "$n" python -m pycoll.bench -b 8 -e 128M -f 8 -R 5 --plans
     done
 fi
 if wanted allreduce; then
@@ -106,7 +112,7 @@ if wanted allreduce; then
             --collectives all_reduce
     done
 fi
-if wanted bench || wanted targets; then
+if wanted targets; then
     # Goal 3's 16-bit targets on 16 cores.
     step bench.txt 60 mpiexec -n 2 python -m pycoll.bench --targets 5 -b 1M -e 64M -f 4
 fi
@@ -121,16 +127,28 @@ if wanted kernels; then
 fi
 if wanted tune; then
     # A tuning table measured on 16 cores (pycoll.tuning), and pycoll-bench's
-    # all_reduce with it and with the built-in rule, alternating.
-    for n in 2 4 8; do
-        step tune.txt 120 mpiexec -n "$n" python -m pycoll.bench.tune -o "$OUT/tuning.json"
-    done
+    # all_reduce and reduce_scatter with it and with the built-in rule.
     for n in 2 4; do
-        for table in none "$OUT/tuning.json" none "$OUT/tuning.json"; do
-            step tune.txt 60 env PYCOLL_TUNING="${table#none}" mpiexec -n "$n" python \
-                -m pycoll.bench --collectives all_reduce -b 256K -e 128M -f 2 -R 5 --no-floor
-        done
+        step tune.txt 90 mpiexec -n "$n" python -m pycoll.bench.tune -o "$OUT/tuning.json" \
+            -b 1M -e 64M -R 5
     done
+    for table in none "$OUT/tuning.json"; do
+        step tune.txt 45 env PYCOLL_TUNING="${table#none}" mpiexec -n 2 python \
+            -m pycoll.bench --collectives all_reduce,reduce_scatter -b 1M -e 64M -f 4 -R 5 \
+            --no-floor
+    done
+fi
+if wanted rs; then
+    # reduce_scatter_tensor's three ways forced (MPI's call, the window,
+    # pycoll's pairwise exchange) and the default, against mpi4py's call.
+    for n in 2 4; do
+        step rs.txt 90 mpiexec -n "$n" python "$SRC/docs/measurements/rs_paths.py" 5 \
+            1M,2M,4M,16M,64M
+    done
+fi
+if wanted coalesced; then
+    # Goal 4 on 16 cores: 1,000 arrays of 1 KiB through the coalesced forms.
+    step coalesced.txt 60 mpiexec -n 2 python "$SRC/docs/measurements/coalesced_forms.py" 7 1000
 fi
 if wanted scatter; then
     # The reduce-scatters through the window on 16 cores: the coalesced one
