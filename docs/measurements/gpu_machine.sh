@@ -20,7 +20,9 @@
 # table made there for 2 and 4 ranks, and all_reduce and reduce_scatter on 2
 # ranks with it against the built-in rule), rs (reduce_scatter_tensor's
 # ways forced, against mpi4py's: rs_paths.py, 2 and 4 ranks), coalesced
-# (goal 4's coalesced forms, 2 ranks), gpu4 (goal 6 on 4 ranks alone).
+# (goal 4's coalesced forms, 2 ranks), gpu4 (goal 6 on 4 ranks alone),
+# fixed (goal 2's fixed cost on 2 ranks: MPI's call forms in C, pycoll-bench
+# to 4 KiB in the default and blocking modes and on the Python path).
 #
 # WHEELS holds the MPICH wheel, mpi4py's and numpy's for that Python, and
 # pycoll's own (python3 -m pip wheel --no-deps -w WHEELS .): the machine's
@@ -145,6 +147,17 @@ if wanted rs; then
         step rs.txt 90 mpiexec -n "$n" python "$SRC/docs/measurements/rs_paths.py" 5 \
             1M,2M,4M,16M,64M
     done
+fi
+if wanted fixed; then
+    # Goal 2 on 16 cores: what MPI's blocking, nonblocking-and-tested and
+    # persistent calls cost in C, and pycoll's small calls in each mode.
+    step fixed.txt 60 mpiexec -n 2 python "$SRC/docs/measurements/mpi_call_forms.py" 5
+    for mode in poll blocking; do
+        step fixed.txt 60 env PYCOLL_WAIT=$mode mpiexec -n 2 python -m pycoll.bench \
+            -b 8 -e 4K -f 8 -R 5 --plans
+    done
+    step fixed.txt 60 env PYCOLL_NATIVE=0 mpiexec -n 2 python -m pycoll.bench -b 8 -e 4K \
+        -f 8 -R 5 --no-floor
 fi
 if wanted coalesced; then
     # Goal 4 on 16 cores: 1,000 arrays of 1 KiB through the coalesced forms.
