@@ -179,10 +179,13 @@ def test_shm_bytes_must_be_a_number_of_bytes():
     )
 
 
-@pytest.mark.parametrize("value,expected", [(None, 2 << 20), ("0", 0), ("65536", 65536)])
+@pytest.mark.parametrize(
+    "value,expected", [(None, (1 << 20, 2 << 20)), ("0", (0, 0)), ("65536", (65536, 65536))]
+)
 def test_pairwise_bytes_default_and_override(value, expected):
     """PYCOLL_PAIRWISE_BYTES, where set, is where a two-rank reduce-scatter
-    takes pycoll's pairwise exchange (0: never); a size that is not a number
+    takes pycoll's pairwise exchange on every MPI (0: never; unset, 1 MiB on
+    MPICH and 2 MiB on Open MPI); a size that is not a number
     of bytes stops the import with the fix. Read at import: a fresh
     interpreter each."""
     import os
@@ -192,11 +195,14 @@ def test_pairwise_bytes_default_and_override(value, expected):
     env = {k: v for k, v in os.environ.items() if k != "PYCOLL_PAIRWISE_BYTES"}
     if value is not None:
         env["PYCOLL_PAIRWISE_BYTES"] = value
-    code = "from pycoll.collectives import reduce as r; print(r.PAIRWISE_BYTES)"
+    code = (
+        "from pycoll.collectives import reduce as r; "
+        "print(r.PAIRWISE_BYTES, r.PAIRWISE_BYTES_OPEN_MPI)"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
-    assert int(out.stdout) == expected
+    assert tuple(map(int, out.stdout.split())) == expected
     env["PYCOLL_PAIRWISE_BYTES"] = "4M"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode != 0

@@ -35,13 +35,14 @@ n, me = comm.size, comm.rank
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 SIZES = "256K,1M,4M,16M,64M"
 sizes = [parse_size(s) for s in (sys.argv[2] if len(sys.argv) > 2 else SIZES).split(",")]
-KNOBS = ("SCATTER_SHM_BYTES", "SCATTER_SHM_BYTES_OPEN_MPI", "PAIRWISE_BYTES")
-DEFAULT = {k: getattr(R, k) for k in KNOBS}
+WINDOW = ("SCATTER_SHM_BYTES", "SCATTER_SHM_BYTES_OPEN_MPI")
+PAIRWISE = ("PAIRWISE_BYTES", "PAIRWISE_BYTES_OPEN_MPI")
+DEFAULT = {k: getattr(R, k) for k in WINDOW + PAIRWISE}
 NEVER = 1 << 62
 FORCED = {
-    "mpi": {**dict.fromkeys(KNOBS, NEVER), "PAIRWISE_BYTES": 0},
-    "window": {**dict.fromkeys(KNOBS, 1), "PAIRWISE_BYTES": 0},
-    "pairwise": {**dict.fromkeys(KNOBS, NEVER), "PAIRWISE_BYTES": 1},
+    "mpi": {**dict.fromkeys(WINDOW, NEVER), **dict.fromkeys(PAIRWISE, 0)},
+    "window": {**dict.fromkeys(WINDOW, 1), **dict.fromkeys(PAIRWISE, 0)},
+    "pairwise": {**dict.fromkeys(WINDOW, NEVER), **dict.fromkeys(PAIRWISE, 1)},
     "default": DEFAULT,
 }
 F = MPI.FLOAT

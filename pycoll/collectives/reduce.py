@@ -295,14 +295,22 @@ SCATTER_SHM_BYTES_OPEN_MPI = 1 << 20
 # From this many bytes of input a reduce_scatter_tensor or reduce_scatter on
 # a group of two ranks goes by pycoll's pairwise exchange
 # (pycoll.collectives.pairwise), before the window. On 2 ranks of the CI VM
-# (docs/benchmarks.md) it took 0.58-0.76x mpi4py's time at 2-16 MiB on MPICH
-# and 0.07-0.68x at 2-64 MiB on Open MPI, where the window took 0.70-0.98x and
-# 0.19-0.95x; at 1 MiB it was level with MPICH's call and slower than the
-# window on Open MPI (0.58-0.61x against 0.52-0.56x). On 4 ranks sharing 2
-# cores it was no faster than the window, so larger groups keep the rule
-# above. PYCOLL_PAIRWISE_BYTES, where set, is this size (0: never).
+# (docs/benchmarks.md) it took 0.58-0.76x mpi4py's time at 2-16 MiB on MPICH,
+# 0.97-1.04x at 1 MiB where pycoll's MPI call took 1.07-1.16x (1.10-1.22x on a
+# 16-core machine, against 0.97-1.04x), and 0.07-0.68x at 2-64 MiB on Open MPI,
+# where the window took 0.19-0.95x; at 1 MiB Open MPI's window was ahead
+# (0.52-0.56x against 0.58-0.61x), so there it starts at 2 MiB. On 4 ranks it was
+# no faster than MPI's call or the window, so larger groups keep the rule above.
+# PYCOLL_PAIRWISE_BYTES, where set, is this size on every MPI (0: never).
 _PAIRWISE_SET = env_bytes("PYCOLL_PAIRWISE_BYTES", "never")
-PAIRWISE_BYTES = 2 << 20 if _PAIRWISE_SET is None else _PAIRWISE_SET
+PAIRWISE_BYTES = 1 << 20 if _PAIRWISE_SET is None else _PAIRWISE_SET
+PAIRWISE_BYTES_OPEN_MPI = 2 << 20 if _PAIRWISE_SET is None else _PAIRWISE_SET
+
+
+def _pairwise_from() -> int:
+    """The least bytes of input from which a two-rank reduce-scatter takes the
+    pairwise exchange by the built-in rule (0: never)."""
+    return PAIRWISE_BYTES_OPEN_MPI if _mpi.VENDOR == "Open MPI" else PAIRWISE_BYTES
 
 
 def _ring_carries(pg: ProcessGroup, how: Plan, dtype: np.dtype) -> bool:
@@ -324,7 +332,7 @@ def _scatter_way(
     more the window."""
     if nbytes >= pg._tuned_rs_from:
         wanted = tuning.path(pg._tuned_rs, nbytes)
-    elif pg._size == 2 and 0 < PAIRWISE_BYTES <= nbytes:
+    elif pg._size == 2 and 0 < _pairwise_from() <= nbytes:
         wanted = "pairwise"
     else:
         least = SCATTER_SHM_BYTES_OPEN_MPI if _mpi.VENDOR == "Open MPI" else SCATTER_SHM_BYTES

@@ -49,6 +49,7 @@ def forced(monkeypatch, world_size):
     if world_size == 1:
         pytest.skip("one rank exchanges nothing")
     monkeypatch.setattr(reduce_mod, "PAIRWISE_BYTES", 16)
+    monkeypatch.setattr(reduce_mod, "PAIRWISE_BYTES_OPEN_MPI", 16)
     monkeypatch.setattr(reduce_mod, "SCATTER_SHM_BYTES", 1 << 62)
     monkeypatch.setattr(reduce_mod, "SCATTER_SHM_BYTES_OPEN_MPI", 1 << 62)
     monkeypatch.setattr(pairwise, "CHUNK", 32)  # 4 elements of 8 bytes, 8 of 4...
@@ -237,13 +238,16 @@ def test_not_for_arrays_that_alias_device_memory(group, forced, monkeypatch, ran
 
 def test_the_built_in_rule(monkeypatch, rank, world_size):
     """By default a group of two ranks takes the path from PAIRWISE_BYTES of
-    input (one element less stays with MPI or the window), a larger group
-    never by the rule; PAIRWISE_BYTES = 0 (PYCOLL_PAIRWISE_BYTES=0) turns it
-    off."""
+    input (PAIRWISE_BYTES_OPEN_MPI on Open MPI; one element less stays with
+    MPI or the window), a larger group never by the rule; 0
+    (PYCOLL_PAIRWISE_BYTES=0) turns it off."""
     started = count_pairwise(monkeypatch)
     g = pycoll.new_group()
     f32 = np.dtype(np.float32)
-    count = reduce_mod.PAIRWISE_BYTES // 4 // world_size
+    least = reduce_mod._pairwise_from()
+    vendor = reduce_mod._mpi.VENDOR
+    assert least == (2 << 20 if vendor == "Open MPI" else 1 << 20)
+    count = least // 4 // world_size
     for size in (count - 1, count):
         x = np.full(size * world_size, rank + 1.0, np.float32)
         out = np.zeros(size, np.float32)
@@ -254,5 +258,6 @@ def test_the_built_in_rule(monkeypatch, rank, world_size):
     way = reduce_mod._scatter_way(g, how, f32, func, 1 << 40)[0]
     assert way == ("pairwise" if world_size == 2 else "window" if world_size > 1 else "mpi")
     monkeypatch.setattr(reduce_mod, "PAIRWISE_BYTES", 0)
+    monkeypatch.setattr(reduce_mod, "PAIRWISE_BYTES_OPEN_MPI", 0)
     assert reduce_mod._scatter_way(g, how, f32, func, 1 << 40)[0] != "pairwise"
     pycoll.destroy_process_group(g)

@@ -329,10 +329,11 @@ def test_reduce_scatter_below_the_threshold_and_when_turned_off(monkeypatch, wor
     """The default thresholds: MPI's own call below them; PYCOLL_SHM_BYTES=0
     turns the window off for reduce_scatter_tensor too. (A group of two
     ranks takes pycoll's pairwise exchange before the window, from
-    PAIRWISE_BYTES: turned off here, tests/collectives/test_pairwise.py.)"""
+    PAIRWISE_BYTES(_OPEN_MPI): turned off here, tests/collectives/test_pairwise.py.)"""
     if world_size == 1:
         pytest.skip("one rank reduces nothing")
     monkeypatch.setattr(reduce_mod, "PAIRWISE_BYTES", 0)
+    monkeypatch.setattr(reduce_mod, "PAIRWISE_BYTES_OPEN_MPI", 0)
     vendor = "Open MPI" if reduce_mod._mpi.VENDOR == "Open MPI" else "MPICH"
     least = reduce_mod.SCATTER_SHM_BYTES_OPEN_MPI if vendor == "Open MPI" else 64 << 20
     g = pycoll.new_group()
