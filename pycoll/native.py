@@ -108,6 +108,11 @@ MODE = AUTO
 # it, and mpi4py's buffer (an address in 100 ns, where numpy's own interfaces
 # take 900).
 _starts: Any = None
+# starts.start and starts.block compiled for three int64 arguments, called
+# without numba's dispatch on argument types (80-100 ns of a call's 800 on one
+# rank of the CI VM).
+_start: Any = None
+_block: Any = None
 _wide = False
 _in_place = 0
 _handle_mask = 0
@@ -139,7 +144,7 @@ def loaded() -> bool:
 def _load(strict: bool = False) -> bool:
     """Import and bind pycoll.kernels.starts (numba) once; False where it cannot
     be (warned once, or raised under ``strict``)."""
-    global _starts, _wide, _in_place, _handle_mask, _buffer, _failed
+    global _starts, _start, _block, _wide, _in_place, _handle_mask, _buffer, _failed
     if _starts is not None:
         return True
     if _failed is not None and not strict:
@@ -148,9 +153,13 @@ def _load(strict: bool = False) -> bool:
         MPI = _mpi.load()
         if np.dtype(np.intp).itemsize != 8:
             raise RuntimeError("it needs a 64-bit platform")
+        from numba import types
+
         from .kernels import starts
 
         starts.bind()
+        words = (types.int64, types.int64, types.int64)
+        start, block = starts.start.compile(words), starts.block.compile(words)
     except Exception as exc:  # (numba missing or broken, an MPI without a symbol)
         _failed = f"pycoll: the compiled fast path is off ({type(exc).__name__}: {exc})"
         if strict:
@@ -163,7 +172,7 @@ def _load(strict: bool = False) -> bool:
     _in_place = int(MPI.IN_PLACE)
     _handle_mask = (1 << 63) - 1 if _wide else 0xFFFFFFFF
     _buffer = MPI.buffer
-    _starts = starts
+    _starts, _start, _block = starts, start, block
     return True
 
 
@@ -294,10 +303,10 @@ def again(
         busy = seq << 8 | known[_CODE]
         if watch.BLOCKING:  # MPI's blocking call, watched by the watchdog thread
             watch.inflight = (pg, op, seq)
-            err = _starts.block(known[_ADDRESS], busy, pg._word)
+            err = _block(known[_ADDRESS], busy, pg._word)
             watch.inflight = None
         else:
-            err = _starts.start(known[_ADDRESS], busy, pg._word)
+            err = _start(known[_ADDRESS], busy, pg._word)
     finally:
         pg._busy = False
     if err:

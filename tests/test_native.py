@@ -774,14 +774,14 @@ def test_blocking_calls_are_watched(group, monkeypatch, rank, world_size):
     """Under PYCOLL_WAIT=blocking a compiled call is MPI's blocking call, shown
     to the watchdog thread while it runs (watch.inflight) and cleared after."""
     seen: List[object] = []
-    real = native._starts.block
+    real = native._block
 
     def watched(*args):
         seen.append(watch.inflight)
         return real(*args)
 
     monkeypatch.setattr(watch, "BLOCKING", True)
-    monkeypatch.setattr(native._starts, "block", watched)
+    monkeypatch.setattr(native, "_block", watched)
     x = np.zeros(3, np.float64)
     for i in range(CALLS):
         x[...] = rank + i
