@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import pycoll
-from pycoll import ReduceOp, tuning
+from pycoll import ReduceOp, debug, tuning
 from pycoll.collectives import pairwise
 from pycoll.collectives import reduce as reduce_mod
 from pycoll.errors import DistTimeoutError
@@ -209,7 +209,8 @@ def test_a_late_rank_is_named_by_the_timeout(forced, rank, world_size):
         assert "reduce_scatter_tensor (seq 1)" in message, message
         assert f"rank {last}: has not reached it" in message, message
     pycoll.barrier()
-    assert len(forced) == (rank != last)
+    # (At DETAIL the check before the call is what times out: nothing starts.)
+    assert len(forced) == (rank != last and debug.LEVEL < debug.DebugLevel.DETAIL)
 
 
 def test_not_for_arrays_that_alias_device_memory(group, forced, monkeypatch, rank, world_size):
