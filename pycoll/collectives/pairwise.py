@@ -54,9 +54,9 @@ class Pairwise:
             shaped like ``output`` (1-d, C-contiguous).
         output: receives this rank's reduced part: ``parts[rank]`` itself
             (reduced in place) or an array overlapping none of the parts.
-        scratch: room for two pieces (``2 * min(CHUNK // itemsize,
-            output.size)`` elements of its dtype) unless the group has 2
-            ranks and ``output`` is not ``parts[rank]``; :meth:`needs`.
+        in_place: whether ``output`` is ``parts[rank]``.
+        scratch: room for :meth:`needs` elements of the output's dtype (two
+            pieces, or None where the group has 2 ranks out of place).
         fold: ``fold(src, dst, last)`` combines ``src`` into ``dst`` in place
             (``dst = op(src, dst)``); ``last`` is True for each piece's last
             fold (an AVG divides there, in the same pass).
@@ -68,16 +68,14 @@ class Pairwise:
         func: str,
         parts: List[np.ndarray],
         output: np.ndarray,
+        in_place: bool,
         scratch: Optional[np.ndarray],
         fold: Callable[[np.ndarray, np.ndarray, bool], None],
     ) -> None:
         self.pg, self.func, self.parts, self.output, self.fold = pg, func, parts, output, fold
-        self.scratch = scratch
+        self.in_place, self.scratch = in_place, scratch
         n, me = pg.size(), pg.rank()
         self.me = me
-        self.in_place = parts[me] is output or (
-            parts[me].ctypes.data == output.ctypes.data and parts[me].size == output.size
-        )
         per = self.piece(output)
         count = output.size
         # (peer it sends to, peer it receives from, first, end, step): the
@@ -99,10 +97,9 @@ class Pairwise:
         return max(1, min(CHUNK // output.dtype.itemsize, output.size))
 
     @staticmethod
-    def needs(pg: Any, parts: List[np.ndarray], output: np.ndarray) -> int:
-        """Elements of scratch a call needs (0: none)."""
-        me = pg.rank()
-        if pg.size() == 2 and parts[me].ctypes.data != output.ctypes.data:
+    def needs(n: int, in_place: bool, output: np.ndarray) -> int:
+        """Elements of scratch a call on ``n`` ranks needs (0: none)."""
+        if n == 2 and not in_place:
             return 0  # every piece is received straight into the output
         return 2 * Pairwise.piece(output)
 

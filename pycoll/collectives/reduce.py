@@ -193,13 +193,9 @@ def all_reduce(
         if how.plain and how.builtin:
             nbytes = 0  # MPI's own call, as the table says: no size below is reached
     if (
-        pg._size > 1
-        and (
-            (how.split and nbytes >= _split_from(pg._size))
-            or (nbytes >= RING_BYTES and not how.average and _ring_from() > 0)
-        )
-        and not pg._aliases  # (device memory: no host kernel may touch it)
-    ):
+        (how.split and nbytes >= _split_from(pg._size))
+        or (nbytes >= RING_BYTES and not how.average and _ring_from() > 0)
+    ) and _ring_carries(pg, how, tensor.dtype):
         return _all_reduce_ring(pg, tensor, op, how, async_op, key)
     if (nbytes >= SHM_BYTES_MPICH or nbytes >= SHM_BYTES) and _takes_window(pg._size, nbytes):
         win = shm.usable(pg, how, tensor.dtype, "all_reduce")  # (made on its first call)
@@ -346,6 +342,26 @@ def _scatter_way(
     return "mpi", None
 
 
+def _aside(
+    pg: ProcessGroup, output: np.ndarray, parts: List[np.ndarray]
+) -> Tuple[bool, Optional[np.ndarray], Optional[Callable[[], None]]]:
+    """Whether a reduce-scatter's ``output`` is this rank's part itself
+    (torch's in-place form); and where it overlaps the ``parts`` otherwise,
+    an array shaped like it to receive into and what copies that in once
+    the call is done (else None, None)."""
+    me = pg._rank
+    mine = parts[me].ctypes.data == output.ctypes.data
+    if not any(may_alias(part, output) for d, part in enumerate(parts) if not (mine and d == me)):
+        return mine, None, None
+    aside = scratch.beside(pg, output)
+
+    def then() -> None:
+        output[...] = aside
+        scratch.give(pg, aside)
+
+    return mine, aside, then
+
+
 def _reduce_scatter_shm(
     pg: ProcessGroup,
     win: Any,
@@ -364,17 +380,7 @@ def _reduce_scatter_shm(
     itself (torch's in-place form) it is taken as it is, since only the
     chunk being written reads those bytes; an output that overlaps the
     parts otherwise receives aside and is copied in at the end."""
-    into: Optional[np.ndarray] = None
-    then: Optional[Callable[[], None]] = None
-    me = pg._rank
-    mine = parts[me].ctypes.data == output.ctypes.data
-    if any(may_alias(part, output) for d, part in enumerate(parts) if not (mine and d == me)):
-        aside = into = scratch.beside(pg, output)
-
-        def then() -> None:
-            output[...] = aside
-            scratch.give(pg, aside)
-
+    _, into, then = _aside(pg, output, parts)
     flat = lambda x: x.reshape(-1).view(np.uint8)  # noqa: E731
     data = shm.Block(win, [flat(part) for part in parts], flat(output), output.dtype, how.prescale)
     key = how.key | OP_BITS[func] | output.size & COUNT
@@ -400,7 +406,7 @@ def _reduce_scatter_pairwise(
     in-place form) is reduced where it is; one overlapping the parts
     otherwise receives aside and is copied in at the end. A PREMUL_SUM's
     parts are scaled into a copy first: the input is left as it is."""
-    n, me = pg._size, pg._rank
+    n = pg._size
     dtype = output.dtype
     flats = [part.reshape(-1) for part in parts]
     if how.prescale is not None:
@@ -408,25 +414,18 @@ def _reduce_scatter_pairwise(
         kernels.scale(send, how.prescale, out=send)
         count = output.size
         flats = [send[d * count : (d + 1) * count] for d in range(n)]
-    into = output.reshape(-1)
-    then: Optional[Callable[[], None]] = None
-    mine = flats[me].ctypes.data == into.ctypes.data
-    if any(may_alias(part, into) for d, part in enumerate(flats) if not (mine and d == me)):
-        aside = into = scratch.beside(pg, into)
-
-        def then() -> None:
-            output.reshape(-1)[...] = aside
-            scratch.give(pg, aside)
-
+    mine, aside, then = _aside(pg, output, flats)
+    into = (output if aside is None else aside).reshape(-1)
+    in_place = mine and aside is None
     name = "SUM" if how.average or how.prescale is not None else op.name
     divisor = n if how.average else None
 
     def fold(src: np.ndarray, dst: np.ndarray, last: bool) -> None:
         kernels.reduce(name, src, dst, divisor if last else None)
 
-    need = Pairwise.needs(pg, flats, into)
+    need = Pairwise.needs(n, in_place, into)
     room = scratch.take(pg, need * dtype.itemsize, dtype) if need else None
-    steps = Pairwise(pg, func, flats, into, room, fold)
+    steps = Pairwise(pg, func, flats, into, in_place, room, fold)
 
     def finish() -> None:
         steps.finish()
