@@ -115,6 +115,22 @@ def test_complex_scale_on_real_dtype(pg):
         pycoll.all_reduce(np.zeros(2), op=make_premul_sum(1j))
 
 
+def _fresh(code: str, name: str, value, check: bool = True):
+    """``code`` run by a fresh interpreter (pycoll reads these settings at
+    import) with the environment variable ``name`` set to ``value``, or unset
+    where it is None; its completed process, output as text."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != name}
+    if value is not None:
+        env[name] = value
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=check
+    )
+
+
 @pytest.mark.parametrize(
     "value,expected",
     [(None, (4 << 20, 8 << 20)), ("0", (0, 0)), ("1", (1, 1)), ("65536", (65536, 65536))],
@@ -122,17 +138,8 @@ def test_complex_scale_on_real_dtype(pg):
 def test_split_bytes_defaults_and_override(value, expected):
     # The defaults differ by rank count (measured crossovers); a value the user
     # sets applies to every rank count. Read at import: a fresh interpreter each.
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "PYCOLL_SPLIT_BYTES"}
-    if value is not None:
-        env["PYCOLL_SPLIT_BYTES"] = value
     code = "from pycoll import ops; print(ops.SPLIT_BYTES, ops.SPLIT_BYTES_TWO_RANKS)"
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    ).stdout.split()
+    out = _fresh(code, "PYCOLL_SPLIT_BYTES", value).stdout.split()
     assert tuple(map(int, out)) == expected
 
 
@@ -142,36 +149,19 @@ def test_shm_bytes_default_and_override(value):
     shared window, whatever its size and MPI (0: never); unset, the window
     waits for 32 MiB on power-of-two groups. Read at import: a fresh
     interpreter each."""
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "PYCOLL_SHM_BYTES"}
-    if value is not None:
-        env["PYCOLL_SHM_BYTES"] = value
     code = (
         "from pycoll import _mpi\n"
         "from pycoll.collectives import reduce as r\n"
         "_mpi.VENDOR = 'MPICH'\n"
         "print(r._shm_least(), *(int(r._takes_window(n, 1 << 20)) for n in (2, 3, 4)))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    ).stdout.split()
+    out = _fresh(code, "PYCOLL_SHM_BYTES", value).stdout.split()
     want = {None: [1 << 20, 0, 1, 0], "0": [0, 0, 0, 0], "1048576": [1 << 20, 1, 1, 1]}[value]
     assert list(map(int, out)) == want
 
 
 def test_shm_bytes_must_be_a_number_of_bytes():
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "PYCOLL_SHM_BYTES": "1M"}
-    out = subprocess.run(
-        [sys.executable, "-c", "import pycoll.collectives.reduce"],
-        env=env, capture_output=True, text=True,
-    )  # fmt: skip
+    out = _fresh("import pycoll.collectives.reduce", "PYCOLL_SHM_BYTES", "1M", check=False)
     assert out.returncode != 0
     assert (
         "PYCOLL_SHM_BYTES='1M': set it to a number of bytes (0: never through the shared window)"
@@ -188,22 +178,12 @@ def test_pairwise_bytes_default_and_override(value, expected):
     MPICH and 2 MiB on Open MPI); a size that is not a number
     of bytes stops the import with the fix. Read at import: a fresh
     interpreter each."""
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "PYCOLL_PAIRWISE_BYTES"}
-    if value is not None:
-        env["PYCOLL_PAIRWISE_BYTES"] = value
     code = (
         "from pycoll.collectives import reduce as r; "
         "print(r.PAIRWISE_BYTES, r.PAIRWISE_BYTES_OPEN_MPI)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    )
+    out = _fresh(code, "PYCOLL_PAIRWISE_BYTES", value)
     assert tuple(map(int, out.stdout.split())) == expected
-    env["PYCOLL_PAIRWISE_BYTES"] = "4M"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    out = _fresh(code, "PYCOLL_PAIRWISE_BYTES", "4M", check=False)
     assert out.returncode != 0
     assert "PYCOLL_PAIRWISE_BYTES='4M': set it to a number of bytes (0: never)" in out.stderr
