@@ -88,10 +88,15 @@ NOTHING = np.empty(0, np.uint8)
 
 ENV = "PYCOLL_NATIVE"
 # Calls kept per group (each with its buffers: see call), and the most bytes
-# of buffer one kept call may hold. Larger calls take the plain path: from
-# 1 MiB a call takes 100 us and more, and pycoll's Python costs 1-2 us.
+# of buffer one kept call may hold (its arrays and any copy it keeps: an
+# in-place all-to-all of 1 MiB holds 2 MiB). Larger calls take the plain
+# path, where pycoll's Python costs a few microseconds of calls of 100 us and
+# more. At 1 MiB it still showed: the in-place all-to-all took 1.19-1.24x
+# MPICH's in-place call and the out-of-place one 1.11x on the plain path,
+# 1.04x and 1.01-1.02x kept; from 2 MiB keeping gained nothing measurable
+# (docs/benchmarks.md).
 KEPT_CALLS = 1024
-KEPT_BYTES = 1 << 20
+KEPT_BYTES = 2 << 20
 KEPT_TOTAL = 16 << 20  # the most bytes of buffer one group's kept calls hold
 # A group whose kept calls are full starts over (a program whose arrays
 # change), but at most once in this many calls: a program that cycles through

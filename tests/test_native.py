@@ -643,6 +643,28 @@ def test_large_calls_take_the_plain_path(group, plain_calls, rank, world_size):
     assert plain_calls == {"broadcast": 3}
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["out-of-place", "in-place"])
+@pytest.mark.parametrize("over", [0, 1], ids=["kept", "one-more"])
+def test_all_to_all_single_up_to_the_kept_bytes(
+    group, plain_calls, rank, world_size, in_place, over
+):
+    """A kept all-to-all holds its output and its input, or in place a copy
+    of it: up to native.KEPT_BYTES in all it is kept (the in-place call of
+    1 MiB took 1.19-1.24x MPICH's in-place call on the plain path, 1.04x
+    kept: docs/benchmarks.md); an element more a part takes the plain path."""
+    n = world_size
+    count = native.KEPT_BYTES // 2 // 8 // n + over  # float64 elements a part
+    out = np.zeros(count * n, np.float64)
+    inp = out if in_place else np.zeros(count * n, np.float64)
+    for i in range(3):
+        inp[...] = np.arange(count * n) + 1e6 * rank + i
+        pycoll.all_to_all_single(out, inp, group=group)
+        want = np.concatenate([np.arange(count * rank, count * (rank + 1)) + 1e6 * r + i
+                               for r in range(n)])  # fmt: skip
+        assert_array_equal(out, want)
+    assert plain_calls == {"all_to_all_single": 3 if over else 1}
+
+
 def test_a_dtype_changed_in_place_is_a_new_call(group, rank, world_size):
     """numpy lets an array's dtype be set to another of the same item size: the
     kept call (MPI's float datatype) must not serve the int32 array it became."""
