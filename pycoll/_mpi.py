@@ -31,6 +31,14 @@ REDUCE_SCATTER_CVAR = "MPIR_CVAR_IREDUCE_SCATTER_INTRA_ALGORITHM"
 # True once loaded when the v-form reduce-scatter runs pairwise (MPICH, the
 # variable set to sched_pairwise by pycoll or by the user before MPI_Init).
 REDUCE_SCATTER_PAIRWISE = False
+# Open MPI's nonblocking reduce (libnbc), in its default choice of algorithm,
+# took 4.5-5.9x Open MPI's blocking reduce at 512 KiB-8 MiB on 2 ranks and
+# 3-15x at 128 B-32 KiB on 4; its binomial tree (2) took 1.2-1.4x and
+# 1.1-2.2x there, the same as the default at 8 B-32 KiB on 2 ranks, and
+# 0.85-1.05x from 512 KiB on 4 (Open MPI 5.0 wheel; docs/benchmarks.md).
+# pycoll's reduce is that nonblocking call in the default wait mode. Open MPI
+# reads the variable from the environment at MPI_Init; MPICH ignores it.
+REDUCE_MCA = "OMPI_MCA_coll_libnbc_ireduce_algorithm"
 STARTED_MPI = False  # whether load() was the import that started MPI (its variables counted)
 # From this size of each rank's part the v-form is taken: there pairwise
 # measured 0.1-0.7x the block form's time on 2 and 4 ranks; below it (4 ranks,
@@ -56,15 +64,18 @@ def load() -> Any:
     costs a thread per rank spinning on a core (docs/benchmarks.md).
 
     Where this import starts MPI, MPICH's v-form nonblocking reduce-scatter
-    is asked to run pairwise (``REDUCE_SCATTER_CVAR``, unless set already).
+    is asked to run pairwise (``REDUCE_SCATTER_CVAR``) and Open MPI's
+    nonblocking reduce to take its binomial tree (``REDUCE_MCA``), each
+    unless set already.
     """
     global MPI, IN_PLACE, VENDOR, REDUCE_SCATTER_PAIRWISE, STARTED_MPI
     if MPI is None:
         if os.environ.get("PYCOLL_ASYNC_PROGRESS", "").strip() == "1":
             os.environ.setdefault("MPIR_CVAR_ASYNC_PROGRESS", "1")
         STARTED_MPI = "mpi4py.MPI" not in sys.modules
-        if STARTED_MPI:  # this import starts MPI: the variable counts
+        if STARTED_MPI:  # this import starts MPI: the variables count
             os.environ.setdefault(REDUCE_SCATTER_CVAR, "sched_pairwise")
+            os.environ.setdefault(REDUCE_MCA, "2")
         from mpi4py import MPI as _MPI
 
         MPI = _MPI

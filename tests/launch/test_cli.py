@@ -62,6 +62,9 @@ def test_open_mpi(capsys):
         *RANK, *BOOT, "train.py",
     ]  # fmt: skip
     assert env["OMPI_MCA_osc"] == "^ucx" and env["X"] == "1 2"
+    # libnbc's ring all_reduce and binomial reduce (docs/benchmarks.md)
+    assert env["OMPI_MCA_coll_libnbc_iallreduce_algorithm"] == "1"
+    assert env["OMPI_MCA_coll_libnbc_ireduce_algorithm"] == "2"
 
 
 def test_open_mpi_local_oversubscribes_and_socket_is_package(capsys):
