@@ -209,7 +209,7 @@ class _State:
     first, each linking to the one kept before it on that array), and the
     arrays seen once."""
 
-    __slots__ = ("st", "address", "calls", "seen", "held", "renewed")
+    __slots__ = ("st", "address", "calls", "seen", "held", "renewed", "place")
 
     def __init__(self, st: Any) -> None:
         self.st = st
@@ -218,6 +218,13 @@ class _State:
         self.seen: Dict[int, Any] = {}
         self.held = 0  # bytes of buffer the kept calls hold
         self.renewed = 0  # the group's sequence number when its calls last started over
+        # The view :func:`again` last knew a call by (``place``), its ``extra``
+        # and the key made of them: a view given again (the same object, held
+        # here, so its address cannot have changed) skips reading its address
+        # and making the key (210-250 ns of the in-place all-gather's and
+        # reduce-scatter's 1.4-1.5 us on one rank). It holds that one view,
+        # and so its array, until another takes its place or the group goes.
+        self.place: Optional[Tuple[Any, Any, Any]] = None
 
 
 def detach(pg: ProcessGroup) -> None:
@@ -273,7 +280,13 @@ def again(
         ):
             return False
         if place is not None:
-            extra = (extra, int(_buffer(place).address))
+            last = state.place
+            if last is not None and last[0] is place and last[1] is extra:
+                extra = last[2]  # (the view of the last call: its address unchanged)
+            else:
+                key = (extra, int(_buffer(place).address))
+                state.place = (place, extra, key)
+                extra = key
         while known is not None and (
             known[_OTHER] is not other
             or known[_EXTRA] is not extra

@@ -21,6 +21,7 @@ from numpy.testing import assert_array_equal
 
 import pycoll
 from pycoll import CollectiveMismatchError, _mpi, crosscheck, native, persistent, watch
+from pycoll.arrays import mpi_datatype
 from pycoll.collectives import _common, alltoall, barrier, gather, reduce, scatter
 from pycoll.errors import DistTimeoutError
 from pycoll.progress import BUSY
@@ -188,6 +189,41 @@ def test_an_in_place_gather_is_known_by_its_place(group, plain_calls, keeps, ran
     assert_array_equal(out, np.repeat(np.arange(world_size, dtype=np.float32) + 100, k))
     with pytest.raises(ValueError, match="output_tensor"):
         pycoll.all_gather_into_tensor(out, out[k * rank : k * rank + k - 1], group=group)
+
+
+def test_a_view_given_again_is_known_by_its_object(group, plain_calls, keeps, rank, world_size):
+    """A program that keeps its in-place view and passes the same object each
+    call has the call found without reading the view's address again (the
+    view is held, so its address cannot change); another view object, of
+    another part, is still the call of its own place, and the first one
+    given again is the kept call again."""
+    mpi_datatype(np.dtype(np.float32))  # (the table a first call fills, before counting)
+    k = 3
+    out = np.zeros(k * world_size, np.float32)
+    mine = out[k * rank : k * rank + k]
+    other = (rank + 1) % world_size
+    theirs = out[k * other : k * other + k]
+    for i in range(CALLS):
+        mine[...] = rank + i
+        pycoll.all_gather_into_tensor(out, mine, group=group)
+        assert_array_equal(out, np.repeat(np.arange(world_size, dtype=np.float32) + i, k))
+    assert plain_calls == {"all_gather_into_tensor": 1}
+    out[...] = -1
+    theirs[...] = 100 + rank
+    pycoll.all_gather_into_tensor(out, theirs, group=group)
+    assert_array_equal(out, np.repeat(np.arange(world_size, dtype=np.float32) + 100, k))
+    mine[...] = rank + 7
+    pycoll.all_gather_into_tensor(out, mine, group=group)
+    assert_array_equal(out, np.repeat(np.arange(world_size, dtype=np.float32) + 7, k))
+    inp = np.zeros(k * world_size, np.int64)
+    part = inp[k * rank : k * rank + k]
+    for i in range(CALLS):
+        inp[...] = np.arange(k * world_size) + rank + i
+        pycoll.reduce_scatter_tensor(part, inp, group=group)
+        total = sum(np.arange(k * world_size) + r + i for r in range(world_size))
+        assert_array_equal(part, total[k * rank : k * rank + k])
+    gathers = 1 if world_size == 1 else 2  # (another part: its own call, plain)
+    assert plain_calls == {"all_gather_into_tensor": gathers, "reduce_scatter_tensor": 1}
 
 
 def test_one_output_from_two_inputs(group, plain_calls, rank, world_size):
