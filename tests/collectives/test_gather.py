@@ -25,6 +25,27 @@ def test_all_gather(dtype, async_op, rank, world_size):
         assert_equal(out[r], data(r, dtype, (2, 3)))
 
 
+@pytest.mark.parametrize("elements", [5, 40000], ids=["small", "pooled"])
+def test_all_gather_list_forms(elements, rank, world_size):
+    """The synchronous list form's ways in: a list of separate arrays, a
+    tuple, views of one buffer, the input itself one of the outputs; small,
+    and large enough to be received into the group's kept buffer."""
+    want = [np.arange(elements, dtype=np.float64) + 1000 * r for r in range(world_size)]
+    mine = want[rank].copy()
+    outs = [np.zeros(elements) for _ in range(world_size)]
+    pycoll.all_gather(outs, mine)
+    whole = np.zeros(world_size * elements)
+    views = tuple(whole[r * elements : (r + 1) * elements] for r in range(world_size))
+    pycoll.all_gather(views, mine)
+    shared = [np.zeros(elements) for _ in range(world_size)]
+    shared[rank] = mine  # (its own part received into the array it sends)
+    pycoll.all_gather(shared, mine)
+    for got in (outs, views, shared):
+        for r in range(world_size):
+            np.testing.assert_array_equal(got[r], want[r])
+    np.testing.assert_array_equal(mine, want[rank])
+
+
 @ASYNC
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 def test_all_gather_into_tensor(dtype, async_op, rank, world_size):
