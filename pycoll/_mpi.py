@@ -34,7 +34,7 @@ REDUCE_SCATTER_PAIRWISE = False
 # Open MPI's nonblocking reduce (libnbc), in its default choice of algorithm,
 # took 4.5-5.9x Open MPI's blocking reduce at 512 KiB-8 MiB on 2 ranks and
 # 3-15x at 128 B-32 KiB on 4; its binomial tree (2) took 1.2-1.4x and
-# 1.1-2.2x there, the same as the default at 8 B-32 KiB on 2 ranks, and
+# 1.35-3.9x there, the same as the default at 8 B-32 KiB on 2 ranks, and
 # 0.85-1.05x from 512 KiB on 4 (Open MPI 5.0 wheel; docs/benchmarks.md).
 # pycoll's reduce is that nonblocking call in the default wait mode. Open MPI
 # reads the variable from the environment at MPI_Init; MPICH ignores it.

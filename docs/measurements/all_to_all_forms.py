@@ -21,7 +21,11 @@ callers it does not match:
   aside (pycoll's compiled path before it skipped the own part);
 - ``v-form, in place, received aside``: the v-form sent from the caller's
   array and received into a kept buffer, the parts received then copied
-  into place (measured, not pycoll's).
+  into place (measured, not pycoll's);
+- on 2 ranks, ``exchange, out of place`` and ``exchange, in place``: one
+  ``Isendrecv`` (``Sendrecv`` blocking) with the other rank, this rank's own
+  part copied into the output, or, in place, the part sent copied aside
+  first (measured, not pycoll's).
 
 Each form nonblocking (``MPI_Ialltoall`` then a wait: pycoll's default mode)
 and blocking (``PYCOLL_WAIT=blocking``), and the persistent requests of
@@ -133,6 +137,35 @@ def forms(
         buf[:lo], buf[hi:] = aside[:lo], aside[hi:]
         return buf
 
+    if n == 2:  # the two-rank exchange: the other rank's part sent, its part received
+        peer = 1 - me
+        plo, phi = per * peer, per * (peer + 1)
+
+        def x_out(nonblocking: bool) -> Callable[[], np.ndarray]:
+            def f() -> np.ndarray:
+                out[lo:hi] = inp[lo:hi]
+                if nonblocking:
+                    comm.Isendrecv([inp[plo:phi], F], peer, 7, [out[plo:phi], F], peer, 7).Wait()
+                else:
+                    comm.Sendrecv([inp[plo:phi], F], peer, 7, [out[plo:phi], F], peer, 7)
+                return out
+
+            return f
+
+        def x_in(nonblocking: bool) -> Callable[[], np.ndarray]:
+            def f() -> np.ndarray:
+                aside[plo:phi] = buf[plo:phi]
+                if nonblocking:
+                    comm.Isendrecv([aside[plo:phi], F], peer, 7, [buf[plo:phi], F], peer, 7).Wait()
+                else:
+                    comm.Sendrecv([aside[plo:phi], F], peer, 7, [buf[plo:phi], F], peer, 7)
+                return buf
+
+            return f
+
+        for b, name in ((True, "I"), (False, "B")):
+            made[f"{name} exchange, out of place"] = x_out(b)
+            made[f"{name} exchange, in place"] = x_in(b)
     made["I v-form, out of place"] = v_out
     made["I v-form, in place"] = v_in
     made["I v-form, in place, whole copy"] = v_in_whole

@@ -125,8 +125,8 @@ def all_gather(
         # then each rank's part copied out by mpi4py's buffers (a third of
         # numpy's indexing and copy for small arrays). The generic path below
         # cost 5.8 us a call of 8 B on one rank, this one 3.4 us; on 2 ranks
-        # 2.8-3.0x a raw mpi4py all-gather and copy-out at 8 B, now 1.8-1.9x
-        # (docs/benchmarks.md).
+        # 2.9x a raw mpi4py all-gather and copy-out at 8 B, now 1.8-1.9x, and
+        # 1.56-1.58x at 64 KiB, now 1.35-1.38x (docs/benchmarks.md).
         nbytes = tensor.nbytes
         kept = n * nbytes >= scratch.KEEP_FROM_LEAST
         stacked = scratch.take(pg, n * nbytes, _BYTES) if kept else np.empty(n * nbytes, _BYTES)

@@ -1,0 +1,103 @@
+"""torch's list form of all_gather against what a raw mpi4py program writes.
+
+``pycoll.all_gather(outputs, x)`` fills a list of separate arrays, one per
+rank. mpi4py has no list form: its program gathers into one stacked array
+and copies each rank's part out (``raw + copy out``), the like-for-like
+baseline; ``raw`` (the gather alone) and pycoll's ``all_gather_into_tensor``
+into the stacked array are shown beside it. Every case's result is checked
+once on every rank; then rounds, the order rotated each round; a figure is
+the median over rounds of the slowest rank's mean per call, and each ratio
+the median of the per-round ratios to ``raw + copy out``. Not part of pycoll:
+
+    mpiexec -n 2 python docs/measurements/all_gather_lists.py [ROUNDS] [BYTES,...]
+
+ROUNDS (7); BYTES, each rank's input (default 8 B to 1 MiB).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable, Dict, List
+
+import numpy as np
+
+import pycoll
+from pycoll import _mpi
+
+pycoll.init_process_group()
+MPI = _mpi.MPI
+comm = MPI.COMM_WORLD
+n, me = comm.size, comm.rank
+F = MPI.FLOAT
+ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+SIZES = [int(b) for b in sys.argv[2].split(",")] if len(sys.argv) > 2 else [8, 4096, 65536, 1 << 20]
+
+
+def cases(per: int) -> Dict[str, Callable[[], List[np.ndarray]]]:
+    """Each case as a call that returns the rank's parts as it left them."""
+    inp = np.arange(per, dtype=np.float32) + 1000 * me
+    outs = [np.empty(per, np.float32) for _ in range(n)]
+    stacked = np.empty(n * per, np.float32)
+    parts = [stacked[r * per : (r + 1) * per] for r in range(n)]
+
+    def list_form() -> List[np.ndarray]:
+        pycoll.all_gather(outs, inp)
+        return outs
+
+    def tensor_form() -> List[np.ndarray]:
+        pycoll.all_gather_into_tensor(stacked, inp)
+        return parts
+
+    def raw() -> List[np.ndarray]:
+        comm.Allgather([inp, F], [stacked, F])
+        return parts
+
+    def raw_split() -> List[np.ndarray]:
+        comm.Allgather([inp, F], [stacked, F])
+        for r in range(n):
+            outs[r][...] = stacked[r * per : (r + 1) * per]
+        return outs
+
+    return {
+        "raw + copy out": raw_split,
+        "pycoll list": list_form,
+        "raw": raw,
+        "pycoll into tensor": tensor_form,
+    }
+
+
+def main() -> None:
+    if me == 0:
+        print(f"# all_gather's list form, {n} ranks, {MPI.Get_library_version().splitlines()[0]}")
+        print("# us per call (median of rounds); ratio to raw + copy out")
+    for nbytes in SIZES:
+        per = max(1, nbytes // 4)
+        made = cases(per)
+        want = [np.arange(per, dtype=np.float32) + 1000 * r for r in range(n)]
+        wrong = 0
+        for f in made.values():
+            wrong += sum(int((got != w).sum()) for got, w in zip(f(), want))
+        wrong = comm.allreduce(wrong)
+        reps = max(10, int(2e7 // max(nbytes * n, 64)))
+        names = list(made)
+        times: Dict[str, List[float]] = {k: [] for k in names}
+        for r in range(ROUNDS):
+            for k in names[r % len(names) :] + names[: r % len(names)]:
+                f = made[k]
+                comm.Barrier()
+                t = time.perf_counter()
+                for _ in range(reps):
+                    f()
+                times[k].append(comm.allreduce(time.perf_counter() - t, MPI.MAX) / reps * 1e6)
+        if me == 0:
+            base = np.array(times["raw + copy out"])
+            cells = [
+                f"{k} {np.median(v):.1f} ({np.median(np.array(v) / base):.2f})"
+                for k, v in times.items()
+            ]
+            print(f"{per * 4:>9} B  wrong {wrong}: " + "; ".join(cells), flush=True)
+    pycoll.destroy_process_group()
+
+
+main()
