@@ -165,6 +165,24 @@ def check_output(func: str, name: str, x: Any) -> np.ndarray:
     return x
 
 
+def plain_arrays(xs: Any, length: int, dtype: np.dtype, shape: tuple, writeable: bool) -> bool:
+    """Whether ``xs`` is a list of ``length`` plain C-contiguous arrays of
+    ``dtype`` and ``shape`` (and writeable, if asked): what the checks of a
+    list form would pass, in a fraction of their time."""
+    if type(xs) is not list or len(xs) != length:
+        return False
+    for x in xs:
+        if not (
+            type(x) is np.ndarray
+            and x.dtype == dtype
+            and x.shape == shape
+            and (f := x.flags).c_contiguous
+            and (f.writeable or not writeable)
+        ):
+            return False
+    return True
+
+
 def check_list(func: str, name: str, x: Any, length: Optional[int] = None) -> List[Any]:
     """Check that ``x`` is a list (or tuple) and, if given, of ``length`` items."""
     if not isinstance(x, (list, tuple)):

@@ -18,6 +18,7 @@ from ..arrays import (
     detach,
     is_slot,
     mpi_datatype,
+    plain_arrays,
 )
 from ..dispatch import IN, LIST, LISTS, OUT, UNKNOWN, Array, collective
 from ..groups import STATE, ProcessGroup, resolve
@@ -30,22 +31,6 @@ __all__ = ["all_gather", "all_gather_into_tensor", "all_gather_coalesced", "gath
 
 
 _BYTES = np.dtype(np.uint8)
-
-
-def _plain_outputs(outs: List[Any], dtype: np.dtype, shape: tuple) -> bool:
-    """Whether ``outs`` are plain C-contiguous writeable arrays of ``dtype``
-    and ``shape`` (what the output checks would pass, in a fraction of their
-    time)."""
-    for x in outs:
-        if not (
-            type(x) is np.ndarray
-            and x.dtype == dtype
-            and x.shape == shape
-            and (f := x.flags).c_contiguous
-            and f.writeable
-        ):
-            return False
-    return True
 
 
 def _stacked(pg: ProcessGroup, n: int, like: np.ndarray) -> np.ndarray:
@@ -109,9 +94,7 @@ def all_gather(
         type(tensor) is np.ndarray
         and tensor.flags.c_contiguous
         and (mpitype := MPI_TYPES.get(dtype := tensor.dtype)) is not None
-        and type(tensor_list) is list
-        and len(tensor_list) == n
-        and _plain_outputs(tensor_list, dtype, tensor.shape)
+        and plain_arrays(tensor_list, n, dtype, tensor.shape, writeable=True)
     ):
         outs = tensor_list
     else:
@@ -124,9 +107,9 @@ def all_gather(
         # Synchronous (pycoll.collectives._common.plain): received stacked,
         # then each rank's part copied out by mpi4py's buffers (a third of
         # numpy's indexing and copy for small arrays). The generic path below
-        # cost 5.8 us a call of 8 B on one rank, this one 3.4 us; on 2 ranks
-        # 2.9x a raw mpi4py all-gather and copy-out at 8 B, now 1.8-1.9x, and
-        # 1.56-1.58x at 64 KiB, now 1.35-1.38x (docs/benchmarks.md).
+        # cost 5.8 us a call of 8 B on one rank, this one 3.2 us; on 2 ranks
+        # 2.9x a raw mpi4py all-gather and copy-out at 8 B, now 1.8x, and
+        # 1.6x at 64 KiB, now 1.4x (docs/benchmarks.md).
         nbytes = tensor.nbytes
         kept = n * nbytes >= scratch.KEEP_FROM_LEAST
         stacked = scratch.take(pg, n * nbytes, _BYTES) if kept else np.empty(n * nbytes, _BYTES)

@@ -22,6 +22,7 @@ from ..arrays import (
     check_same_shape,
     check_size,
     may_alias,
+    plain_arrays,
 )
 from ..crosscheck import COUNT, OP_BITS
 from ..dispatch import IN, INOUT, LIST, OUT, UNKNOWN, Array, collective
@@ -853,13 +854,24 @@ def reduce_scatter(
     if pg is None:
         return None
     n = pg._size
-    output = check_output(func, "output", output)
-    inputs = [
-        check_input(func, f"input_list[{i}]", x)
-        for i, x in enumerate(check_list(func, "input_list", input_list, n))
-    ]
-    dtype = check_same_dtype(func, [output] + inputs)
-    check_same_shape(func, "input_list", inputs, output.shape, "output")
+    # The common case (a plain contiguous writeable output, a list of n plain
+    # contiguous arrays of its dtype and shape) needs no more checks.
+    if (
+        type(output) is np.ndarray
+        and (f := output.flags).c_contiguous
+        and f.writeable
+        and (dtype := output.dtype) in MPI_TYPES
+        and plain_arrays(input_list, n, dtype, output.shape, writeable=False)
+    ):
+        inputs = input_list
+    else:
+        output = check_output(func, "output", output)
+        inputs = [
+            check_input(func, f"input_list[{i}]", x)
+            for i, x in enumerate(check_list(func, "input_list", input_list, n))
+        ]
+        dtype = check_same_dtype(func, [output] + inputs)
+        check_same_shape(func, "input_list", inputs, output.shape, "output")
     how = _plan(op, dtype, func)
     desc = lambda: f"{func}({op.name}, output {sig(output)})"  # noqa: E731
     way, win = _scatter_way(pg, how, dtype, func, n * output.nbytes)
@@ -867,7 +879,14 @@ def reduce_scatter(
         return _reduce_scatter_shm(pg, win, func, output, inputs, op, how, async_op, desc)
     if way == "pairwise":
         return _reduce_scatter_pairwise(pg, func, output, inputs, op, how, async_op, desc)
-    send = np.concatenate([x.reshape(-1) for x in inputs])
+    send = np.concatenate([x.reshape(-1) for x in inputs])  # (never the output: a copy)
+    if how.plain and not async_op and debug.PLAIN:
+        # Synchronous, MPI's own op (pycoll.collectives._common.plain), as
+        # reduce_scatter_tensor's common case: the generic path's bookkeeping
+        # cost 5.2 us a call of 8 B on one rank, this one 3.4 us.
+        start, blocking, args = _mpi_reduce_scatter(pg.comm, n, how, send, output)
+        plain(pg, func, how.key | OP_BITS[func] | output.size & COUNT, start, blocking, *args)
+        return None
     if how.prescale is not None:
         kernels.scale(send, how.prescale, out=send)
     return _reduce_scatter_block(pg, func, send, output, how, async_op, desc)

@@ -66,6 +66,32 @@ def test_reduce_scatter(op, dtype, async_op, rank, world_size):
     assert_equal(out, reduce_all(op, mine, world_size))
 
 
+def test_reduce_scatter_list_forms(rank, world_size):
+    """The synchronous list form's ways in: a list of separate arrays, a
+    tuple, views of one buffer, a strided input (copied), and the output one
+    of the inputs (each rank's part read before it is written)."""
+    k = 5
+    inputs = [np.arange(k, dtype=np.int64) + 100 * rank + 10 * i for i in range(world_size)]
+    want = sum(np.arange(k, dtype=np.int64) + 100 * r + 10 * rank for r in range(world_size))
+    got = []
+    out = np.zeros(k, np.int64)
+    pycoll.reduce_scatter(out, inputs)
+    got.append(out)
+    whole = np.concatenate(inputs)
+    out = np.zeros(k, np.int64)
+    pycoll.reduce_scatter(out, tuple(whole[i * k : (i + 1) * k] for i in range(world_size)))
+    got.append(out)
+    strided = [np.repeat(x, 2)[::2] for x in inputs]
+    out = np.zeros(k, np.int64)
+    pycoll.reduce_scatter(out, strided)
+    got.append(out)
+    shared = [x.copy() for x in inputs]
+    pycoll.reduce_scatter(shared[rank], shared)
+    got.append(shared[rank])
+    for out in got:
+        np.testing.assert_array_equal(out, want)
+
+
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("op,dtype", PAIRS, ids=str)
 def test_reduce_scatter_tensor(op, dtype, async_op, rank, world_size):

@@ -1,17 +1,22 @@
-"""torch's list form of all_gather against what a raw mpi4py program writes.
+"""torch's list forms of all_gather and reduce_scatter against what a raw
+mpi4py program writes for them.
 
 ``pycoll.all_gather(outputs, x)`` fills a list of separate arrays, one per
 rank. mpi4py has no list form: its program gathers into one stacked array
 and copies each rank's part out (``raw + copy out``), the like-for-like
 baseline; ``raw`` (the gather alone) and pycoll's ``all_gather_into_tensor``
-into the stacked array are shown beside it. Every case's result is checked
-once on every rank; then rounds, the order rotated each round; a figure is
-the median over rounds of the slowest rank's mean per call, and each ratio
-the median of the per-round ratios to ``raw + copy out``. Not part of pycoll:
+into the stacked array are shown beside it. ``pycoll.reduce_scatter(out,
+inputs)`` reduces a list of arrays, one per rank; the raw program stacks
+them and reduce-scatters that (``raw stack + reduce-scatter``, the baseline
+of ``pycoll reduce_scatter list``). Every case's result is checked once on
+every rank; then rounds, the order rotated each round; a figure is the
+median over rounds of the slowest rank's mean per call, and each ratio the
+median of the per-round ratios to its baseline. Not part of pycoll:
 
-    mpiexec -n 2 python docs/measurements/all_gather_lists.py [ROUNDS] [BYTES,...]
+    mpiexec -n 2 python docs/measurements/list_forms.py [ROUNDS] [BYTES,...]
 
-ROUNDS (7); BYTES, each rank's input (default 8 B to 1 MiB).
+ROUNDS (7); BYTES, each rank's input to the all-gather and output of the
+reduce-scatter (default 8 B to 1 MiB).
 """
 
 from __future__ import annotations
@@ -59,25 +64,45 @@ def cases(per: int) -> Dict[str, Callable[[], List[np.ndarray]]]:
             outs[r][...] = stacked[r * per : (r + 1) * per]
         return outs
 
+    parts_in = [np.arange(per, dtype=np.float32) + 1000 * me + d for d in range(n)]
+    out = np.empty(per, np.float32)
+
+    def rs_list() -> List[np.ndarray]:
+        pycoll.reduce_scatter(out, parts_in)
+        return [out]
+
+    def rs_raw() -> List[np.ndarray]:
+        comm.Reduce_scatter_block([np.concatenate(parts_in), F], [out, F], MPI.SUM)
+        return [out]
+
     return {
         "raw + copy out": raw_split,
         "pycoll list": list_form,
         "raw": raw,
         "pycoll into tensor": tensor_form,
+        "raw stack + reduce-scatter": rs_raw,
+        "pycoll reduce_scatter list": rs_list,
     }
+
+
+BASE = {"pycoll reduce_scatter list": "raw stack + reduce-scatter"}
+RS = ("raw stack + reduce-scatter", "pycoll reduce_scatter list")
 
 
 def main() -> None:
     if me == 0:
-        print(f"# all_gather's list form, {n} ranks, {MPI.Get_library_version().splitlines()[0]}")
-        print("# us per call (median of rounds); ratio to raw + copy out")
+        print(f"# list forms, {n} ranks, {MPI.Get_library_version().splitlines()[0]}")
+        print("# us per call (median of rounds); ratio to raw + copy out (the reduce-scatter's")
+        print("# to raw stack + reduce-scatter)")
     for nbytes in SIZES:
         per = max(1, nbytes // 4)
         made = cases(per)
         want = [np.arange(per, dtype=np.float32) + 1000 * r for r in range(n)]
+        summed = [sum(np.arange(per, dtype=np.float32) + 1000 * r + me for r in range(n))]
         wrong = 0
-        for f in made.values():
-            wrong += sum(int((got != w).sum()) for got, w in zip(f(), want))
+        for k, f in made.items():
+            wanted = summed if k in RS else want
+            wrong += sum(int((got != w).sum()) for got, w in zip(f(), wanted))
         wrong = comm.allreduce(wrong)
         reps = max(10, int(2e7 // max(nbytes * n, 64)))
         names = list(made)
@@ -91,9 +116,9 @@ def main() -> None:
                     f()
                 times[k].append(comm.allreduce(time.perf_counter() - t, MPI.MAX) / reps * 1e6)
         if me == 0:
-            base = np.array(times["raw + copy out"])
             cells = [
-                f"{k} {np.median(v):.1f} ({np.median(np.array(v) / base):.2f})"
+                f"{k} {np.median(v):.1f} "
+                f"({np.median(np.array(v) / np.array(times[BASE.get(k, 'raw + copy out')])):.2f})"
                 for k, v in times.items()
             ]
             print(f"{per * 4:>9} B  wrong {wrong}: " + "; ".join(cells), flush=True)
