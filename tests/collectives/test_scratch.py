@@ -65,6 +65,23 @@ def test_an_array_it_did_not_give_is_not_kept(group):
     assert not np.shares_memory(mine, scratch.take(group, MIB, np.dtype(np.uint8)))
 
 
+def test_buffers_their_calls_dropped_are_forgotten(group):
+    """A buffer handed out and never given back (its call failed, and MPI may
+    still write into it) is dropped with that call: the pool keeps no entry
+    for it past a bound, and an array that takes its place is not kept."""
+    pool = scratch._pool(group)
+    held = [scratch.take(group, MIB, np.dtype(np.uint8)) for _ in range(scratch._OUT_PRUNE)]
+    assert len(pool.out) == scratch._OUT_PRUNE
+    del held  # (their calls failed)
+    last = scratch.take(group, MIB, np.dtype(np.uint8))
+    assert len(pool.out) == 1  # (the dead entries dropped)
+    scratch.give(group, last)
+    assert len(pool.out) == 0 and len(pool.free) == 1
+    stranger = np.zeros(2 * MIB, np.uint8)  # (perhaps at a dropped buffer's id)
+    scratch.give(group, stranger)
+    assert not any(buf is stranger for buf in pool.free)
+
+
 def _rank_values(r, n, size):
     return (np.arange(n * size) % 7 + r).astype(np.float32)
 
