@@ -430,9 +430,27 @@ def gather(
                     f"{func}: gather_list is required on dst ({dst}): pass one array per "
                     f"rank, shaped like tensor"
                 )
-            outs = _check_outputs(func, "gather_list", gather_list, tensor, n)
+            if plain_arrays(gather_list, n, tensor.dtype, tensor.shape, writeable=True):
+                outs = gather_list  # (what the checks would pass)
+            else:
+                outs = _check_outputs(func, "gather_list", gather_list, tensor, n)
         except (TypeError, ValueError) as exc:
             refused = exc
+    if not async_op and debug.PLAIN:
+        # Synchronous (pycoll.collectives._common.plain), as all_gather's list
+        # form: the generic path's bookkeeping was most of a small call's cost.
+        key = crosscheck.OP_BITS[func]
+        if root != pg._rank:
+            plain(pg, func, key, comm.Igather, comm.Gather, [tensor, mpitype], None, root)
+            return None
+        stacked = _stacked(pg, n, tensor)
+        plain(pg, func, key, comm.Igather, comm.Gather, [tensor, mpitype],
+              [stacked, mpitype], root)  # fmt: skip
+        if refused is not None:
+            scratch.give(pg, stacked)
+            raise refused
+        _unpacker(pg, stacked, outs)()
+        return None
     desc = f"{func}(dst={dst}, {sig(tensor)})" if debug.LEVEL >= DETAIL else None
     if root != pg._rank:
         return run(
