@@ -1,5 +1,5 @@
-"""torch's list forms of all_gather and reduce_scatter against what a raw
-mpi4py program writes for them.
+"""torch's list forms (all_gather, reduce_scatter, gather, scatter) against
+what a raw mpi4py program writes for them.
 
 ``pycoll.all_gather(outputs, x)`` fills a list of separate arrays, one per
 rank. mpi4py has no list form: its program gathers into one stacked array
@@ -8,7 +8,9 @@ baseline; ``raw`` (the gather alone) and pycoll's ``all_gather_into_tensor``
 into the stacked array are shown beside it. ``pycoll.reduce_scatter(out,
 inputs)`` reduces a list of arrays, one per rank; the raw program stacks
 them and reduce-scatters that (``raw stack + reduce-scatter``, the baseline
-of ``pycoll reduce_scatter list``). Every case's result is checked once on
+of ``pycoll reduce_scatter list``). ``gather`` and ``scatter`` (root 0)
+against the same: a raw gather into one array and its parts copied out on
+the root, and a raw scatter of the list stacked. Every case's result is checked once on
 every rank; then rounds, the order rotated each round; a figure is the
 median over rounds of the slowest rank's mean per call, and each ratio the
 median of the per-round ratios to its baseline. Not part of pycoll:
@@ -75,7 +77,36 @@ def cases(per: int) -> Dict[str, Callable[[], List[np.ndarray]]]:
         comm.Reduce_scatter_block([np.concatenate(parts_in), F], [out, F], MPI.SUM)
         return [out]
 
+    mine = np.empty(per, np.float32)
+    root_list = outs if me == 0 else None
+
+    def gather() -> List[np.ndarray]:
+        pycoll.gather(inp, root_list, dst=0)
+        return outs if me == 0 else []
+
+    def gather_raw() -> List[np.ndarray]:
+        comm.Gather([inp, F], [stacked, F] if me == 0 else None, 0)
+        if me == 0:
+            for r in range(n):
+                outs[r][...] = stacked[r * per : (r + 1) * per]
+            return outs
+        return []
+
+    sources = [np.arange(per, dtype=np.float32) + 1000 * r for r in range(n)]
+
+    def scatter() -> List[np.ndarray]:
+        pycoll.scatter(mine, sources if me == 0 else None, src=0)
+        return [mine]
+
+    def scatter_raw() -> List[np.ndarray]:
+        comm.Scatter([np.stack(sources), F] if me == 0 else None, [mine, F], 0)
+        return [mine]
+
     return {
+        "raw gather + copy out": gather_raw,
+        "pycoll gather": gather,
+        "raw stack + scatter": scatter_raw,
+        "pycoll scatter": scatter,
         "raw + copy out": raw_split,
         "pycoll list": list_form,
         "raw": raw,
@@ -85,8 +116,15 @@ def cases(per: int) -> Dict[str, Callable[[], List[np.ndarray]]]:
     }
 
 
-BASE = {"pycoll reduce_scatter list": "raw stack + reduce-scatter"}
+BASE = {
+    "pycoll reduce_scatter list": "raw stack + reduce-scatter",
+    "pycoll gather": "raw gather + copy out",
+    "pycoll scatter": "raw stack + scatter",
+    "raw gather + copy out": "raw gather + copy out",
+    "raw stack + scatter": "raw stack + scatter",
+}
 RS = ("raw stack + reduce-scatter", "pycoll reduce_scatter list")
+SCATTERS = ("raw stack + scatter", "pycoll scatter")
 
 
 def main() -> None:
@@ -101,7 +139,7 @@ def main() -> None:
         summed = [sum(np.arange(per, dtype=np.float32) + 1000 * r + me for r in range(n))]
         wrong = 0
         for k, f in made.items():
-            wanted = summed if k in RS else want
+            wanted = summed if k in RS else [want[me]] if k in SCATTERS else want
             wrong += sum(int((got != w).sum()) for got, w in zip(f(), wanted))
         wrong = comm.allreduce(wrong)
         reps = max(10, int(2e7 // max(nbytes * n, 64)))
