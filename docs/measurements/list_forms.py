@@ -122,6 +122,7 @@ BASE = {
     "pycoll scatter": "raw stack + scatter",
     "raw gather + copy out": "raw gather + copy out",
     "raw stack + scatter": "raw stack + scatter",
+    "raw stack + reduce-scatter": "raw stack + reduce-scatter",
 }
 RS = ("raw stack + reduce-scatter", "pycoll reduce_scatter list")
 SCATTERS = ("raw stack + scatter", "pycoll scatter")
