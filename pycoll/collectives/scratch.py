@@ -103,7 +103,7 @@ def take(pg: ProcessGroup, nbytes: int, dtype: np.dtype, keep_from: int = POOL_F
     numpy; a caller whose buffers malloc gives back to the system between
     calls passes less (the coalesced calls: 1,000 KiB came as new pages each
     time, 0.5 ms of page faults against 40 us to copy it)."""
-    if nbytes < max(keep_from, KEEP_FROM_LEAST):
+    if nbytes < keep_from or nbytes < KEEP_FROM_LEAST:
         return np.empty(nbytes // dtype.itemsize, dtype)
     return _pool(pg).take(nbytes).view(dtype)
 
