@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, List, Optional
 
 import numpy as np
@@ -29,30 +30,48 @@ from ._common import DETAIL, group_rank, plain, run, sig
 
 __all__ = ["all_gather", "all_gather_into_tensor", "all_gather_coalesced", "gather"]
 
-
 _BYTES = np.dtype(np.uint8)
 
 
 def _stacked(pg: ProcessGroup, n: int, like: np.ndarray) -> np.ndarray:
-    """Where ``n`` arrays like ``like`` are received, one after another (a
-    buffer the group keeps for its large calls: pycoll.collectives.scratch)."""
-    return scratch.take(pg, n * like.nbytes, like.dtype).reshape((n,) + like.shape)
+    """Where ``n`` arrays like ``like`` are received, one after another, as
+    bytes (a buffer the group keeps for its large calls:
+    pycoll.collectives.scratch; a small one straight from numpy, as
+    scratch.beside gives it)."""
+    nbytes = n * like.nbytes
+    if nbytes < scratch.KEEP_FROM_LEAST:
+        return np.empty(nbytes, _BYTES)
+    return scratch.take(pg, nbytes, _BYTES)
+
+
+def _unpack(pg: ProcessGroup, stacked: np.ndarray, outputs: List[np.ndarray]) -> None:
+    """Copy each array received in ``stacked`` out to its output (by mpi4py's
+    buffers: a third of numpy's indexing and copy for small arrays), then
+    give the buffer back."""
+    buffer = _mpi.MPI.buffer
+    whole = buffer(stacked)
+    nbytes = stacked.nbytes
+    step = nbytes // len(outputs) if outputs else 0
+    at = 0
+    for out in outputs:
+        buffer(out)[:] = whole[at : at + step]
+        at += step
+    if nbytes >= scratch.KEEP_FROM_LEAST:  # (a smaller one came from numpy: _stacked)
+        scratch.give(pg, stacked)
 
 
 def _unpacker(pg: ProcessGroup, stacked: np.ndarray, outputs: List[np.ndarray]):
-    """Copy each received array out to its output, then give the buffer back."""
-
-    def finish() -> None:
-        for i, out in enumerate(outputs):
-            out[...] = stacked[i]
-        scratch.give(pg, stacked)
-
-    return finish
+    """:func:`_unpack` of these arrays, for a call's finishing step."""
+    return functools.partial(_unpack, pg, stacked, outputs)
 
 
 def _check_outputs(
     func: str, name: str, outputs: list, like: np.ndarray, n: int
 ) -> List[np.ndarray]:
+    """The list ``outputs``: ``n`` C-contiguous writeable arrays of
+    ``like``'s dtype and shape (a list of plain arrays passes at once)."""
+    if plain_arrays(outputs, n, like.dtype, like.shape, writeable=True):
+        return outputs
     outs = [
         check_output(func, f"{name}[{i}]", x)
         for i, x in enumerate(check_list(func, name, outputs, n))
@@ -103,29 +122,17 @@ def all_gather(
         mpitype = mpi_datatype(tensor.dtype)
     key = crosscheck.key(func, tensor.dtype, tensor.size)
     comm = pg.comm
+    stacked = _stacked(pg, n, tensor)
     if not async_op and debug.PLAIN:
-        # Synchronous (pycoll.collectives._common.plain): received stacked,
-        # then each rank's part copied out by mpi4py's buffers (a third of
-        # numpy's indexing and copy for small arrays). The generic path below
-        # cost 5.8 us a call of 8 B on one rank, this one 3.2 us; on 2 ranks
-        # 2.9x a raw mpi4py all-gather and copy-out at 8 B, now 1.8x, and
-        # 1.6x at 64 KiB, now 1.4x (docs/benchmarks.md).
-        nbytes = tensor.nbytes
-        kept = n * nbytes >= scratch.KEEP_FROM_LEAST
-        stacked = scratch.take(pg, n * nbytes, _BYTES) if kept else np.empty(n * nbytes, _BYTES)
+        # Synchronous (pycoll.collectives._common.plain): on 2 ranks the
+        # generic path below took 2.9x a raw mpi4py all-gather and copy-out
+        # at 8 B, this one 1.9x, and 1.6x at 64 KiB, now 1.4x
+        # (docs/benchmarks.md).
         plain(pg, func, key, comm.Iallgather, comm.Allgather, [tensor, mpitype],
               [stacked, mpitype])  # fmt: skip
-        buffer = _mpi.MPI.buffer
-        whole = buffer(stacked)
-        at = 0
-        for out in outs:
-            buffer(out)[:] = whole[at : at + nbytes]
-            at += nbytes
-        if kept:
-            scratch.give(pg, stacked)
+        _unpack(pg, stacked, outs)
         return None
     desc = f"{func}({sig(tensor)})" if debug.LEVEL >= DETAIL else None
-    stacked = _stacked(pg, n, tensor)
     return run(
         pg,
         func,
@@ -430,10 +437,7 @@ def gather(
                     f"{func}: gather_list is required on dst ({dst}): pass one array per "
                     f"rank, shaped like tensor"
                 )
-            if plain_arrays(gather_list, n, tensor.dtype, tensor.shape, writeable=True):
-                outs = gather_list  # (what the checks would pass)
-            else:
-                outs = _check_outputs(func, "gather_list", gather_list, tensor, n)
+            outs = _check_outputs(func, "gather_list", gather_list, tensor, n)
         except (TypeError, ValueError) as exc:
             refused = exc
     if not async_op and debug.PLAIN:
@@ -449,7 +453,7 @@ def gather(
         if refused is not None:
             scratch.give(pg, stacked)
             raise refused
-        _unpacker(pg, stacked, outs)()
+        _unpack(pg, stacked, outs)
         return None
     desc = f"{func}(dst={dst}, {sig(tensor)})" if debug.LEVEL >= DETAIL else None
     if root != pg._rank:

@@ -32,12 +32,15 @@ _REFUSED = b"REFUSED!"
 def _scatter_inputs(
     func: str, tensor: np.ndarray, scatter_list: Any, src: int, n: int
 ) -> List[np.ndarray]:
-    """src's scatter_list, checked against ``tensor`` (raises on src only)."""
+    """src's scatter_list, checked against ``tensor`` (raises on src only; a
+    list of plain arrays passes at once)."""
     if scatter_list is None:
         raise ValueError(
             f"{func}: scatter_list is required on src ({src}): pass one "
             f"array per rank, shaped like tensor"
         )
+    if plain_arrays(scatter_list, n, tensor.dtype, tensor.shape, writeable=False):
+        return scatter_list
     inputs = [
         check_input(func, f"scatter_list[{i}]", x)
         for i, x in enumerate(check_list(func, "scatter_list", scatter_list, n))
@@ -187,12 +190,7 @@ def scatter(
     if root == pg._rank:
         packed = np.zeros((n, _STATUS + nbytes), np.uint8)
         try:
-            if scatter_list is not None and plain_arrays(
-                scatter_list, n, tensor.dtype, tensor.shape, writeable=False
-            ):
-                inputs = scatter_list  # (what the checks would pass)
-            else:
-                inputs = _scatter_inputs(func, tensor, scatter_list, src, n)
+            inputs = _scatter_inputs(func, tensor, scatter_list, src, n)
         except (TypeError, ValueError) as exc:
             refused = exc
             packed[:, :_STATUS] = np.frombuffer(_REFUSED, np.uint8)
