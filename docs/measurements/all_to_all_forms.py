@@ -141,13 +141,16 @@ def forms(
         peer = 1 - me
         plo, phi = per * peer, per * (peer + 1)
 
+        def exchange(send: np.ndarray, recv: np.ndarray, nonblocking: bool) -> None:
+            if nonblocking:
+                comm.Isendrecv([send, F], peer, 7, [recv, F], peer, 7).Wait()
+            else:
+                comm.Sendrecv([send, F], peer, 7, [recv, F], peer, 7)
+
         def x_out(nonblocking: bool) -> Callable[[], np.ndarray]:
             def f() -> np.ndarray:
                 out[lo:hi] = inp[lo:hi]
-                if nonblocking:
-                    comm.Isendrecv([inp[plo:phi], F], peer, 7, [out[plo:phi], F], peer, 7).Wait()
-                else:
-                    comm.Sendrecv([inp[plo:phi], F], peer, 7, [out[plo:phi], F], peer, 7)
+                exchange(inp[plo:phi], out[plo:phi], nonblocking)
                 return out
 
             return f
@@ -155,10 +158,7 @@ def forms(
         def x_in(nonblocking: bool) -> Callable[[], np.ndarray]:
             def f() -> np.ndarray:
                 aside[plo:phi] = buf[plo:phi]
-                if nonblocking:
-                    comm.Isendrecv([aside[plo:phi], F], peer, 7, [buf[plo:phi], F], peer, 7).Wait()
-                else:
-                    comm.Sendrecv([aside[plo:phi], F], peer, 7, [buf[plo:phi], F], peer, 7)
+                exchange(aside[plo:phi], buf[plo:phi], nonblocking)
                 return buf
 
             return f

@@ -24,13 +24,13 @@ reduce-scatter (default 8 B to 1 MiB).
 from __future__ import annotations
 
 import sys
-import time
 from typing import Callable, Dict, List
 
 import numpy as np
 
 import pycoll
 from pycoll import _mpi
+from pycoll.bench.table import rotated
 
 pycoll.init_process_group()
 MPI = _mpi.MPI
@@ -144,16 +144,8 @@ def main() -> None:
             wrong += sum(int((got != w).sum()) for got, w in zip(f(), wanted))
         wrong = comm.allreduce(wrong)
         reps = max(10, int(2e7 // max(nbytes * n, 64)))
-        names = list(made)
-        times: Dict[str, List[float]] = {k: [] for k in names}
-        for r in range(ROUNDS):
-            for k in names[r % len(names) :] + names[: r % len(names)]:
-                f = made[k]
-                comm.Barrier()
-                t = time.perf_counter()
-                for _ in range(reps):
-                    f()
-                times[k].append(comm.allreduce(time.perf_counter() - t, MPI.MAX) / reps * 1e6)
+        runs = {k: lambda calls, f=f: [f() for _ in range(calls)] for k, f in made.items()}
+        times = {k: [t * 1e6 for t in v] for k, v in rotated(runs, reps, ROUNDS, comm).items()}
         if me == 0:
             cells = [
                 f"{k} {np.median(v):.1f} "
