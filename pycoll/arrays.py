@@ -246,6 +246,15 @@ def may_alias(input: np.ndarray, output: np.ndarray) -> bool:
     return bool(input.size) and np.may_share_memory(input, output)
 
 
+def apart(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays surely share no memory: each owning its own, or
+    their byte ranges disjoint (arrays over memory numpy does not own, as
+    pycoll.torchcompat's views of tensors, pay for the bounds)."""
+    if a.base is None and b.base is None:
+        return a is not b
+    return not np.may_share_memory(a, b)
+
+
 def detach(input: np.ndarray, output: np.ndarray) -> np.ndarray:
     """``input``, or a copy of it when it shares memory with ``output``.
 

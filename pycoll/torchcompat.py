@@ -21,7 +21,8 @@ come from a program that has imported it, so its presence in
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Dict
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -32,7 +33,7 @@ from .work import AliasWork, BaseWork
 if TYPE_CHECKING:
     from .dispatch import Spec
 
-__all__ = ["imported", "call"]
+__all__ = ["imported", "call", "host_view", "kept_view", "lane_op", "reduce_op"]
 
 
 def imported() -> bool:
@@ -53,6 +54,7 @@ def reduce_op(op: Any, func: str) -> Any:
     (a number or a one-element tensor)."""
     if not _is_torch_op(op):
         return op
+    kind = op
     if type(op).__name__ == "ReduceOp" and hasattr(op, "op"):  # the full object
         if op.op.name == "PREMUL_SUM":
             factor = op.factor
@@ -69,11 +71,98 @@ def reduce_op(op: Any, func: str) -> Any:
     mine = getattr(ReduceOp, name, None) if isinstance(name, str) else None
     if not isinstance(mine, ReduceOp):
         raise TypeError(f"{func}: op {op!r} has no counterpart among pycoll.ReduceOp's")
+    if kind is op:  # a member: known from now on (lane_op)
+        _ops[op] = mine
     return mine
 
 
+# torch's op kinds (RedOpType members) met so far, as pycoll's ops: reading
+# an op's name through torch's binding costs microseconds per call.
+_ops: Dict[Any, ReduceOp] = {}
+
+
+def lane_op(op: Any) -> Optional[ReduceOp]:
+    """pycoll's op for ``op`` where it is known without a look: pycoll's own
+    op, or a torch op kind :func:`reduce_op` has met; else None."""
+    if type(op) is ReduceOp:
+        return op
+    try:
+        return _ops.get(op)
+    except TypeError:  # (unhashable: no op kind)
+        return None
+
+
+class _Memory:
+    """A tensor's memory as numpy's array interface describes it, and no
+    more: what a kept view is made over. (A view from ``Tensor.numpy()``
+    holds its tensor, so one kept in the table below would keep every
+    tensor ever passed alive.)"""
+
+    __slots__ = ("__array_interface__",)
+
+
+# A CPU tensor's numpy view, made once and given again while the tensor
+# still has the same memory (address, shape, strides, dtype): a training
+# loop passes the same tensors every step, and a view that is the same
+# object each call is what pycoll.native keeps a call by. On the CI VM
+# ``Tensor.numpy()`` alone took 2.2 us, and an 8-byte all_reduce of a tensor
+# took 10x the same call on a numpy array (docs/benchmarks.md, "torch
+# tensors"). By id: (weak reference, then the view, address, shape,
+# strides and dtype). A tensor is first only seen (one made afresh for each
+# call is never seen again); its second call makes the kept view, over its
+# memory but not holding it: the view is handed out only while the tensor,
+# checked alive and unchanged, holds that memory. Only contiguous tensors'
+# (all a collective writes into). At most VIEWS entries (then the table
+# starts over).
+_views: Dict[int, Tuple[Any, ...]] = {}
+VIEWS = 4096
+
+
 def host_view(t: Any, func: str, label: str) -> np.ndarray:
-    """A numpy array over a CPU tensor's memory (no copy)."""
+    """A numpy array over a CPU tensor's memory (no copy): the same array
+    for the same tensor while its memory is unchanged."""
+    view = kept_view(t)
+    return view if view is not None else _made(t, func, label)
+
+
+def kept_view(t: Any) -> Optional[np.ndarray]:
+    """The kept view of tensor ``t``, if it has one that still fits its
+    memory; else None (also for anything not a tensor seen before)."""
+    kept = _views.get(id(t))
+    if (
+        kept is not None
+        and len(kept) > 1
+        and kept[0]() is t
+        and t.data_ptr() == kept[2]
+        and t.shape == kept[3]
+        and t.stride() == kept[4]
+        and t.dtype is kept[5]
+    ):
+        return kept[1]
+    return None
+
+
+def _made(t: Any, func: str, label: str) -> np.ndarray:
+    """``t``'s view made afresh, and seen or kept (``_views``)."""
+    view = _fresh_view(t, func, label)
+    kept = _views.get(id(t))
+    if kept is None or kept[0]() is not t:  # first seen: remembered, weakly
+        if len(_views) >= VIEWS:
+            _views.clear()
+        _views[id(t)] = (weakref.ref(t),)
+    elif view.flags.c_contiguous:
+        memory = _Memory()
+        memory.__array_interface__ = view.__array_interface__
+        mine = np.asarray(memory)
+        if mine.dtype != view.dtype:  # (bfloat16: viewed as int16 first)
+            mine = mine.view(view.dtype)
+        _views[id(t)] = (kept[0], mine, t.data_ptr(), t.shape, t.stride(), t.dtype)
+        return mine
+    return view
+
+
+def _fresh_view(t: Any, func: str, label: str) -> np.ndarray:
+    """``host_view`` made afresh (``Tensor.numpy()``), the tensor checked."""
     if not t.is_cpu:
         raise ValueError(
             f"{func}: {label} is a torch tensor on {t.device}, which pycoll cannot reach; "
@@ -97,19 +186,23 @@ def call(spec: Spec, args: Dict[str, Any], then: Callable[[Spec, Dict[str, Any]]
     call holding nothing of torch's goes on unchanged."""
     tensor = sys.modules["torch"].Tensor
     op = args.get("op")
-    mine = reduce_op(op, spec.name)
+    mine = op if op is None or type(op) is ReduceOp else reduce_op(op, spec.name)
     tensors: Dict[int, Any] = {}
     rewritten = dict(args, op=mine) if mine is not op else None
     for path, a, x in spec.found(args):
-        if not (isinstance(x, tensor) and x.is_cpu):
-            continue  # a CUDA tensor is a CUDA array
-        view = host_view(x, spec.name, spec.label(path))
-        if a.role != "in" and a.root is None and not x.is_contiguous():
-            raise ValueError(
-                f"{spec.name}: {spec.label(path)} is not contiguous; pass "
-                f"{spec.label(path)}.contiguous() and use that tensor afterwards "
-                f"(the result is written into the tensor given)"
-            )
+        if type(x) is np.ndarray or not isinstance(x, tensor):
+            continue
+        view = kept_view(x)  # (a kept view's tensor is a contiguous CPU tensor)
+        if view is None:
+            if not x.is_cpu:
+                continue  # a CUDA tensor is a CUDA array
+            view = _made(x, spec.name, spec.label(path))
+            if a.role != "in" and a.root is None and not x.is_contiguous():
+                raise ValueError(
+                    f"{spec.name}: {spec.label(path)} is not contiguous; pass "
+                    f"{spec.label(path)}.contiguous() and use that tensor afterwards "
+                    f"(the result is written into the tensor given)"
+                )
         tensors[id(view)] = x
         if rewritten is None:
             rewritten = dict(args)

@@ -1,14 +1,17 @@
-"""pycoll.arrays: the list forms' quick check of plain arrays.
+"""pycoll.arrays: the list forms' quick check of plain arrays, and the
+check that two arrays share no memory.
 
 plain_arrays lets a list form skip its per-array checks, so it must say
 True only where every one of those checks would pass; the list forms' own
 tests (tests/collectives) cover what the collectives do with either answer.
+apart lets all_gather_into_tensor skip its overlap handling, so it must say
+True only where the arrays share no byte.
 """
 
 import numpy as np
 import pytest
 
-from pycoll.arrays import plain_arrays
+from pycoll.arrays import apart, plain_arrays
 
 F4 = np.dtype(np.float32)
 
@@ -49,3 +52,17 @@ def test_anything_else_takes_the_checks(xs, length, dtype, shape):
 
 def test_inputs_may_be_read_only():
     assert plain_arrays(_read_only(), 3, F4, (2, 2), writeable=False)
+
+
+def test_apart_only_where_no_byte_is_shared():
+    a, b = np.zeros(4, F4), np.zeros(4, F4)
+    assert apart(a, b)  # each owns its memory
+    assert not apart(a, a)
+    whole = np.zeros(8, F4)
+    assert apart(whole[:4], whole[4:])  # views of one buffer, side by side
+    assert not apart(whole[:5], whole[4:])  # one element shared
+    assert not apart(whole, whole[2:3])
+    assert not apart(whole[:4], whole[:4].view(np.uint8))
+    # over memory numpy does not own (as pycoll.torchcompat's views of tensors)
+    over = np.frombuffer(bytearray(32), F4)
+    assert apart(over, a) and not apart(over, over[1:2])

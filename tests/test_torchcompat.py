@@ -6,8 +6,10 @@ installed. Expected values come from numpy on each rank's own inputs.
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -114,3 +116,109 @@ def test_import_pycoll_does_not_import_torch():
     code = "import sys, pycoll; pycoll.all_reduce; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_tensors_called_again_are_viewed_once_until_their_memory_changes(rank, world_size):
+    """From its second call on, a tensor's calls get one numpy view, kept
+    while the tensor holds the same memory (pycoll.torchcompat.kept_view),
+    so the compiled path can keep them. A tensor whose memory moves
+    (``.data``, ``set_``), shrinks (``resize_``) or whose layout changes
+    (``t_``) is viewed
+    afresh; the kept view holds no tensor alive."""
+    from pycoll import torchcompat
+
+    total = sum(range(world_size))
+    t = torch.zeros(2, 2)
+    for step in range(200):  # past the group's first call check point: compiled
+        t.fill_(rank + step)
+        pycoll.all_reduce(t)
+        assert t.tolist() == [[total + world_size * step] * 2] * 2
+    view = torchcompat.kept_view(t)
+    assert view is not None and torchcompat.host_view(t, "f", "t") is view
+    assert view.base is not t  # (over its memory: the table keeps no tensor alive)
+
+    t.t_()  # the same address and shape, strides swapped: no longer contiguous
+    assert torchcompat.kept_view(t) is None
+    with pytest.raises(ValueError, match=r"tensor is not contiguous; pass tensor.contiguous\(\)"):
+        pycoll.all_reduce(t)
+    t.t_()
+    # From here a doubling sum, which changes the values on one rank too: a
+    # stale view would reduce memory the tensor no longer reads.
+    double = pycoll.make_premul_sum(2.0)
+    t.data = torch.zeros(64)  # moved (a viewed tensor's storage cannot grow: resize_ refuses)
+    for step in range(3):
+        t.fill_(rank + step)
+        pycoll.all_reduce(t, op=double)
+        assert t.tolist() == [2 * (total + world_size * step)] * 64
+    t.resize_(3)  # the same address, fewer elements: the rest is another tensor's
+    rest = torch.empty(0).set_(t.untyped_storage(), 3, (61,)).fill_(7.0)
+    t.fill_(rank)
+    pycoll.all_reduce(t, op=double)
+    assert t.tolist() == [2 * total] * 3 and rest.tolist() == [7.0] * 61
+    other = torch.zeros(3)
+    t.set_(other)  # another tensor's memory, the same shape and strides
+    t.fill_(rank + 1)
+    pycoll.all_reduce(t, op=double)
+    assert other.tolist() == [2 * (total + world_size)] * 3 and t.tolist() == other.tolist()
+    t.fill_(rank)
+    pycoll.all_reduce(t, op=dist.ReduceOp.MAX)
+    assert t.tolist() == [world_size - 1] * 3
+    t.data = t.data.view(torch.int32)  # the same memory, shape and strides, read as int32
+    assert torchcompat.host_view(t, "f", "t").dtype == np.int32
+    t.fill_(rank + 1)
+    pycoll.all_reduce(t, op=dist.ReduceOp.MAX)
+    assert t.tolist() == [world_size] * 3
+
+    ref = weakref.ref(t)
+    del t, other, view
+    gc.collect()
+    assert ref() is None
+
+
+def test_every_family_again_on_the_same_tensors(rank, world_size):
+    """The same tensors through every family, round after round (their
+    views kept from the second round, the calls compiled from the group's
+    first call check point), torch's ops included, and all_gather_into_tensor
+    with its input a tensor over this rank's part of the output (torch's
+    in-place idiom) or over memory the output shares with nothing."""
+    n = world_size
+    inout = torch.zeros(3)
+    b16 = torch.zeros(4, dtype=torch.bfloat16)
+    gathered = torch.zeros(2 * n)
+    mine = gathered[2 * rank : 2 * rank + 2]  # kept across rounds, as the output
+    apart = torch.zeros(2 * n)
+    part = torch.zeros(2)
+    big = torch.zeros(2 * n)
+    got = torch.zeros(n, dtype=torch.int64)
+    sent = torch.zeros(n, dtype=torch.int64)
+    outs = [torch.zeros(2) for _ in range(n)]
+    for step in range(140):
+        inout.fill_(rank + step)
+        pycoll.all_reduce(inout, op=dist.ReduceOp.MAX)
+        assert inout.tolist() == [n - 1 + step] * 3
+        b16.fill_(rank + 1)
+        pycoll.all_reduce(b16)
+        assert b16.float().tolist() == [n * (n + 1) / 2] * 4
+        inout.fill_(rank * 10 + step)
+        pycoll.broadcast(inout, src=n - 1)
+        assert inout.tolist() == [(n - 1) * 10 + step] * 3
+        inout.fill_(rank + 1)
+        pycoll.reduce(inout, dst=0, op=dist.ReduceOp.PRODUCT)
+        if rank == 0:
+            assert inout.tolist() == [float(np.prod(range(1, n + 1)))] * 3
+        mine.copy_(torch.tensor([rank, step], dtype=torch.float32))
+        pycoll.all_gather_into_tensor(gathered, mine)
+        assert gathered.tolist() == [v for r in range(n) for v in (r, step)]
+        pycoll.all_gather_into_tensor(apart, mine)  # (mine is in gathered, not in apart)
+        assert apart.tolist() == gathered.tolist()
+        big.copy_(torch.arange(2 * n, dtype=torch.float32) + rank + step)
+        pycoll.reduce_scatter_tensor(part, big)
+        want = [sum(i + r + step for r in range(n)) for i in (2 * rank, 2 * rank + 1)]
+        assert part.tolist() == want
+        sent.copy_(torch.arange(n) + 10 * rank + step)
+        pycoll.all_to_all_single(got, sent)
+        assert got.tolist() == [10 * r + rank + step for r in range(n)]
+        pycoll.all_gather(outs, part)
+        for r in range(n):
+            parts = [sum(i + q + step for q in range(n)) for i in (2 * r, 2 * r + 1)]
+            assert outs[r].tolist() == parts

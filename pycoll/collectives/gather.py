@@ -10,6 +10,7 @@ import numpy as np
 from .. import _mpi, crosscheck, debug, native, persistent
 from ..arrays import (
     MPI_TYPES,
+    apart,
     check_input,
     check_list,
     check_output,
@@ -188,14 +189,14 @@ def all_gather_into_tensor(
         )
     ):
         return None
-    # Two plain contiguous arrays, one dtype, sizes that fit, and either each
-    # owning its memory (so they cannot overlap) or the input this rank's part
-    # of the output (torch's in-place idiom): no more checks.
+    # Two plain contiguous arrays, one dtype, sizes that fit, and either apart
+    # (each owning its memory, or views of tensors that do not overlap) or
+    # the input this rank's part of the output (torch's in-place idiom): no
+    # more checks.
     in_place = False
     fast = (
         type(out) is np.ndarray
         and type(inp) is np.ndarray
-        and out.base is None
         and (f := out.flags).c_contiguous
         and f.writeable
         and inp.flags.c_contiguous
@@ -203,9 +204,8 @@ def all_gather_into_tensor(
         and (datatype := MPI_TYPES.get(inp.dtype)) is not None
         and out.size == inp.size * n
         and (
-            inp.base is None
-            and out is not inp
-            or (in_place := inp.base is out and _own_part(inp, out, pg._rank))
+            (in_place := inp.base is out and out.base is None and _own_part(inp, out, pg._rank))
+            or apart(inp, out)
         )
     )
     if not fast:
@@ -294,8 +294,8 @@ def _send(
     """all_gather_into_tensor's send argument: ``MPI_IN_PLACE`` where the
     input is this rank's part of the output, or once it is copied there
     (``into``); else (device memory) the input, or a copy of it where it
-    overlaps the output. Arrays that passed the fast checks cannot overlap
-    (each owns its memory) and are copied by mpi4py's buffers, a third of
+    overlaps the output. Arrays that passed the fast checks do not overlap
+    (arrays.apart) and are copied by mpi4py's buffers, a third of
     numpy's views and copy at 8 bytes; numpy minds an overlap otherwise."""
     if into:
         if fast:

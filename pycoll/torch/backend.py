@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import types
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -39,7 +39,7 @@ from torch.distributed.constants import default_pg_timeout
 import pycoll
 
 from ..groups import ProcessGroup as PycollGroup
-from ..torchcompat import host_view, reduce_op
+from ..torchcompat import host_view, lane_op, reduce_op
 from .errors import as_torch
 from .work import COMPLETER, TorchWork, done
 
@@ -58,19 +58,13 @@ def _array(t: Any, func: str, label: str) -> Any:
     return host_view(t, func, label) if t.is_cpu else t
 
 
-# torch's op kinds (RedOpType members) as pycoll's ops, filled on first use:
-# reading an op's name through torch's binding costs microseconds per call.
-_OPS: Dict[Any, Any] = {}
-
-
 def _op(op: Any, func: str) -> Any:
-    """torch's ReduceOp (as the options carry it) as pycoll's."""
+    """torch's ReduceOp (as the options carry it) as pycoll's: its kind's,
+    known once met (a premul sum carries its own factor: made each time)."""
     kind = getattr(op, "op", op)
-    mine = _OPS.get(kind)
+    mine = lane_op(kind)
     if mine is None:
-        mine = reduce_op(op, func)
-        if mine.name != "PREMUL_SUM":  # a premul sum carries its own factor
-            _OPS[kind] = mine
+        mine = reduce_op(kind if getattr(kind, "name", None) != "PREMUL_SUM" else op, func)
     return mine
 
 
