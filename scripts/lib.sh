@@ -24,6 +24,8 @@ ensure_venv() {
            flock "$ROOT/.venv-setup.lock" "$dir/bin/python" -m pip install -e "$ROOT[$extras]"; } \
         > "$dir/install.log" 2>&1; then
         tail -n 40 "$dir/install.log"
+        # (a CI run once failed here on a full disk: say how much was left)
+        df -Pk "$ROOT" | awk 'NR == 2 { printf "== disk: %d MiB free on %s\n", $4 / 1024, $6 }'
         return 1
     fi
     echo "$stamp" > "$dir/.pycoll-installed"
