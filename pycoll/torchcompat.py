@@ -99,6 +99,7 @@ class _Memory:
     tensor ever passed alive.)"""
 
     __slots__ = ("__array_interface__",)
+    __array_interface__: Dict[str, Any]
 
 
 # A CPU tensor's numpy view, made once and given again while the tensor
