@@ -38,17 +38,19 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
+from operator import is_
 from threading import get_ident
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _mpi, watch
+from . import _mpi, debug, watch
 from .groups import ProcessGroup
 from .progress import BUSY_CODE, WORDS
 
 __all__ = [
-    "ENV", "NOTHING", "configure", "attach", "detach", "again", "call", "call_plan", "loaded",
+    "ENV", "NOTHING", "configure", "attach", "detach", "again", "again_list", "call", "call_plan",
+    "loaded",
 ]  # fmt: skip
 
 # What a call starts (call's ``what``).
@@ -59,6 +61,7 @@ START = 8  # MPI_Start of a persistent plan's request (pycoll.persistent)
 # large even all-to-all): COUNTS the address of int32 counts then
 # displacements, the same for both sides; COUNT the group's size.
 ALL_TO_ALL_V = 9
+GATHER = 10  # MPI_Igather (torch's list form on the root: received into a buffer the call keeps)
 
 # A call's words, as the compiled code reads them: what it starts, the send
 # buffer's address (MPI_IN_PLACE's value, or 0), the receive buffer's (or 0),
@@ -66,19 +69,26 @@ ALL_TO_ALL_V = 9
 # copy made once the call is done (to, from, bytes: 0 bytes for none), the
 # address of MPI's counts (an int array: REDUCE_SCATTER_V's recvcounts), for
 # START the plan's request handle, then a copy made before the call starts
-# (to, from, bytes) and a part of its range left out (offset and bytes).
+# (to, from, bytes) and a part of its range left out (offset and bytes),
+# then the copies a list form makes, each an int64 table of (to, from,
+# bytes) rows: its address and row count for those made before the call
+# starts (a reduce-scatter's inputs stacked) and for those made once it is
+# done (an all-gather's parts copied out), 0 rows for none.
 WHAT, SEND, RECV, COUNT, DATATYPE, OP, ROOT, STATE = range(8)
 COPY_TO, COPY_FROM, COPY_BYTES, COUNTS = range(8, 12)
 PLAN, IN_TO, IN_FROM, IN_BYTES, IN_SKIP, IN_SKIP_BYTES = range(12, 18)
-CALL_WORDS = 18
+IN_TABLE, IN_ROWS, OUT_TABLE, OUT_ROWS = range(18, 22)
+CALL_WORDS = 22
 
 # A kept call (a tuple): its words' address, the call check's key, its main
 # array, other buffer, extra and collective (what again knows it by), main's
 # dtype, its progress code, what it holds besides (its words, then what they
 # point into: the buffer it receives into, MPI's counts, a plan's input and
 # output), the call kept before it on the same main array or None, the
-# persistent plan it starts or None, and the bytes of buffer it holds.
+# persistent plan it starts or None, the bytes of buffer it holds, and for a
+# list form the list's arrays (a tuple; else None).
 _ADDRESS, _KEY, _MAIN, _OTHER, _EXTRA, _OP, _DTYPE, _CODE, _WORDS, _NEXT, _PLAN, _HELD = range(12)
+_ITEMS = 12
 # Calls kept on one array (the collectives a program makes on it): beyond,
 # the oldest is dropped.
 KEPT_PER_ARRAY = 4
@@ -241,6 +251,7 @@ def again(
     known: Any = None,
     input: Any = None,
     place: Any = None,
+    items: Any = None,
 ) -> bool:
     """Make a synchronous collective on the compiled path where this group
     keeps the same call on ``main`` (an array, its dict key): the same
@@ -260,7 +271,9 @@ def again(
     dtype reassigned in place). ``place``, an array that is a new view each
     call (torch's in-place all-gather input and reduce-scatter output), has
     the call known by ``(extra, its address)``, the address read only once a
-    call is kept on ``main``.
+    call is kept on ``main``. ``items``, a list form's list (its arrays
+    checked by the caller), must hold the very arrays the call was kept
+    with.
     """
     state = pg._native
     if state is None:
@@ -297,6 +310,8 @@ def again(
             known = known[_NEXT]  # another call kept on this array?
         if known is None or known[_DTYPE] is not main.dtype:
             return False
+        if items is not None and not _same_items(known, items):
+            return False
     if known[_PLAN] is not None and known[_PLAN].work is not None:
         return False  # the plan's asynchronous use still under way: Plan.call ends it
     if pg._owner != get_ident() or pg._shared:
@@ -332,6 +347,20 @@ def again(
     return True
 
 
+def again_list(
+    pg: ProcessGroup, op: str, main: Any, items: Any, extra: Any, async_op: bool
+) -> bool:
+    """:func:`again` for a list form whose list ``items`` the caller found
+    plain (pycoll.arrays.plain_arrays), ``main`` the array beside it, where a
+    call may take the compiled path (synchronous, debug off)."""
+    return (
+        pg._native is not None
+        and not async_op
+        and debug.PLAIN
+        and again(pg, op, main, items[0], extra, items=items)
+    )
+
+
 def may_keep(nbytes: int) -> bool:
     """Whether a call whose buffers hold ``nbytes`` may be kept (at most
     KEPT_BYTES): a caller may skip preparing :func:`call`'s arguments for
@@ -357,6 +386,8 @@ def call(
     place: Any = None,
     copy_in: Optional[Tuple[Any, Any, int]] = None,
     skip: Optional[Tuple[int, int]] = None,
+    items: Optional[Tuple[Any, ...]] = None,
+    into_items: bool = False,
 ) -> bool:
     """Keep a synchronous collective for :func:`again` and make it there, once
     it is made a second time on the same ``main`` array (an array seen once,
@@ -380,7 +411,11 @@ def call(
     all-to-all's input sent from a copy). ``skip``, (offset, bytes), leaves
     that part of the copy's range uncopied (what MPI neither sends nor
     receives: the v-form all-to-all's own part). ``place`` as for
-    :func:`again`.
+    :func:`again`. ``items``, a list form's arrays (``other`` its first),
+    all of one size, have the call keep a buffer of them side by side:
+    MPI receives into it and it is copied out to them once the call is
+    done (``into_items``: ``recv`` is then None), or they are copied into
+    it before the call starts and MPI sends from it (``send`` None).
     (REDUCE_SCATTER_V's per-rank counts, all ``count``, and ALL_TO_ALL_V's
     counts and displacements, ``count`` to each rank but this one, are made
     here and held.)
@@ -398,12 +433,15 @@ def call(
         return False  # (arrays over device memory: no CPU copy may touch them)
     if pg._plans is not None and pg._plans.counts(op, main.nbytes):
         return False  # (a call pycoll.persistent counts on every rank: call_plan's, if any)
-    found = _found(pg, state, main, other, extra, place, op)
+    found = _found(pg, state, main, other, extra, place, op, items)
     if found is None:
         return False
     extra, held = found
     if beside is not None:
         held += beside.nbytes
+    if items is not None:  # (their buffer, and the arrays besides other, counted already)
+        total = sum(x.nbytes for x in items)
+        held += total + total - other.nbytes
     if copy_in is not None and copy_in[0] is None:
         held += copy_in[2]
     if not may_keep(held) or not _room(pg, state, main, held):
@@ -415,6 +453,17 @@ def call(
         target, source, nbytes = copy_in
         if target is None:
             target = send = np.empty(nbytes, np.uint8)
+    stacked = rows = None
+    if items is not None:
+        part = items[0].nbytes
+        stacked = np.empty(len(items) * part, np.uint8)
+        at = _address(stacked)
+        places = [(_address(x), at + i * part) for i, x in enumerate(items)]
+        rows = np.array([(a, b, part) if into_items else (b, a, part) for a, b in places], np.int64)
+        if into_items:
+            recv = stacked
+        else:
+            send = stacked
     counts = None
     if what == REDUCE_SCATTER_V:
         counts = np.full(pg._size, count, np.intc)
@@ -444,8 +493,12 @@ def call(
             nbytes,
         )
         if skip is not None:
-            words[IN_SKIP:] = skip
-    return _keep(pg, state, op, key, main, other, extra, words, (target, recv, counts), held, None)
+            words[IN_SKIP:IN_TABLE] = skip
+    if rows is not None:
+        table = (OUT_TABLE, OUT_ROWS) if into_items else (IN_TABLE, IN_ROWS)
+        words[table[0]], words[table[1]] = _address(rows), len(rows)
+    holds = (target, recv, counts, stacked, rows)
+    return _keep(pg, state, op, key, main, other, extra, words, holds, held, None, items)
 
 
 def call_plan(
@@ -469,7 +522,7 @@ def call_plan(
     state = pg._native
     if state is None:
         return False
-    found = _found(pg, state, main, other, extra, place, op)
+    found = _found(pg, state, main, other, extra, place, op, None)
     if found is None:
         return False
     extra, held = found
@@ -484,21 +537,35 @@ def call_plan(
 
 
 def _found(
-    pg: ProcessGroup, state: _State, main: Any, other: Any, extra: Any, place: Any, op: str
+    pg: ProcessGroup,
+    state: _State,
+    main: Any,
+    other: Any,
+    extra: Any,
+    place: Any,
+    op: str,
+    items: Any,
 ) -> Optional[Tuple[Any, int]]:
     """What :func:`call` and :func:`call_plan` keep a call by: its ``extra``
     (with ``place``'s address, if given) and the bytes of the arrays it
     holds; None where the call is not to be kept: seen for the first time
     (:func:`_again_on`), or kept already, words and all, and declined by
     :func:`again` for a reason of the moment (the call check's exchange
-    point, another thread) that the plain path serves."""
+    point, another thread) that the plain path serves. A list form's call
+    (``items``) is kept once every array of its list was seen before too:
+    arrays made afresh for each call are not kept.)"""
     if place is not None:
         extra = (extra, _address(place))
-    if not _again_on(pg, state, main):
+    seen = _again_on(pg, state, main)
+    if items is not None and not all([_again_on(pg, state, x) for x in items]) or not seen:
         return None
     link = state.calls.get(id(main))
     while link is not None:
-        if _same(link, other, extra, op) and link[_DTYPE] is main.dtype:
+        if (
+            _same(link, other, extra, op)
+            and link[_DTYPE] is main.dtype
+            and (items is None or _same_items(link, items))
+        ):
             return None
         link = link[_NEXT]
     return extra, main.nbytes + (other.nbytes if type(other) is np.ndarray else 0)
@@ -512,6 +579,12 @@ def _same(link: Tuple[Any, ...], other: Any, extra: Any, op: str) -> bool:
         and (link[_EXTRA] is extra or link[_EXTRA] == extra)
         and link[_OP] == op
     )
+
+
+def _same_items(link: Tuple[Any, ...], items: Any) -> bool:
+    """Whether the kept call ``link`` was kept with the very arrays ``items``."""
+    kept = link[_ITEMS]
+    return kept is not None and len(kept) == len(items) and all(map(is_, kept, items))
 
 
 def _room(pg: ProcessGroup, state: _State, main: Any, held: int) -> bool:
@@ -580,6 +653,7 @@ def _keep(
     holds: Tuple[Any, ...],
     held: int,
     plan: Any,
+    items: Optional[Tuple[Any, ...]] = None,
 ) -> bool:
     """Keep a call's words (and what they point into: ``holds``, ``held``
     bytes of it counted) for :func:`again`, and make it there."""
@@ -604,7 +678,7 @@ def _keep(
         rest = link[:_NEXT] + (rest,) + link[_PLAN:]
     known = (
         _buffer(words).address, key, main, other, extra, op, main.dtype, BUSY_CODE[op],
-        (words, holds), rest, plan, held,
+        (words, holds), rest, plan, held, items,
     )  # fmt: skip
     calls[id(main)] = known
     state.held += held

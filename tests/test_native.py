@@ -381,7 +381,7 @@ def test_all_to_all_single_of_large_parts(group, plain_calls, rank, world_size, 
     words = known[native._WORDS][0]
     assert words[native.WHAT] == native.ALL_TO_ALL_V
     if in_place:  # (the copy skips this rank's own part, which MPI never reads)
-        assert list(words[native.IN_SKIP :]) == [count * 8 * rank, count * 8]
+        assert list(words[native.IN_SKIP : native.IN_TABLE]) == [count * 8 * rank, count * 8]
 
 
 def test_several_calls_on_one_array_are_each_kept(group, plain_calls, keeps, rank,
@@ -549,6 +549,97 @@ def test_two_array_calls_are_still_checked(group, rank, world_size, name):
     out.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
         call(out, inp, group=group)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.complex128, BF16],
+                         ids=lambda d: np.dtype(d).name)  # fmt: skip
+def test_all_gather_list_form(group, plain_calls, rank, world_size, dtype):
+    """torch's list form, kept: received into a buffer the call keeps and
+    copied out to the list's arrays by the compiled code."""
+    mpi_datatype(np.dtype(dtype))  # (the table a first call fills, before counting)
+    x = np.zeros(5, dtype)
+    outs = [np.zeros(5, dtype) for _ in range(world_size)]
+    for i in range(CALLS):
+        x[...] = np.arange(5) + 10 * rank + i
+        pycoll.all_gather(outs, x, group=group)
+        for r in range(world_size):
+            assert_array_equal(outs[r], (np.arange(5) + 10 * r + i).astype(dtype))
+    assert plain_calls == {"all_gather": 1}
+
+
+@pytest.mark.parametrize("op", ["SUM", "MAX"])
+def test_reduce_scatter_list_form(group, plain_calls, rank, world_size, op):
+    """torch's list form, kept: the inputs copied side by side into a buffer
+    the call keeps by the compiled code, then MPI's reduce-scatter."""
+    mpi_datatype(np.dtype(np.int64))
+    ins = [np.zeros(4, np.int64) for _ in range(world_size)]
+    out = np.zeros(4, np.int64)
+    for i in range(CALLS):
+        for d in range(world_size):
+            ins[d][...] = np.arange(4) + 100 * d + rank * (d + 1) + i
+        pycoll.reduce_scatter(out, ins, op=getattr(pycoll.ReduceOp, op), group=group)
+        every = [np.arange(4) + 100 * rank + r * (rank + 1) + i for r in range(world_size)]
+        want = sum(every) if op == "SUM" else np.maximum.reduce(every)
+        assert_array_equal(out, want)
+    assert plain_calls == {"reduce_scatter": 1}
+
+
+def test_gather_to_every_root(group, plain_calls, rank, world_size):
+    """gather, kept on every rank: the root's received into a buffer the
+    call keeps and copied out to its list, the others' send-only calls (each
+    root its own call)."""
+    mpi_datatype(np.dtype(np.float32))
+    x = np.zeros(3, np.float32)
+    outs = [np.zeros(3, np.float32) for _ in range(world_size)]
+    for dst in range(world_size):
+        for i in range(CALLS):
+            x[...] = np.arange(3) + 10 * rank + i + dst
+            pycoll.gather(x, outs if rank == dst else None, dst=dst, group=group)
+            if rank == dst:
+                for r in range(world_size):
+                    assert_array_equal(outs[r], np.arange(3, dtype=np.float32) + 10 * r + i + dst)
+    # The first call plain, and a root's first call as root (its list seen once)
+    assert plain_calls == {"gather": 1 if rank == 0 else 2}
+
+
+def test_a_list_form_is_kept_with_the_arrays_of_its_list(group, plain_calls, keeps, rank,
+                                                         world_size):  # fmt: skip
+    """A kept list form is the call of the very arrays it was kept with,
+    whatever list holds them: an array replaced in the list is written, a
+    new list of the same arrays is the kept call, and lists of arrays made
+    afresh for each call are never kept. A list that no longer passes the
+    checks (an output made read-only) is refused on every rank, as on the
+    plain path."""
+    mpi_datatype(np.dtype(np.float32))
+    x = np.zeros(2, np.float32)
+    outs = [np.zeros(2, np.float32) for _ in range(world_size)]
+
+    def gathered(i: int, into: List[np.ndarray]) -> None:
+        x[...] = rank + i
+        pycoll.all_gather(into, x, group=group)
+        for r in range(world_size):
+            assert_array_equal(into[r], np.full(2, r + i, np.float32))
+
+    for i in range(CALLS):
+        gathered(i, outs)
+    assert plain_calls == {"all_gather": 1}
+    for at in {0, world_size - 1}:
+        outs[at] = np.zeros(2, np.float32)  # replaced: no longer the kept call
+        gathered(10 + at, outs)
+    replaced = plain_calls["all_gather"]
+    assert replaced == 1 + len({0, world_size - 1})
+    for i in range(CALLS):
+        gathered(20 + i, list(outs))  # a new list each call, of the same arrays
+    assert plain_calls == {"all_gather": replaced}  # (kept at once: every array seen)
+    before = len(keeps)
+    for i in range(CALLS):
+        gathered(30 + i, [np.zeros(2, np.float32) for _ in range(world_size)])
+    assert plain_calls == {"all_gather": replaced + CALLS}
+    assert group._native.calls[id(x)][native._ITEMS] == tuple(outs)  # (none kept since)
+    assert len(keeps) == before + CALLS
+    outs[0].flags.writeable = False
+    with pytest.raises(ValueError, match=r"tensor_list\[0\] is read-only"):
+        pycoll.all_gather(outs, x, group=group)
 
 
 def test_arrays_made_afresh_take_the_plain_path(group, plain_calls, rank, world_size):

@@ -110,29 +110,41 @@ def all_gather(
     n = pg._size
     # The common case (a plain contiguous input, a list of n plain contiguous
     # writeable arrays of its dtype and shape) needs no more checks.
-    if (
+    fast = (
         type(tensor) is np.ndarray
         and tensor.flags.c_contiguous
         and (mpitype := MPI_TYPES.get(dtype := tensor.dtype)) is not None
         and plain_arrays(tensor_list, n, dtype, tensor.shape, writeable=True)
-    ):
+    )
+    if fast:
         outs = tensor_list
+        if native.again_list(pg, func, tensor, outs, None, async_op):  # (compiled: as before)
+            return None
     else:
         tensor = check_input(func, "tensor", tensor)
         outs = _check_outputs(func, "tensor_list", tensor_list, tensor, n)
         mpitype = mpi_datatype(tensor.dtype)
     key = crosscheck.key(func, tensor.dtype, tensor.size)
     comm = pg.comm
-    stacked = _stacked(pg, n, tensor)
     if not async_op and debug.PLAIN:
         # Synchronous (pycoll.collectives._common.plain): on 2 ranks the
         # generic path below took 2.9x a raw mpi4py all-gather and copy-out
-        # at 8 B, this one 1.9x, and 1.6x at 64 KiB, now 1.4x
-        # (docs/benchmarks.md).
+        # at 8 B, this one 1.9x, and 1.6x at 64 KiB, now 1.4x; kept by the
+        # compiled path (received into a buffer the call keeps, copied out
+        # there), ... (docs/benchmarks.md).
+        if (
+            fast
+            and pg._native is not None
+            and native.call(pg, func, key, native.ALL_GATHER, tensor, None, tensor.size, mpitype,
+                            None, 0, tensor, outs[0], None, items=tuple(outs), into_items=True)
+        ):  # fmt: skip
+            return None
+        stacked = _stacked(pg, n, tensor)
         plain(pg, func, key, comm.Iallgather, comm.Allgather, [tensor, mpitype],
               [stacked, mpitype])  # fmt: skip
         _unpack(pg, stacked, outs)
         return None
+    stacked = _stacked(pg, n, tensor)
     desc = f"{func}({sig(tensor)})" if debug.LEVEL >= DETAIL else None
     return run(
         pg,
@@ -417,8 +429,31 @@ def gather(
         return None
     n = pg._size
     root = group_rank(pg, dst, "dst", func)
-    tensor = check_input(func, "tensor", tensor)
-    mpitype = mpi_datatype(tensor.dtype)
+    mine = root == pg._rank
+    # The common case (a plain contiguous input and, on dst, a list of n plain
+    # contiguous writeable arrays of its dtype and shape) needs no more checks.
+    fast = (
+        type(tensor) is np.ndarray
+        and tensor.flags.c_contiguous
+        and (mpitype := MPI_TYPES.get(dtype := tensor.dtype)) is not None
+        and (
+            plain_arrays(gather_list, n, dtype, tensor.shape, writeable=True)
+            if mine
+            else gather_list is None
+        )
+    )
+    if fast and (  # the same call on the same arrays as before: compiled (pycoll.native)
+        native.again_list(pg, func, tensor, gather_list, root, async_op)
+        if gather_list is not None  # (on dst, by fast)
+        else pg._native is not None
+        and not async_op
+        and debug.PLAIN
+        and native.again(pg, func, tensor, None, root)
+    ):
+        return None
+    if not fast:
+        tensor = check_input(func, "tensor", tensor)
+        mpitype = mpi_datatype(tensor.dtype)
     comm = pg.comm
     if root != pg._rank and gather_list is not None:
         raise ValueError(
@@ -444,6 +479,12 @@ def gather(
         # Synchronous (pycoll.collectives._common.plain), as all_gather's list
         # form: the generic path's bookkeeping was most of a small call's cost.
         key = crosscheck.OP_BITS[func]
+        if fast and pg._native is not None:  # kept from its second call (pycoll.native)
+            items = tuple(outs) if mine else None
+            if native.call(pg, func, key, native.GATHER, tensor, None, tensor.size, mpitype,
+                           None, root, tensor, outs[0] if mine else None, root, items=items,
+                           into_items=True):  # fmt: skip
+                return None
         if root != pg._rank:
             plain(pg, func, key, comm.Igather, comm.Gather, [tensor, mpitype], None, root)
             return None

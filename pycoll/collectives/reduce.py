@@ -856,14 +856,17 @@ def reduce_scatter(
     n = pg._size
     # The common case (a plain contiguous writeable output, a list of n plain
     # contiguous arrays of its dtype and shape) needs no more checks.
-    if (
+    fast = (
         type(output) is np.ndarray
         and (f := output.flags).c_contiguous
         and f.writeable
         and (dtype := output.dtype) in MPI_TYPES
         and plain_arrays(input_list, n, dtype, output.shape, writeable=False)
-    ):
+    )
+    if fast:
         inputs = input_list
+        if native.again_list(pg, func, output, inputs, op, async_op):  # (compiled: as before)
+            return None
     else:
         output = check_output(func, "output", output)
         inputs = [
@@ -879,14 +882,25 @@ def reduce_scatter(
         return _reduce_scatter_shm(pg, win, func, output, inputs, op, how, async_op, desc)
     if way == "pairwise":
         return _reduce_scatter_pairwise(pg, func, output, inputs, op, how, async_op, desc)
-    send = np.concatenate([x.reshape(-1) for x in inputs])  # (never the output: a copy)
     if how.plain and not async_op and debug.PLAIN:
         # Synchronous, MPI's own op (pycoll.collectives._common.plain), as
         # reduce_scatter_tensor's common case: the generic path's bookkeeping
-        # cost 5.2 us a call of 8 B on one rank, this one 3.4 us.
+        # cost 5.2 us a call of 8 B on one rank, this one 3.4 us; kept by the
+        # compiled path (the inputs copied side by side into a buffer the
+        # call keeps, there), ... (docs/benchmarks.md).
+        key = how.key | OP_BITS[func] | output.size & COUNT
+        if fast and pg._native is not None:
+            what = native.REDUCE_SCATTER
+            if _mpi.reduce_scatter_v(output.nbytes):  # (as _mpi_reduce_scatter chooses)
+                what = native.REDUCE_SCATTER_V
+            if native.call(pg, func, key, what, None, output, output.size, how.datatype, how.mpi_op,
+                           0, output, inputs[0], op, items=tuple(inputs)):  # fmt: skip
+                return None
+        send = np.concatenate([x.reshape(-1) for x in inputs])  # (never the output: a copy)
         start, blocking, args = _mpi_reduce_scatter(pg.comm, n, how, send, output)
-        plain(pg, func, how.key | OP_BITS[func] | output.size & COUNT, start, blocking, *args)
+        plain(pg, func, key, start, blocking, *args)
         return None
+    send = np.concatenate([x.reshape(-1) for x in inputs])  # (never the output: a copy)
     if how.prescale is not None:
         kernels.scale(send, how.prescale, out=send)
     return _reduce_scatter_block(pg, func, send, output, how, async_op, desc)

@@ -48,12 +48,17 @@ from ..native import (
     COUNT,
     COUNTS,
     DATATYPE,
+    GATHER,
     IN_BYTES,
     IN_FROM,
+    IN_ROWS,
     IN_SKIP,
     IN_SKIP_BYTES,
+    IN_TABLE,
     IN_TO,
     OP,
+    OUT_ROWS,
+    OUT_TABLE,
     PLAN,
     RECV,
     REDUCE,
@@ -94,6 +99,7 @@ _FUNCTIONS = {
     "MPI_Ireduce_scatter": "ppphhhp",
     "MPI_Ialltoall": "pihpihhp",
     "MPI_Ialltoallv": "ppphppphhp",
+    "MPI_Igather": "pihpihihp",
     "MPI_Ibarrier": "hp",
     "MPI_Test": "ppp",
     "MPI_Start": "p",
@@ -106,6 +112,7 @@ _FUNCTIONS = {
     "MPI_Reduce_scatter": "ppphhh",
     "MPI_Alltoall": "pihpihh",
     "MPI_Alltoallv": "ppphppphh",
+    "MPI_Gather": "pihpihih",
 }
 
 
@@ -140,6 +147,7 @@ n_ireduce_scatter, w_ireduce_scatter = (
 n_ireduce_scatter_v, w_ireduce_scatter_v = _N["MPI_Ireduce_scatter"], _W["MPI_Ireduce_scatter"]
 n_ialltoall, w_ialltoall = _N["MPI_Ialltoall"], _W["MPI_Ialltoall"]
 n_ialltoallv, w_ialltoallv = _N["MPI_Ialltoallv"], _W["MPI_Ialltoallv"]
+n_igather, w_igather = _N["MPI_Igather"], _W["MPI_Igather"]
 n_ibarrier, w_ibarrier = _N["MPI_Ibarrier"], _W["MPI_Ibarrier"]
 mpi_test = _N["MPI_Test"]  # (no handle among its parameters: one width serves)
 mpi_start, mpi_wait = _N["MPI_Start"], _N["MPI_Wait"]
@@ -151,6 +159,7 @@ n_reduce_scatter, w_reduce_scatter = _N["MPI_Reduce_scatter_block"], _W["MPI_Red
 n_reduce_scatter_v, w_reduce_scatter_v = _N["MPI_Reduce_scatter"], _W["MPI_Reduce_scatter"]
 n_alltoall, w_alltoall = _N["MPI_Alltoall"], _W["MPI_Alltoall"]
 n_alltoallv, w_alltoallv = _N["MPI_Alltoallv"], _W["MPI_Alltoallv"]
+n_gather, w_gather = _N["MPI_Gather"], _W["MPI_Gather"]
 
 
 @intrinsic
@@ -165,16 +174,28 @@ def _words(typingctx: Any, address: Any) -> Any:
 
 
 @njit(cache=True)
+def _rows(table, rows):
+    """The copies of a table of ``rows`` (to, from, bytes) rows at ``table``."""
+    if rows:
+        copies = carray(_words(table), (3 * rows,))
+        for i in range(0, 3 * rows, 3):
+            memcpy(copies[i], copies[i + 1], copies[i + 2])
+
+
+@njit(cache=True)
 def _copy(call):
-    """The copy a call makes once done (its words COPY_TO to COPY_BYTES), if any."""
+    """The copies a call makes once done (its words COPY_TO to COPY_BYTES,
+    and OUT_TABLE's rows), if any."""
     if call[COPY_BYTES]:
         memcpy(call[COPY_TO], call[COPY_FROM], call[COPY_BYTES])
+    _rows(call[OUT_TABLE], call[OUT_ROWS])
 
 
 @njit(cache=True)
 def _copy_in(call):
-    """The copy a call makes before it starts (its words IN_TO to IN_BYTES),
-    if any, less the part IN_SKIP and IN_SKIP_BYTES leave out."""
+    """The copies a call makes before it starts (its words IN_TO to IN_BYTES,
+    less the part IN_SKIP and IN_SKIP_BYTES leave out, and IN_TABLE's rows),
+    if any."""
     nbytes = call[IN_BYTES]
     if nbytes:
         to, source, skip = call[IN_TO], call[IN_FROM], call[IN_SKIP_BYTES]
@@ -185,6 +206,7 @@ def _copy_in(call):
             memcpy(to + at, source + at, nbytes - at)
         else:
             memcpy(to, source, nbytes)
+    _rows(call[IN_TABLE], call[IN_ROWS])
 
 
 @njit(cache=True)
@@ -298,6 +320,14 @@ def _call(st, p, call, blocking):
         if wide:
             return w_ialltoallv(send, counts, displs, dt, recv, counts, displs, dt, comm, req)
         return n_ialltoallv(send, counts, displs, dt, recv, counts, displs, dt, comm, req)
+    if what == GATHER:  # (recv 0 but on the root)
+        if blocking:
+            if wide:
+                return w_gather(send, count, dt, recv, count, dt, root, comm)
+            return n_gather(send, count, dt, recv, count, dt, root, comm)
+        if wide:
+            return w_igather(send, count, dt, recv, count, dt, root, comm, req)
+        return n_igather(send, count, dt, recv, count, dt, root, comm, req)
     if wide:
         return w_ibarrier(comm, req)
     return n_ibarrier(comm, req)
