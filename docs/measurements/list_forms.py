@@ -30,7 +30,7 @@ import numpy as np
 
 import pycoll
 from pycoll import _mpi
-from pycoll.bench.table import rotated
+from pycoll.bench.table import _repeat, rotated
 
 pycoll.init_process_group()
 MPI = _mpi.MPI
@@ -144,7 +144,7 @@ def main() -> None:
             wrong += sum(int((got != w).sum()) for got, w in zip(f(), wanted))
         wrong = comm.allreduce(wrong)
         reps = max(10, int(2e7 // max(nbytes * n, 64)))
-        runs = {k: lambda calls, f=f: [f() for _ in range(calls)] for k, f in made.items()}
+        runs = {k: _repeat(f) for k, f in made.items()}
         times = {k: [t * 1e6 for t in v] for k, v in rotated(runs, reps, ROUNDS, comm).items()}
         if me == 0:
             cells = [

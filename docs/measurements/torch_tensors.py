@@ -29,7 +29,7 @@ import torch
 
 import pycoll
 from pycoll import _mpi
-from pycoll.bench.table import rotated
+from pycoll.bench.table import _repeat, rotated
 
 pycoll.init_process_group()
 MPI = _mpi.MPI
@@ -113,7 +113,7 @@ def main() -> None:
         for name, sides in cases(k).items():
             wrong = comm.allreduce(sum(check() for _, check in sides.values()))
             reps = max(10, int(2e6 // max(nbytes * n, 64)))
-            runs = {s: lambda calls, f=v[0]: [f() for _ in range(calls)] for s, v in sides.items()}
+            runs = {s: _repeat(call) for s, (call, _) in sides.items()}
             times = {s: [t * 1e6 for t in v] for s, v in rotated(runs, reps, ROUNDS, comm).items()}
             if me == 0:
                 base = np.array(times["mpi4py"])
