@@ -472,7 +472,11 @@ def gather(
                     f"{func}: gather_list is required on dst ({dst}): pass one array per "
                     f"rank, shaped like tensor"
                 )
-            outs = _check_outputs(func, "gather_list", gather_list, tensor, n)
+            outs = (
+                gather_list  # (found plain already, by fast)
+                if fast
+                else _check_outputs(func, "gather_list", gather_list, tensor, n)
+            )
         except (TypeError, ValueError) as exc:
             refused = exc
     if not async_op and debug.PLAIN:
