@@ -228,7 +228,15 @@ class Supervisor:
         launcher_reader = wire.Lines()
         self.sel.register(listener, selectors.EVENT_READ, "listen")
         self.sel.register(proc.stdout, selectors.EVENT_READ, "launcher")
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        # Ctrl-C and SIGTERM stop the job, unless this process was started to
+        # ignore them (a shell's background job ignores SIGINT): those stay
+        # ignored, as they do for the rest of the program (a pytest session
+        # must not lose its job to a signal it then goes on past).
+        old = {
+            s: signal.signal(s, self._on_signal)
+            for s in (signal.SIGINT, signal.SIGTERM)
+            if signal.getsignal(s) is not signal.SIG_IGN
+        }
         start = self.began  # --timeout and the start timeout count from the first start
         launcher_open = True
         try:

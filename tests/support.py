@@ -9,6 +9,7 @@ Values are small integers, so sums and products are exact in every dtype
 from __future__ import annotations
 
 import functools
+import signal
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -266,6 +267,19 @@ def still_alive(pids: List[int], within: float = 10.0) -> List[int]:
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.05)
+
+
+def signals_as(disposition: Any) -> Any:
+    """A ``preexec_fn`` that starts the child with SIGINT and SIGTERM set to
+    ``disposition`` (``signal.SIG_DFL`` or ``signal.SIG_IGN``), whatever this
+    process has: a suite started as a shell's background job ignores SIGINT,
+    and its children would inherit that."""
+
+    def preexec() -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, disposition)
+
+    return preexec
 
 
 @contextmanager

@@ -13,6 +13,8 @@ and later check that its process is gone. Then, by MODE:
   ``<rank>:<i>:`` then WIDTH copies of the rank's digit, in small pieces;
 - ``poke``: rank 0 connects to pycoll-run's port (read from its wrapper's
   environment) and sends lines that are not messages, then all do ``ok``;
+- ``wait PATH``: every rank waits (at most 120 s) until PATH exists, then
+  all do ``ok``;
 - ``scan``: every rank reports the command lines of this machine's processes
   that carry pycoll-run's token variable with a value.
 """
@@ -77,6 +79,12 @@ def main(argv):
         print("SCAN " + json.dumps(token_on_a_command_line()), flush=True)
         world.Barrier()  # every rank's wrapper and the launcher still run while scanned
         return
+    if mode == "wait":
+        deadline = time.monotonic() + 120
+        while not os.path.exists(argv[1]):
+            assert time.monotonic() < deadline, f"{argv[1]} never appeared"
+            time.sleep(0.05)
+        mode = "ok"
     if mode == "ok":
         print(f"stderr line of {world.Get_rank()}", file=sys.stderr, flush=True)
         assert world.allreduce(1) == world.Get_size()

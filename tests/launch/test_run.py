@@ -7,6 +7,7 @@ import re
 import signal
 import socket
 import subprocess
+from typing import List
 
 import pytest
 from launch_support import (
@@ -21,7 +22,7 @@ from launch_support import (
     run_with_flaky_launcher,
 )
 
-from support import still_alive
+from support import signals_as, still_alive
 
 pytestmark = pytest.mark.parametrize("family", family_params())
 HOST = socket.gethostname()
@@ -209,6 +210,17 @@ def test_more_gpus_asked_than_visible_ends_the_job_before_it_starts(family):
     assert reports(proc.stdout) == {}  # no rank ran the target
 
 
+def _until_every_rank_reports(proc: subprocess.Popen, n: int) -> List[str]:
+    """pycoll-run's output lines up to the last of ``n`` ranks' reports."""
+    assert proc.stdout is not None
+    lines: List[str] = []
+    while len(reports("\n".join(lines))) < n:
+        line = proc.stdout.readline()
+        assert line, "pycoll-run ended before every rank reported"
+        lines.append(line.rstrip("\n"))
+    return lines
+
+
 @pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_to_pycoll_run_ends_every_rank(family, signum, status):
     proc = subprocess.Popen(
@@ -218,14 +230,10 @@ def test_a_signal_to_pycoll_run_ends_every_rank(family, signum, status):
         stderr=subprocess.PIPE,
         text=True,
         env=clean_env(),
+        preexec_fn=signals_as(signal.SIG_DFL),  # (not ignored, whatever this suite's are)
     )
     try:
-        assert proc.stdout is not None
-        lines = []
-        while len(reports("\n".join(lines))) < 3:  # every rank is running
-            line = proc.stdout.readline()
-            assert line, "pycoll-run ended before every rank reported"
-            lines.append(line.rstrip("\n"))
+        lines = _until_every_rank_reports(proc, 3)
         proc.send_signal(signum)
         out, err = proc.communicate(timeout=20)
     finally:
@@ -235,6 +243,33 @@ def test_a_signal_to_pycoll_run_ends_every_rank(family, signum, status):
     assert f"pycoll-run: {signal.Signals(signum).name}: stopping every rank" in err
     pids = [r["pid"] for r in reports("\n".join(lines) + "\n" + out).values()]
     assert still_alive(pids) == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_pycoll_run_was_started_to_ignore_leaves_the_job_running(family, signum, tmp_path):
+    """Started with the signal ignored (a shell's background job ignores
+    SIGINT), pycoll-run goes on ignoring it, as the program it runs would."""
+    go = tmp_path / "go"
+    proc = subprocess.Popen(
+        [PYTHONS[family], "-m", "pycoll.launch", "-n", "2", TARGET, "wait", str(go)],
+        cwd=HERE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(),
+        preexec_fn=signals_as(signal.SIG_IGN),
+    )
+    try:
+        _until_every_rank_reports(proc, 2)
+        proc.send_signal(signum)  # (an ignored signal is dropped as it is sent)
+        go.touch()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "stopping every rank" not in err
 
 
 def test_command_form_with_python_ends_the_job_on_a_raise_as_the_script_form(family):

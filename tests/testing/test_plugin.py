@@ -16,7 +16,7 @@ import time
 import pytest
 
 from pycoll.launch.families import Job, choose
-from support import still_alive
+from support import signals_as, still_alive
 
 pytest_plugins = ["pytester"]
 HOST = socket.gethostname()
@@ -309,6 +309,14 @@ def test_with_reuse_a_hang_or_crash_costs_that_test_alone(pytester, monkeypatch,
     assert by_test["after"] == by_test["last"]  # which the rest share
 
 
+def _wait_for_lines(proc: subprocess.Popen, path, n: int) -> None:
+    """Until ``path`` holds ``n`` lines (the ranks wrote them), at most 120 s."""
+    deadline = time.monotonic() + 120
+    while len(path.read_text().splitlines() if path.exists() else []) < n:
+        assert proc.poll() is None and time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_to_pytest_ends_the_session_not_only_its_job(pytester, tmp_path, signum):
     """Ctrl-C (or a kill) while a job runs stops its ranks and ends the
@@ -336,12 +344,10 @@ def test_a_signal_to_pytest_ends_the_session_not_only_its_job(pytester, tmp_path
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=signals_as(signal.SIG_DFL),  # (not ignored, whatever this suite's are)
     )
     try:
-        deadline = time.monotonic() + 120
-        while len(pids.read_text().splitlines() if pids.exists() else []) < 2:
-            assert proc.poll() is None and time.monotonic() < deadline, "the job did not start"
-            time.sleep(0.05)
+        _wait_for_lines(proc, pids, 2)
         proc.send_signal(signum)
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -356,6 +362,52 @@ def test_a_signal_to_pytest_ends_the_session_not_only_its_job(pytester, tmp_path
         assert "KeyboardInterrupt" in out
     else:
         assert proc.returncode == -signal.SIGTERM, out
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_the_session_ignores_leaves_its_job_running(pytester, tmp_path, signum):
+    """A session started with the signal ignored (a shell's background job
+    ignores SIGINT) goes on ignoring it while a job runs: the job is not
+    stopped, so the session does not lose a test to a signal it then goes on
+    past."""
+    pids = tmp_path / "pids"
+    go = tmp_path / "go"
+    pytester.makepyfile(
+        test_inner=f"""
+        import os
+        import time
+        import pytest
+
+        @pytest.mark.mpi(ranks=2, timeout=300)
+        def test_waits(comm):
+            with open({str(pids)!r}, "a") as f:
+                f.write(f"{{os.getpid()}}\\n")
+            comm.Barrier()
+            deadline = time.monotonic() + 120
+            while not os.path.exists({str(go)!r}):  # until the signal was sent
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_inner.py"],
+        cwd=pytester.path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=signals_as(signal.SIG_IGN),
+    )
+    try:
+        _wait_for_lines(proc, pids, 2)
+        proc.send_signal(signum)  # (an ignored signal is dropped as it is sent)
+        go.touch()
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out
+    assert "1 passed" in out, out
 
 
 SHARED_PIDS = """
