@@ -53,6 +53,24 @@ def test_all_reduce_every_dtype_and_op(tdist, op, dtype, rank, world_size):
     assert_equal(values(t), expected)
 
 
+def test_ops_met_again_keep_their_meaning(tdist, rank, world_size):
+    """The backend knows an op kind it has met again by the options' ReduceOp
+    (pycoll.torch.backend._op): each op, premul sums of two factors among
+    them, means itself on its second and third meeting too."""
+    x = data(rank, F32)
+    inputs = [data(r, F32) for r in range(world_size)]
+    total = reduce_all("SUM", inputs, world_size)
+    for _ in range(3):
+        for name in ("SUM", "MAX", "MIN", "PRODUCT", "AVG"):
+            t = tensor(x)
+            dist.all_reduce(t, op=getattr(dist.ReduceOp, name))
+            assert_equal(values(t), reduce_all(name, inputs, world_size))
+        for factor in (0.25, 2.0):
+            t = tensor(x)
+            dist.all_reduce(t, op=dist._make_nccl_premul_sum(factor))
+            assert_equal(values(t), (total * np.float32(factor)).astype(F32))
+
+
 BAD = [(op, dt) for op, dt in invalid_pairs() if dt in TORCH and dt.kind != "c"]
 
 
