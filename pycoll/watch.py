@@ -304,12 +304,15 @@ def wait1_yielding(pg: ProcessGroup, op: str, seq: Optional[int], request: Any) 
 def tester(requests: List[Any], statuses: Optional[List[Any]] = None) -> Callable[[], bool]:
     """A callable testing whether ``requests`` have all completed.
 
-    For one request without a status (most waits), MPI_Test: MPICH 5.0's
+    For one request (most waits; a receive's with its status), MPI_Test:
+    through mpi4py, MPI_Testall of a list costs more per test, and MPICH 5.0's
     MPI_Testall fails a completed persistent collective request with
     MPI_ERR_IN_STATUS though its status says success (pycoll's persistent
     requests: the call check's exchanges, pycoll.persistent's plans)."""
-    if len(requests) == 1 and statuses is None:
-        return requests[0].Test
+    if len(requests) == 1:
+        if statuses is None:
+            return requests[0].Test
+        return functools.partial(requests[0].Test, statuses[0])  # (a receive's)
     return functools.partial(_mpi.MPI.Request.Testall, requests, statuses)
 
 

@@ -383,9 +383,9 @@ def send_object_list(
         raise _pickle_error(func, [], exc)
     MPI = _mpi.MPI
     size = np.array([payload.size], np.int64)
-    _p2p(pg, func, peer, pg.comm.Isend, [size, MPI.INT64_T], peer, RESERVED_TAG)
+    _p2p(pg, func, pg.comm.Isend, [size, MPI.INT64_T], peer, peer, RESERVED_TAG)
     for spec in _parts(payload, payload.size):
-        _p2p(pg, func, peer, pg.comm.Isend, spec, peer, RESERVED_TAG)
+        _p2p(pg, func, pg.comm.Isend, spec, peer, peer, RESERVED_TAG)
 
 
 def recv_object_list(
@@ -413,12 +413,12 @@ def recv_object_list(
     size = np.empty(1, np.int64)
     status = MPI.Status()
     peer = None if source == MPI.ANY_SOURCE else source
-    _p2p(pg, func, peer, pg.comm.Irecv, [size, MPI.INT64_T], source, RESERVED_TAG, status=status)
+    _p2p(pg, func, pg.comm.Irecv, [size, MPI.INT64_T], peer, source, RESERVED_TAG, status)
     sender = status.Get_source()
     nbytes = int(size[0])
     buf = np.empty(nbytes, np.uint8)
     for spec in _parts(buf, nbytes):
-        _p2p(pg, func, sender, pg.comm.Irecv, spec, sender, RESERVED_TAG)
+        _p2p(pg, func, pg.comm.Irecv, spec, sender, sender, RESERVED_TAG)
     objs = _unpack(buf, nbytes)
     if len(objs) != len(object_list):
         raise ValueError(

@@ -11,12 +11,12 @@ from typing import Any, Callable, List, Optional
 import numpy as np
 
 from .. import _mpi, watch
-from ..arrays import check_input, check_output, mpi_datatype
+from ..arrays import MPI_TYPES, check_input, check_output, mpi_datatype
 from ..dispatch import IN, OUT, Array, collective
-from ..groups import ProcessGroup, resolve
+from ..groups import STATE, ProcessGroup, resolve
 from ..trace import recorder
 from ..work import Work
-from ._common import check_tag, group_rank
+from ._common import MONITOR_TAG, check_tag, group_rank
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]
 
@@ -35,26 +35,63 @@ def _source(pg: ProcessGroup, src: Any, func: str) -> int:
     return _mpi.MPI.ANY_SOURCE if src is None else _peer(pg, src, "src", func)
 
 
+# The call a pipeline stage makes every micro-batch (a plain contiguous array
+# of an MPI type, a peer of the group named by an int, an int tag in range)
+# is checked inline, as the collectives' common case is; anything else takes
+# the checks above, which name what is wrong.
+
+
+def _plain_peer(pg: ProcessGroup, rank: Any, tag: Any) -> Optional[int]:
+    """The group rank of global rank ``rank`` where it is an int naming
+    another rank of ``pg`` and ``tag`` a user's int tag; else None."""
+    if type(rank) is not int or type(tag) is not int or not 0 <= tag < MONITOR_TAG:
+        return None
+    peer = pg._group_rank_of.get(rank)
+    return None if peer == pg._rank else peer
+
+
+def _plain(tensor: Any, writeable: bool = False) -> Any:
+    """The MPI datatype of a plain C-contiguous numpy array (writeable where
+    asked) of an MPI type known already; else None."""
+    if type(tensor) is not np.ndarray:
+        return None
+    flags = tensor.flags
+    if not flags.c_contiguous or (writeable and not flags.writeable):
+        return None
+    return MPI_TYPES.get(tensor.dtype)
+
+
 def _p2p(
-    pg: ProcessGroup, op: str, peer: Optional[int], start: Callable, *args: Any, status: Any = None
+    pg: ProcessGroup,
+    op: str,
+    start: Callable,
+    spec: List[Any],
+    peer: Optional[int],
+    source: int,
+    tag: int,
+    status: Any = None,
 ) -> None:
-    """Start one point-to-point operation with group rank ``peer`` (None: any)
-    and wait for it within the group's timeout."""
+    """Start one point-to-point operation (``start``: the group's Isend or
+    Irecv, of the buffer ``spec``, [array, datatype] or [array, count,
+    datatype], with group rank ``source``: ``peer``, or any rank when
+    ``peer`` is None) and wait for it within the group's timeout."""
     if pg._broken is not None:
         raise watch.broken(pg, op)
     known = None if peer is None else pg._ranks[peer]
-    buffer = args[0][0]  # (args: the buffer spec [array, datatype], the peer, the tag)
-    entry = recorder.issue(pg, op, None, 0, known, buffer.nbytes)
+    entry = recorder.issue(pg, op, None, 0, known, spec[0].nbytes)
     try:
-        request = start(*args)
+        request = start(spec, source, tag)
+        # A small send is done at once: no wait to set up.
+        done = request.Test() if status is None else request.Test(status)
     except _mpi.MPI.Exception as exc:
         recorder.complete(entry, recorder.FAILED)
         raise watch.backend_error(op, None, exc) from None
-    try:
-        watch.wait(pg, op, None, [request], None, None if status is None else [status], peer)
-    except BaseException:
-        recorder.complete(entry, recorder.FAILED)  # (a timeout has marked it already)
-        raise
+    if not done:
+        try:
+            watch.wait(pg, op, None, [request], None, None if status is None else [status], peer)
+        except BaseException:
+            recorder.complete(entry, recorder.FAILED)  # (a timeout has marked it already)
+            raise
     recorder.complete(entry)
 
 
@@ -67,13 +104,18 @@ def send(
     stream: Any = None,
 ) -> None:
     """Send ``tensor`` to global rank ``dst``; returns once the buffer may be reused."""
-    pg = resolve(group, "send")
-    if pg is None:
-        return None
-    peer = _peer(pg, dst, "dst", "send")
-    tensor = check_input("send", "tensor", tensor)
-    tag = check_tag(tag, "send")
-    _p2p(pg, "send", peer, pg.comm.Isend, [tensor, mpi_datatype(tensor.dtype)], peer, tag)
+    pg = STATE.default
+    if group is not None or pg is None:
+        pg = resolve(group, "send")
+        if pg is None:
+            return None
+    peer = _plain_peer(pg, dst, tag)
+    if peer is None or (datatype := _plain(tensor)) is None:
+        peer = _peer(pg, dst, "dst", "send")
+        tensor = check_input("send", "tensor", tensor)
+        tag = check_tag(tag, "send")
+        datatype = mpi_datatype(tensor.dtype)
+    _p2p(pg, "send", pg.comm.Isend, [tensor, datatype], peer, peer, tag)
     return None
 
 
@@ -90,16 +132,22 @@ def recv(
     Returns:
         The global rank of the sender (-1 on a rank outside ``group``).
     """
-    pg = resolve(group, "recv")
-    if pg is None:
-        return -1
+    pg = STATE.default
+    if group is not None or pg is None:
+        pg = resolve(group, "recv")
+        if pg is None:
+            return -1
+    peer = _plain_peer(pg, src, tag)
+    if peer is not None and (datatype := _plain(tensor, writeable=True)) is not None:
+        _p2p(pg, "recv", pg.comm.Irecv, [tensor, datatype], peer, peer, tag)
+        return pg._ranks[peer]  # (a named sender: no status to read)
     source = _source(pg, src, "recv")
     tensor = check_output("recv", "tensor", tensor)
     tag = check_tag(tag, "recv")
     status = _mpi.MPI.Status()
-    spec = [tensor, mpi_datatype(tensor.dtype)]
     peer = None if source == _mpi.MPI.ANY_SOURCE else source
-    _p2p(pg, "recv", peer, pg.comm.Irecv, spec, source, tag, status=status)
+    spec = [tensor, mpi_datatype(tensor.dtype)]
+    _p2p(pg, "recv", pg.comm.Irecv, spec, peer, source, tag, status)
     return pg._ranks[status.Get_source()]
 
 
@@ -112,12 +160,18 @@ def isend(
     stream: Any = None,
 ) -> Optional[Work]:
     """Start sending ``tensor`` to ``dst``; do not modify it until the Work completes."""
-    pg = resolve(group, "isend")
-    if pg is None:
-        return None
-    peer = _peer(pg, dst, "dst", "isend")
-    tensor = check_input("isend", "tensor", tensor)
-    return _start_send(pg, tensor, peer, check_tag(tag, "isend"))
+    pg = STATE.default
+    if group is not None or pg is None:
+        pg = resolve(group, "isend")
+        if pg is None:
+            return None
+    peer = _plain_peer(pg, dst, tag)
+    if peer is None or (datatype := _plain(tensor)) is None:
+        peer = _peer(pg, dst, "dst", "isend")
+        tensor = check_input("isend", "tensor", tensor)
+        tag = check_tag(tag, "isend")
+        datatype = mpi_datatype(tensor.dtype)
+    return _start_send(pg, tensor, datatype, peer, tag)
 
 
 @collective(Array("tensor", OUT), aware=True)
@@ -132,30 +186,36 @@ def irecv(
 
     The Work's ``source_rank()`` gives the sender's global rank once complete.
     """
-    pg = resolve(group, "irecv")
-    if pg is None:
-        return None
-    source = _source(pg, src, "irecv")
-    tensor = check_output("irecv", "tensor", tensor)
-    return _start_recv(pg, tensor, source, check_tag(tag, "irecv"))
+    pg = STATE.default
+    if group is not None or pg is None:
+        pg = resolve(group, "irecv")
+        if pg is None:
+            return None
+    source = _plain_peer(pg, src, tag)
+    if source is None or (datatype := _plain(tensor, writeable=True)) is None:
+        source = _source(pg, src, "irecv")
+        tensor = check_output("irecv", "tensor", tensor)
+        tag = check_tag(tag, "irecv")
+        datatype = mpi_datatype(tensor.dtype)
+    return _start_recv(pg, tensor, datatype, source, tag)
 
 
-def _start_send(pg: ProcessGroup, tensor: np.ndarray, peer: int, tag: int) -> Work:
+def _start_send(pg: ProcessGroup, tensor: np.ndarray, datatype: Any, peer: int, tag: int) -> Work:
     if pg._broken is not None:
         raise watch.broken(pg, "isend")
     try:
-        req = pg.comm.Isend([tensor, mpi_datatype(tensor.dtype)], peer, tag)
+        req = pg.comm.Isend([tensor, datatype], peer, tag)
     except _mpi.MPI.Exception as exc:
         raise watch.backend_error("isend", None, exc) from None
     entry = recorder.issue(pg, "isend", None, 0, pg._ranks[peer], tensor.nbytes)
     return Work("isend", None, [req], None, [tensor], pg, tensor.nbytes, None, peer, entry=entry)
 
 
-def _start_recv(pg: ProcessGroup, tensor: np.ndarray, source: int, tag: int) -> Work:
+def _start_recv(pg: ProcessGroup, tensor: np.ndarray, datatype: Any, source: int, tag: int) -> Work:
     if pg._broken is not None:
         raise watch.broken(pg, "irecv")
     try:
-        req = pg.comm.Irecv([tensor, mpi_datatype(tensor.dtype)], source, tag)
+        req = pg.comm.Irecv([tensor, datatype], source, tag)
     except _mpi.MPI.Exception as exc:
         raise watch.backend_error("irecv", None, exc) from None
     status = (pg._ranks.__getitem__, [_mpi.MPI.Status()])
@@ -222,7 +282,6 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
         check = check_input if sending else check_output  # a receive writes its array
         begin = _start_send if sending else _start_recv
         tensor = check(func, f"[{i}].tensor", p.tensor)
-        planned.append(
-            (begin, pg, tensor, _peer(pg, p.peer, "dst" if sending else "src", func), tag)
-        )
-    return [start(pg, tensor, peer, tag) for start, pg, tensor, peer, tag in planned]
+        peer = _peer(pg, p.peer, "dst" if sending else "src", func)
+        planned.append((begin, pg, tensor, mpi_datatype(tensor.dtype), peer, tag))
+    return [start(*args) for start, *args in planned]

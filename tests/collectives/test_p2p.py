@@ -105,3 +105,62 @@ def test_p2pop_rejects_other_functions():
         pycoll.P2POp(pycoll.broadcast, np.zeros(1), 0)
     with pytest.raises(ValueError, match="non-empty list"):
         pycoll.batch_isend_irecv([])
+
+
+def _nothing_arrived(pg) -> bool:
+    """No message waits on ``pg``'s communicator (probed after a barrier, as
+    support.stray_messages probes)."""
+    from mpi4py import MPI
+
+    pg.comm.Barrier()
+    return not any(pg.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG) for _ in range(2000))
+
+
+def test_the_inline_check_leaves_bad_input_to_the_full_checks(pg, rank, peers):
+    """A plain array to a named peer is checked inline (p2p._plain_peer,
+    p2p._plain); whatever that check does not pass takes the full checks,
+    which refuse bad input with their own message before anything is sent."""
+    right, left = peers
+    x = np.zeros(2)
+    read_only = np.zeros(2)
+    read_only.flags.writeable = False
+    strided = np.zeros(4)[::2]
+    for tag in (-1, 32766, True, 1.0):
+        for call in (
+            lambda: pycoll.send(x, right, tag=tag),
+            lambda: pycoll.isend(x, right, tag=tag),
+            lambda: pycoll.recv(x, left, tag=tag),
+            lambda: pycoll.irecv(x, left, tag=tag),
+        ):
+            with pytest.raises(ValueError, match="tag must be an int in 0..32765"):
+                call()
+    for call in (lambda: pycoll.recv(read_only, left), lambda: pycoll.irecv(read_only, left)):
+        with pytest.raises(ValueError, match="is read-only"):
+            call()
+    for call in (lambda: pycoll.recv(strided, left), lambda: pycoll.irecv(strided, left)):
+        with pytest.raises(ValueError, match="is not C-contiguous"):
+            call()
+    with pytest.raises(ValueError, match="has dtype object, which pycoll cannot send"):
+        pycoll.send(np.zeros(2, object), right)
+    with pytest.raises(TypeError, match="dst must be an int"):
+        pycoll.send(x, True)
+    with pytest.raises(ValueError, match="own rank"):
+        pycoll.isend(x, rank)
+    assert _nothing_arrived(pg)
+
+
+def test_what_the_inline_check_passes_on_arrives_as_before(rank, peers):
+    """A strided input (copied), a peer named by a numpy integer, and a
+    receive from a named peer (its sender known without a status) give the
+    same results as the common case."""
+    right, left = peers
+    base = np.arange(8.0) + 10 * rank
+    work = pycoll.isend(base[::2], np.int64(right), tag=3)
+    out = np.zeros(4)
+    assert pycoll.recv(out, np.int64(left), tag=3) == left
+    work.wait()
+    np.testing.assert_array_equal(out, (np.arange(8.0) + 10 * left)[::2])
+    pycoll.send(np.full(3, rank, np.int32), right)
+    got = np.zeros(3, np.int32)
+    assert pycoll.recv(got, left) == left
+    np.testing.assert_array_equal(got, np.full(3, left, np.int32))

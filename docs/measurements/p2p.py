@@ -1,0 +1,127 @@
+"""pycoll's point-to-point calls and barrier against raw mpi4py's.
+
+A pipeline stage sends its activations to the next stage and receives the
+gradients back every micro-batch: a ping-pong between neighbours. Per size,
+the sides, every result checked once on every rank before the timing:
+
+- ``send/recv``: ``pycoll.send`` then ``pycoll.recv`` (rank 0; the other
+  ranks the mirror image, in pairs 0-1, 2-3...);
+- ``isend/irecv``: the same with ``pycoll.isend``/``irecv`` and their Works'
+  ``wait()``, as the torch backend makes them;
+- ``mpi4py``: ``comm.Send`` then ``comm.Recv`` on the same arrays, the floor
+  a Python caller reaches;
+
+and at the first size ``barrier`` against ``comm.Barrier``. Then rounds, the
+order rotated each round; a figure is the median over rounds of the slowest
+rank's mean per round trip (per barrier), each ratio the median of the
+per-round ratios to mpi4py's. Not part of pycoll:
+
+    mpiexec -n 2 python docs/measurements/p2p.py [ROUNDS] [BYTES,...]
+
+ROUNDS (7); BYTES, each message (default 8 and 65536). An even number of
+ranks. With PYTHONPATH naming another checkout it measures that one:
+alternate runs to compare two versions.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, Dict, Tuple
+
+import numpy as np
+
+import pycoll
+from pycoll import _mpi
+from pycoll.bench.table import _repeat, rotated
+
+pycoll.init_process_group()
+MPI = _mpi.MPI
+comm = MPI.COMM_WORLD
+n, me = comm.size, comm.rank
+ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+SIZES = [int(b) for b in sys.argv[2].split(",")] if len(sys.argv) > 2 else [8, 65536]
+if n % 2:
+    raise SystemExit("p2p.py: run it on an even number of ranks (pairs 0-1, 2-3...)")
+peer = me ^ 1
+first = me % 2 == 0  # sends first
+
+# A side: its call, and a check that calls it and returns the number of
+# elements of what it received that differ from what the peer sent.
+Side = Tuple[Callable[[], None], Callable[[], int]]
+
+
+def sides(k: int) -> Dict[str, Side]:
+    mine = np.arange(k, dtype=np.float32) + 1000 * me
+    theirs = np.arange(k, dtype=np.float32) + 1000 * peer
+    got = np.zeros(k, np.float32)
+
+    def blocking() -> None:
+        if first:
+            pycoll.send(mine, peer)
+            pycoll.recv(got, peer)
+        else:
+            pycoll.recv(got, peer)
+            pycoll.send(mine, peer)
+
+    def nonblocking() -> None:
+        if first:
+            pycoll.isend(mine, peer).wait()
+            pycoll.irecv(got, peer).wait()
+        else:
+            pycoll.irecv(got, peer).wait()
+            pycoll.isend(mine, peer).wait()
+
+    def raw() -> None:
+        if first:
+            comm.Send(mine, peer)
+            comm.Recv(got, peer)
+        else:
+            comm.Recv(got, peer)
+            comm.Send(mine, peer)
+
+    def checked(call: Callable[[], None]) -> Side:
+        def check() -> int:
+            got[...] = -1
+            call()
+            return int((got != theirs).sum())
+
+        return call, check
+
+    return {
+        "send/recv": checked(blocking),
+        "isend/irecv": checked(nonblocking),
+        "mpi4py": checked(raw),
+    }
+
+
+def report(label: str, times: Dict[str, list], wrong: int) -> None:
+    if me == 0:
+        base = np.array(times["mpi4py"])
+        cells = [
+            f"{s} {np.median(v):.2f} ({np.median(np.array(v) / base):.2f})"
+            for s, v in times.items()
+        ]
+        print(f"{label:>16}  wrong {wrong}: " + "; ".join(cells), flush=True)
+
+
+def main() -> None:
+    if me == 0:
+        print(f"# point-to-point, {n} ranks, {MPI.Get_library_version().splitlines()[0]}")
+        print("# us per round trip (median of rounds); ratio to mpi4py's")
+    for i, nbytes in enumerate(SIZES):
+        made = sides(max(1, nbytes // 4))
+        wrong = comm.allreduce(sum(check() for _, check in made.values()))
+        reps = max(10, int(1e6 // max(nbytes, 64)))
+        runs = {s: _repeat(call) for s, (call, _) in made.items()}
+        times = {s: [t * 1e6 for t in v] for s, v in rotated(runs, reps, ROUNDS, comm).items()}
+        report(f"{nbytes} B", times, wrong)
+        if i == 0:
+            runs = {"barrier": _repeat(pycoll.barrier), "mpi4py": _repeat(comm.Barrier)}
+            times = {
+                s: [t * 1e6 for t in v] for s, v in rotated(runs, 4 * reps, ROUNDS, comm).items()
+            }
+            report("barrier", times, 0)
+    pycoll.destroy_process_group()
+
+
+main()
