@@ -352,12 +352,14 @@ class Work(BaseWork):
         statuses = None if self._status is None else self._status[1]
         try:
             while True:
-                if block:
+                # One test first: a Work waited for late, or a small send, is
+                # done already, and then needs no wait set up.
+                if not watch.tester(self._requests, statuses)():
+                    if not block:
+                        return
                     watch.wait(
                         self._pg, self.op, self.seq, self._requests, timeout, statuses, self._peer
                     )
-                elif not watch.tester(self._requests, statuses)():
-                    return
                 if not self._stages:
                     break
                 self._requests = self._stages.pop(0)()
