@@ -85,10 +85,13 @@ class Spec:
       body's parameters: it runs a call it recognises (one whose arrays it
       has seen, and so knows to be numpy: all_reduce_coalesced's kept lists)
       and returns its result, or returns :data:`UNKNOWN`. A list of a
-      thousand gradients then is not type-checked on every call.
+      thousand gradients then is not type-checked on every call;
+    - ``synchronous``: it has no ``async_op`` and never returns a Work
+      (send, recv), so a call on tensors seen before takes the front's
+      tensor lane as a synchronous collective does.
     """
 
-    __slots__ = ("name", "host", "arrays", "aware", "chunked", "reduction", "known")
+    __slots__ = ("name", "host", "arrays", "aware", "chunked", "reduction", "known", "synchronous")
 
     def __init__(
         self,
@@ -97,6 +100,7 @@ class Spec:
         aware: bool,
         chunked: bool,
         known: Optional[Callable[..., Any]] = None,
+        synchronous: bool = False,
     ) -> None:
         params = inspect.signature(host).parameters
         for a in arrays:
@@ -109,6 +113,7 @@ class Spec:
         self.chunked = chunked
         self.reduction = "op" in params
         self.known = known
+        self.synchronous = synchronous
 
     def __repr__(self) -> str:
         return f"Spec({self.name}: {', '.join(f'{a.name} {a.role}' for a in self.arrays)})"
@@ -160,13 +165,15 @@ def collective(
     aware: bool = False,
     chunked: bool = False,
     known: Optional[Callable[..., Any]] = None,
+    synchronous: bool = False,
 ) -> Callable[[F], F]:
     """Declare a collective's array parameters (see the module docstring and
     :class:`Spec`); the decorated function is its numpy body, the result its
     public front."""
 
     def declare(host: F) -> F:
-        return _front(Spec(host, arrays, aware, chunked, known))  # type: ignore[return-value]
+        spec = Spec(host, arrays, aware, chunked, known, synchronous)
+        return _front(spec)  # type: ignore[return-value]
 
     return declare
 
@@ -223,15 +230,17 @@ def _tensor_lane(spec: Spec, params: Any, lists: List[str]) -> str:
     seen before (pycoll.torchcompat.kept_view: each one's numpy view, kept
     while the tensor holds the same memory) and pycoll's or torch's plain
     op: straight to the host body with the views, as a numpy call goes.
-    Anything else (a tensor seen once, CUDA, an asynchronous call whose Work
-    hands back the tensors, list arguments) takes :func:`route`. On the CI
+    A collective without ``async_op`` takes it only if it never returns a
+    Work (``Spec.synchronous``: send, recv). Anything else (a tensor seen
+    once, CUDA, an asynchronous call whose Work hands back the tensors, list
+    arguments) takes :func:`route`. On the CI
     VM, an 8-byte all_reduce of a tensor took 14.7 us through route with
     its view kept, and 35.6 us before views were kept; a numpy array's 3.4
     (docs/benchmarks.md, "torch tensors")."""
-    if lists or "async_op" not in params:
+    if lists or ("async_op" not in params and not spec.synchronous):
         return ""
     ones = [a.name for a in spec.arrays]
-    conds = ["not async_op"] + [
+    conds = (["not async_op"] if "async_op" in params else []) + [
         f"(_{n} := {n} if type({n}) is _ndarray else _kept_view({n})) is not None" for n in ones
     ]
     given = {n: f"_{n}" for n in ones}

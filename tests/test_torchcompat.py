@@ -222,3 +222,28 @@ def test_every_family_again_on_the_same_tensors(rank, world_size):
         for r in range(n):
             parts = [sum(i + q + step for q in range(n)) for i in (2 * r, 2 * r + 1)]
             assert outs[r].tolist() == parts
+
+
+def test_send_and_recv_again_on_the_same_tensors(rank, world_size):
+    """send and recv on the same tensors round after round (their views kept
+    from the second round: the front's lane, as for the collectives), float32
+    and bfloat16, around the ring: even ranks send first."""
+    if world_size == 1:
+        pytest.skip("point-to-point needs two ranks")
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    out = torch.zeros(3)
+    got = torch.zeros(3)
+    out16 = torch.zeros(4, dtype=torch.bfloat16)
+    got16 = torch.zeros(4, dtype=torch.bfloat16)
+    for step in range(20):
+        out.fill_(10 * rank + step)
+        out16.fill_(rank + 1)
+        for send, recv in ((out, got), (out16, got16)):
+            if rank % 2 == 0:
+                pycoll.send(send, right)
+                assert pycoll.recv(recv, left) == left
+            else:
+                assert pycoll.recv(recv, left) == left
+                pycoll.send(send, right)
+        assert got.tolist() == [10 * left + step] * 3
+        assert got16.float().tolist() == [left + 1] * 4

@@ -95,7 +95,7 @@ def _p2p(
     recorder.complete(entry)
 
 
-@collective(Array("tensor", IN), aware=True)
+@collective(Array("tensor", IN), aware=True, synchronous=True)
 def send(
     tensor: np.ndarray,
     dst: int,
@@ -119,7 +119,7 @@ def send(
     return None
 
 
-@collective(Array("tensor", OUT), aware=True)
+@collective(Array("tensor", OUT), aware=True, synchronous=True)
 def recv(
     tensor: np.ndarray,
     src: Optional[int] = None,
