@@ -11,12 +11,15 @@ the sides, every result checked once on every rank before the timing:
 - ``mpi4py``: ``comm.Send`` then ``comm.Recv`` on the same arrays, the floor
   a Python caller reaches;
 
+- ``tensors``, with ``torch`` as the third argument (run it in
+  ``.venv-torch``): ``send/recv`` on torch CPU tensors over the same memory;
+
 and at the first size ``barrier`` against ``comm.Barrier``. Then rounds, the
 order rotated each round; a figure is the median over rounds of the slowest
 rank's mean per round trip (per barrier), each ratio the median of the
 per-round ratios to mpi4py's. Not part of pycoll:
 
-    mpiexec -n 2 python docs/measurements/p2p.py [ROUNDS] [BYTES,...]
+    mpiexec -n 2 python docs/measurements/p2p.py [ROUNDS] [BYTES,...] [torch]
 
 ROUNDS (7); BYTES, each message (default 8 and 65536). An even number of
 ranks. With PYTHONPATH naming another checkout it measures that one:
@@ -26,7 +29,7 @@ alternate runs to compare two versions.
 from __future__ import annotations
 
 import sys
-from typing import Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 
@@ -40,6 +43,7 @@ comm = MPI.COMM_WORLD
 n, me = comm.size, comm.rank
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 7
 SIZES = [int(b) for b in sys.argv[2].split(",")] if len(sys.argv) > 2 else [8, 65536]
+TENSORS = len(sys.argv) > 3 and sys.argv[3] == "torch"
 if n % 2:
     raise SystemExit("p2p.py: run it on an even number of ranks (pairs 0-1, 2-3...)")
 peer = me ^ 1
@@ -55,13 +59,18 @@ def sides(k: int) -> Dict[str, Side]:
     theirs = np.arange(k, dtype=np.float32) + 1000 * peer
     got = np.zeros(k, np.float32)
 
-    def blocking() -> None:
-        if first:
-            pycoll.send(mine, peer)
-            pycoll.recv(got, peer)
-        else:
-            pycoll.recv(got, peer)
-            pycoll.send(mine, peer)
+    def ping_pong(out: Any, into: Any) -> Callable[[], None]:
+        def call() -> None:
+            if first:
+                pycoll.send(out, peer)
+                pycoll.recv(into, peer)
+            else:
+                pycoll.recv(into, peer)
+                pycoll.send(out, peer)
+
+        return call
+
+    blocking = ping_pong(mine, got)
 
     def nonblocking() -> None:
         if first:
@@ -87,11 +96,14 @@ def sides(k: int) -> Dict[str, Side]:
 
         return call, check
 
-    return {
-        "send/recv": checked(blocking),
-        "isend/irecv": checked(nonblocking),
-        "mpi4py": checked(raw),
-    }
+    made = {"send/recv": checked(blocking), "isend/irecv": checked(nonblocking)}
+    if TENSORS:
+        import torch
+
+        # Tensors over the arrays' memory (got is what a check reads).
+        made["tensors"] = checked(ping_pong(torch.from_numpy(mine), torch.from_numpy(got)))
+    made["mpi4py"] = checked(raw)
+    return made
 
 
 def report(label: str, times: Dict[str, list], wrong: int) -> None:
