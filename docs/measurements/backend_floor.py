@@ -9,13 +9,16 @@ order rotated), every side's result checked once first where it has one:
   ``allreduce`` returns a completed Work at once: torch's wrapper and its
   call into Python, the floor any Python backend pays;
 - ``pycoll tensor``: ``pycoll.all_reduce`` on the tensor;
-- ``pycoll numpy``: ``pycoll.all_reduce`` on a numpy array.
+- ``pycoll numpy``: ``pycoll.all_reduce`` on a numpy array;
+- ``null send+recv``, on 2 ranks: ``dist.send`` then ``dist.recv`` to the
+  other rank on the null backend, whose send and recv are complete at once:
+  torch's own floor for the pair (``p2p.py ... torch`` times the real one).
 
 What the backend adds is the first side less the second and the fourth. A
 figure is the median over rounds of the slowest rank's mean per call. Not
 part of pycoll; run with torch installed (``.venv-torch``):
 
-    mpiexec -n 1 python docs/measurements/backend_floor.py [ROUNDS]
+    mpiexec -n 1 python docs/measurements/backend_floor.py [ROUNDS]    # or -n 2
 
 With PYTHONPATH naming another checkout it measures that one: alternate
 runs to compare two versions.
@@ -48,6 +51,12 @@ class Null(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):  # noqa: ANN001, ANN201
         return _DONE
 
+    def send(self, tensors, dst, tag=0):  # noqa: ANN001, ANN201
+        return _DONE
+
+    def recv(self, tensors, src, tag=0):  # noqa: ANN001, ANN201
+        return _DONE
+
 
 dist.Backend.register_backend(
     "null", lambda store, rank, size, timeout: Null(rank, size), devices=["cpu"]
@@ -73,6 +82,14 @@ sides = {
     "pycoll tensor": _repeat(lambda: pycoll.all_reduce(t)),
     "pycoll numpy": _repeat(lambda: pycoll.all_reduce(a)),
 }
+if n == 2:
+    peer = 1 - world.rank
+
+    def pair() -> None:
+        dist.send(t, peer, group=null)
+        dist.recv(t, peer, group=null)
+
+    sides["null send+recv"] = _repeat(pair)
 times = rotated(sides, 20000, ROUNDS, world, warmup=200)
 if world.rank == 0:
     print(f"# 8-byte all_reduce, {n} ranks, torch {torch.__version__}; us per call (median)")

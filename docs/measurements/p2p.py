@@ -10,9 +10,11 @@ the sides, every result checked once on every rank before the timing:
   ``wait()``, as the torch backend makes them;
 - ``mpi4py``: ``comm.Send`` then ``comm.Recv`` on the same arrays, the floor
   a Python caller reaches;
-
-- ``tensors``, with ``torch`` as the third argument (run it in
-  ``.venv-torch``): ``send/recv`` on torch CPU tensors over the same memory;
+- with ``torch`` as the third argument (run it in ``.venv-torch``):
+  ``tensors``, ``pycoll.send``/``recv`` on torch CPU tensors over the same
+  memory, ``dist``, torch's ``dist.send``/``dist.recv`` on them over the
+  backend "pycoll" (pycoll.torch), and ``gloo``, the same over a gloo group of
+  the same ranks;
 
 and at the first size ``barrier`` against ``comm.Barrier``. Then rounds, the
 order rotated each round; a figure is the median over rounds of the slowest
@@ -44,6 +46,13 @@ n, me = comm.size, comm.rank
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 7
 SIZES = [int(b) for b in sys.argv[2].split(",")] if len(sys.argv) > 2 else [8, 65536]
 TENSORS = len(sys.argv) > 3 and sys.argv[3] == "torch"
+if TENSORS:
+    import torch.distributed as dist
+
+    import pycoll.torch  # noqa: F401  (registers the backend "pycoll")
+
+    dist.init_process_group("pycoll", init_method="mpi://")  # (on pycoll's default group)
+    GLOO = dist.new_group(backend="gloo")
 if n % 2:
     raise SystemExit("p2p.py: run it on an even number of ranks (pairs 0-1, 2-3...)")
 peer = me ^ 1
@@ -101,7 +110,22 @@ def sides(k: int) -> Dict[str, Side]:
         import torch
 
         # Tensors over the arrays' memory (got is what a check reads).
-        made["tensors"] = checked(ping_pong(torch.from_numpy(mine), torch.from_numpy(got)))
+        out, into = torch.from_numpy(mine), torch.from_numpy(got)
+        made["tensors"] = checked(ping_pong(out, into))
+
+        def through_torch(group: Any) -> Callable[[], None]:
+            def call() -> None:
+                if first:
+                    dist.send(out, peer, group=group)
+                    dist.recv(into, peer, group=group)
+                else:
+                    dist.recv(into, peer, group=group)
+                    dist.send(out, peer, group=group)
+
+            return call
+
+        made["dist"] = checked(through_torch(None))
+        made["gloo"] = checked(through_torch(GLOO))
     made["mpi4py"] = checked(raw)
     return made
 
@@ -133,6 +157,8 @@ def main() -> None:
                 s: [t * 1e6 for t in v] for s, v in rotated(runs, 4 * reps, ROUNDS, comm).items()
             }
             report("barrier", times, 0)
+    if TENSORS:
+        dist.destroy_process_group()
     pycoll.destroy_process_group()
 
 
