@@ -6,7 +6,7 @@ operations are not counted in a group's sequence number.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
@@ -61,6 +61,34 @@ def _plain(tensor: Any, writeable: bool = False) -> Any:
     return MPI_TYPES.get(tensor.dtype)
 
 
+def _outgoing(
+    pg: ProcessGroup, tensor: Any, dst: Any, tag: Any, func: str
+) -> Tuple[np.ndarray, Any, int, int]:
+    """send's and isend's arguments, checked: (the array, its MPI datatype,
+    the peer's group rank, the tag)."""
+    peer = _plain_peer(pg, dst, tag)
+    if peer is None or (datatype := _plain(tensor)) is None:
+        peer = _peer(pg, dst, "dst", func)
+        tensor = check_input(func, "tensor", tensor)
+        tag = check_tag(tag, func)
+        datatype = mpi_datatype(tensor.dtype)
+    return tensor, datatype, peer, tag
+
+
+def _incoming(
+    pg: ProcessGroup, tensor: Any, src: Any, tag: Any, func: str
+) -> Tuple[np.ndarray, Any, int, int]:
+    """recv's and irecv's arguments, checked: (the array, its MPI datatype,
+    the source's group rank or MPI.ANY_SOURCE, the tag)."""
+    source = _plain_peer(pg, src, tag)
+    if source is None or (datatype := _plain(tensor, writeable=True)) is None:
+        source = _source(pg, src, func)
+        tensor = check_output(func, "tensor", tensor)
+        tag = check_tag(tag, func)
+        datatype = mpi_datatype(tensor.dtype)
+    return tensor, datatype, source, tag
+
+
 def _p2p(
     pg: ProcessGroup,
     op: str,
@@ -109,12 +137,7 @@ def send(
         pg = resolve(group, "send")
         if pg is None:
             return None
-    peer = _plain_peer(pg, dst, tag)
-    if peer is None or (datatype := _plain(tensor)) is None:
-        peer = _peer(pg, dst, "dst", "send")
-        tensor = check_input("send", "tensor", tensor)
-        tag = check_tag(tag, "send")
-        datatype = mpi_datatype(tensor.dtype)
+    tensor, datatype, peer, tag = _outgoing(pg, tensor, dst, tag, "send")
     _p2p(pg, "send", pg.comm.Isend, [tensor, datatype], peer, peer, tag)
     return None
 
@@ -137,17 +160,13 @@ def recv(
         pg = resolve(group, "recv")
         if pg is None:
             return -1
-    peer = _plain_peer(pg, src, tag)
-    if peer is not None and (datatype := _plain(tensor, writeable=True)) is not None:
-        _p2p(pg, "recv", pg.comm.Irecv, [tensor, datatype], peer, peer, tag)
-        return pg._ranks[peer]  # (a named sender: no status to read)
-    source = _source(pg, src, "recv")
-    tensor = check_output("recv", "tensor", tensor)
-    tag = check_tag(tag, "recv")
+    tensor, datatype, source, tag = _incoming(pg, tensor, src, tag, "recv")
+    spec = [tensor, datatype]
+    if source != _mpi.MPI.ANY_SOURCE:  # a named sender: no status to read
+        _p2p(pg, "recv", pg.comm.Irecv, spec, source, source, tag)
+        return pg._ranks[source]
     status = _mpi.MPI.Status()
-    peer = None if source == _mpi.MPI.ANY_SOURCE else source
-    spec = [tensor, mpi_datatype(tensor.dtype)]
-    _p2p(pg, "recv", pg.comm.Irecv, spec, peer, source, tag, status)
+    _p2p(pg, "recv", pg.comm.Irecv, spec, None, source, tag, status)
     return pg._ranks[status.Get_source()]
 
 
@@ -165,12 +184,7 @@ def isend(
         pg = resolve(group, "isend")
         if pg is None:
             return None
-    peer = _plain_peer(pg, dst, tag)
-    if peer is None or (datatype := _plain(tensor)) is None:
-        peer = _peer(pg, dst, "dst", "isend")
-        tensor = check_input("isend", "tensor", tensor)
-        tag = check_tag(tag, "isend")
-        datatype = mpi_datatype(tensor.dtype)
+    tensor, datatype, peer, tag = _outgoing(pg, tensor, dst, tag, "isend")
     return _start_send(pg, tensor, datatype, peer, tag)
 
 
@@ -191,12 +205,7 @@ def irecv(
         pg = resolve(group, "irecv")
         if pg is None:
             return None
-    source = _plain_peer(pg, src, tag)
-    if source is None or (datatype := _plain(tensor, writeable=True)) is None:
-        source = _source(pg, src, "irecv")
-        tensor = check_output("irecv", "tensor", tensor)
-        tag = check_tag(tag, "irecv")
-        datatype = mpi_datatype(tensor.dtype)
+    tensor, datatype, source, tag = _incoming(pg, tensor, src, tag, "irecv")
     return _start_recv(pg, tensor, datatype, source, tag)
 
 
