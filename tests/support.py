@@ -269,6 +269,19 @@ def still_alive(pids: List[int], within: float = 10.0) -> List[int]:
         time.sleep(0.05)
 
 
+@contextmanager
+def reaped(proc: Any) -> Iterator[Any]:
+    """``proc`` (a subprocess.Popen), killed and reaped on leaving if it still
+    runs: a test that fails while waiting on it leaves no process behind
+    (Popen's own ``with`` would wait for it without a bound)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def signals_as(disposition: Any) -> Any:
     """A ``preexec_fn`` that starts the child with SIGINT and SIGTERM set to
     ``disposition`` (``signal.SIG_DFL`` or ``signal.SIG_IGN``), whatever this

@@ -22,7 +22,7 @@ from launch_support import (
     run_with_flaky_launcher,
 )
 
-from support import signals_as, still_alive
+from support import reaped, signals_as, still_alive
 
 pytestmark = pytest.mark.parametrize("family", family_params())
 HOST = socket.gethostname()
@@ -232,13 +232,10 @@ def test_a_signal_to_pycoll_run_ends_every_rank(family, signum, status):
         env=clean_env(),
         preexec_fn=signals_as(signal.SIG_DFL),  # (not ignored, whatever this suite's are)
     )
-    try:
+    with reaped(proc):
         lines = _until_every_rank_reports(proc, 3)
         proc.send_signal(signum)
         out, err = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == status, err
     assert f"pycoll-run: {signal.Signals(signum).name}: stopping every rank" in err
     pids = [r["pid"] for r in reports("\n".join(lines) + "\n" + out).values()]
@@ -259,15 +256,11 @@ def test_a_signal_pycoll_run_was_started_to_ignore_leaves_the_job_running(family
         env=clean_env(),
         preexec_fn=signals_as(signal.SIG_IGN),
     )
-    try:
+    with reaped(proc):
         _until_every_rank_reports(proc, 2)
         proc.send_signal(signum)  # (an ignored signal is dropped as it is sent)
         go.touch()
         _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, err
     assert "stopping every rank" not in err
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from pycoll.launch.families import Job, choose
-from support import signals_as, still_alive
+from support import reaped, signals_as, still_alive
 
 pytest_plugins = ["pytester"]
 HOST = socket.gethostname()
@@ -309,6 +309,19 @@ def test_with_reuse_a_hang_or_crash_costs_that_test_alone(pytester, monkeypatch,
     assert by_test["after"] == by_test["last"]  # which the rest share
 
 
+def _inner_session(pytester, disposition) -> subprocess.Popen:
+    """pytest on test_inner.py in a process of its own, its SIGINT and SIGTERM
+    set to ``disposition``, its output in one pipe."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_inner.py"],
+        cwd=pytester.path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=signals_as(disposition),
+    )
+
+
 def _wait_for_lines(proc: subprocess.Popen, path, n: int) -> None:
     """Until ``path`` holds ``n`` lines (the ranks wrote them), at most 120 s."""
     deadline = time.monotonic() + 120
@@ -338,22 +351,11 @@ def test_a_signal_to_pytest_ends_the_session_not_only_its_job(pytester, tmp_path
             time.sleep(300)  # the work the signal interrupts
         """
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_inner.py"],
-        cwd=pytester.path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=signals_as(signal.SIG_DFL),  # (not ignored, whatever this suite's are)
-    )
-    try:
+    # (not ignored, whatever this suite's are)
+    with reaped(_inner_session(pytester, signal.SIG_DFL)) as proc:
         _wait_for_lines(proc, pids, 2)
         proc.send_signal(signum)
         out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     started = [line.split() for line in pids.read_text().splitlines()]
     assert sorted(n for n, _ in started) == ["1", "1"], out  # the second test never started
     assert still_alive([int(pid) for _, pid in started]) == []
@@ -389,23 +391,11 @@ def test_a_signal_the_session_ignores_leaves_its_job_running(pytester, tmp_path,
                 time.sleep(0.05)
         """
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_inner.py"],
-        cwd=pytester.path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=signals_as(signal.SIG_IGN),
-    )
-    try:
+    with reaped(_inner_session(pytester, signal.SIG_IGN)) as proc:
         _wait_for_lines(proc, pids, 2)
         proc.send_signal(signum)  # (an ignored signal is dropped as it is sent)
         go.touch()
         out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, out
     assert "1 passed" in out, out
 
