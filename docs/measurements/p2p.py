@@ -30,6 +30,7 @@ alternate runs to compare two versions.
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any, Callable, Dict, Tuple
 
@@ -68,34 +69,20 @@ def sides(k: int) -> Dict[str, Side]:
     theirs = np.arange(k, dtype=np.float32) + 1000 * peer
     got = np.zeros(k, np.float32)
 
-    def ping_pong(out: Any, into: Any) -> Callable[[], None]:
+    def ping_pong(
+        send: Callable[[Any, int], Any], recv: Callable[[Any, int], Any], out: Any, into: Any
+    ) -> Callable[[], None]:
+        """``send(out, peer)`` then ``recv(into, peer)``, or the mirror image."""
+
         def call() -> None:
             if first:
-                pycoll.send(out, peer)
-                pycoll.recv(into, peer)
+                send(out, peer)
+                recv(into, peer)
             else:
-                pycoll.recv(into, peer)
-                pycoll.send(out, peer)
+                recv(into, peer)
+                send(out, peer)
 
         return call
-
-    blocking = ping_pong(mine, got)
-
-    def nonblocking() -> None:
-        if first:
-            pycoll.isend(mine, peer).wait()
-            pycoll.irecv(got, peer).wait()
-        else:
-            pycoll.irecv(got, peer).wait()
-            pycoll.isend(mine, peer).wait()
-
-    def raw() -> None:
-        if first:
-            comm.Send(mine, peer)
-            comm.Recv(got, peer)
-        else:
-            comm.Recv(got, peer)
-            comm.Send(mine, peer)
 
     def checked(call: Callable[[], None]) -> Side:
         def check() -> int:
@@ -105,28 +92,27 @@ def sides(k: int) -> Dict[str, Side]:
 
         return call, check
 
-    made = {"send/recv": checked(blocking), "isend/irecv": checked(nonblocking)}
+    def isend(x: Any, to: int) -> None:
+        pycoll.isend(x, to).wait()
+
+    def irecv(x: Any, source: int) -> None:
+        pycoll.irecv(x, source).wait()
+
+    made = {
+        "send/recv": checked(ping_pong(pycoll.send, pycoll.recv, mine, got)),
+        "isend/irecv": checked(ping_pong(isend, irecv, mine, got)),
+    }
     if TENSORS:
         import torch
 
         # Tensors over the arrays' memory (got is what a check reads).
         out, into = torch.from_numpy(mine), torch.from_numpy(got)
-        made["tensors"] = checked(ping_pong(out, into))
-
-        def through_torch(group: Any) -> Callable[[], None]:
-            def call() -> None:
-                if first:
-                    dist.send(out, peer, group=group)
-                    dist.recv(into, peer, group=group)
-                else:
-                    dist.recv(into, peer, group=group)
-                    dist.send(out, peer, group=group)
-
-            return call
-
-        made["dist"] = checked(through_torch(None))
-        made["gloo"] = checked(through_torch(GLOO))
-    made["mpi4py"] = checked(raw)
+        made["tensors"] = checked(ping_pong(pycoll.send, pycoll.recv, out, into))
+        for name, group in (("dist", None), ("gloo", GLOO)):
+            send = functools.partial(dist.send, group=group)
+            recv = functools.partial(dist.recv, group=group)
+            made[name] = checked(ping_pong(send, recv, out, into))
+    made["mpi4py"] = checked(ping_pong(comm.Send, comm.Recv, mine, got))
     return made
 
 
