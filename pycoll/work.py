@@ -342,6 +342,8 @@ class Work(BaseWork):
         """For a completed receive: the global rank the message came from."""
         self.wait()
         if self._status is None:
+            if self.op == "irecv":  # from a named peer: the sender is known without a status
+                return self._pg._ranks[self._peer]
             raise RuntimeError(f"source_rank() applies to receives, not to {self.op}")
         to_global, statuses = self._status
         return to_global(statuses[0].Get_source())

@@ -217,7 +217,8 @@ def _start_send(pg: ProcessGroup, tensor: np.ndarray, datatype: Any, peer: int, 
     except _mpi.MPI.Exception as exc:
         raise watch.backend_error("isend", None, exc) from None
     entry = recorder.issue(pg, "isend", None, 0, pg._ranks[peer], tensor.nbytes)
-    return Work("isend", None, [req], None, [tensor], pg, tensor.nbytes, None, peer, entry=entry)
+    nbytes = tensor.nbytes
+    return Work("isend", None, [req], None, [tensor], pg, nbytes, None, peer, None, None, entry)
 
 
 def _start_recv(pg: ProcessGroup, tensor: np.ndarray, datatype: Any, source: int, tag: int) -> Work:
@@ -227,11 +228,16 @@ def _start_recv(pg: ProcessGroup, tensor: np.ndarray, datatype: Any, source: int
         req = pg.comm.Irecv([tensor, datatype], source, tag)
     except _mpi.MPI.Exception as exc:
         raise watch.backend_error("irecv", None, exc) from None
-    status = (pg._ranks.__getitem__, [_mpi.MPI.Status()])
-    peer = None if source == _mpi.MPI.ANY_SOURCE else source
-    known = None if peer is None else pg._ranks[peer]
+    # A receive from a named peer needs no status: its sender is known (Work.source_rank).
+    status = None
+    if source == _mpi.MPI.ANY_SOURCE:
+        peer = known = None
+        status = (pg._ranks.__getitem__, [_mpi.MPI.Status()])
+    else:
+        peer, known = source, pg._ranks[source]
     entry = recorder.issue(pg, "irecv", None, 0, known, tensor.nbytes)
-    return Work("irecv", None, [req], None, [tensor], pg, tensor.nbytes, status, peer, entry=entry)
+    nbytes = tensor.nbytes
+    return Work("irecv", None, [req], None, [tensor], pg, nbytes, status, peer, None, None, entry)
 
 
 class P2POp:

@@ -48,6 +48,29 @@ def test_irecv_any_source_reports_sender(rank, world_size, peers):
     assert work.result() == [out]
 
 
+def test_irecv_from_a_named_peer_reports_it_in_global_ranks(rank, world_size):
+    """A receive from a named peer keeps no status (its sender is known):
+    source_rank() still gives the peer, as a global rank on a group whose
+    ranks are not the world's; a send has no source."""
+    if world_size < 3:
+        pytest.skip("needs a group of two ranks or more without rank 0")
+    group = pycoll.new_group(list(range(1, world_size)))
+    if rank == 0:
+        return
+    members = list(range(1, world_size))
+    i = members.index(rank)
+    right, left = members[(i + 1) % len(members)], members[(i - 1) % len(members)]
+    out = np.zeros(1, np.int64)
+    work = pycoll.irecv(out, src=left, group=group)
+    sent = pycoll.isend(np.array([rank], np.int64), dst=right, group=group)
+    work.wait()
+    sent.wait()
+    assert work.source_rank() == left and out[0] == left
+    with pytest.raises(RuntimeError, match="applies to receives"):
+        sent.source_rank()
+    pycoll.destroy_process_group(group)
+
+
 def test_tags_keep_messages_apart(rank, peers):
     right, left = peers
     a, b = np.zeros(1), np.zeros(1)
