@@ -51,14 +51,23 @@ def test_threads_sharing_a_group_do_not_interleave(rank, world_size):
     pycoll.destroy_process_group(group)
 
 
-def test_a_second_thread_ends_the_owners_lock_free_path(rank, world_size):
-    """The first thread's fast calls skip the lock while it is alone; once
-    another thread uses the group, every call takes it, and calls issued by
-    both at once are all counted and right."""
+def _all_reduced(x, group, async_op):
+    work = pycoll.all_reduce(x, group=group, async_op=async_op)
+    assert (work is None) != async_op
+    if work is not None:
+        work.wait()
+    return x
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+def test_a_second_thread_ends_the_owners_lock_free_path(rank, world_size, async_op):
+    """The first thread's fast calls (synchronous: _common.plain; with Works:
+    _common.lean) skip the lock while it is alone; once another thread uses
+    the group, every call takes it, and calls issued by both at once are all
+    counted and right."""
     group = pycoll.new_group(group_desc="owner")
     for _ in range(20):
-        x = np.ones(4)
-        pycoll.all_reduce(x, group=group)
+        x = _all_reduced(np.ones(4), group, async_op)
         assert (x == world_size).all()
     assert group._owner == threading.get_ident() and not group._shared
     errors: list = []
@@ -66,8 +75,7 @@ def test_a_second_thread_ends_the_owners_lock_free_path(rank, world_size):
     def work() -> None:
         try:
             for _ in range(100):
-                y = np.ones(4)
-                pycoll.all_reduce(y, group=group)
+                y = _all_reduced(np.ones(4), group, async_op)
                 assert (y == world_size).all(), y
         except BaseException as exc:  # re-raised below
             errors.append(exc)

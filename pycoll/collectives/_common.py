@@ -56,6 +56,8 @@ def run(
     """
     if type(async_op) is not bool:
         raise TypeError(f"{op}: async_op must be True or False, got {async_op!r}")
+    if prepare is None and stages is None and debug.PLAIN:
+        return lean(pg, op, nbytes, start, args, async_op, finish, result, key)
     arrived = recorder.clock()  # before the DETAIL check, which waits for the others
     with pg._lock:
         claim(pg)
@@ -103,6 +105,78 @@ def run(
         finish()
     if debug.LEVEL:
         debug.log_collective(op, pg.group_desc, seq, nbytes, time.perf_counter() - t0)
+    return None
+
+
+def lean(
+    pg: ProcessGroup,
+    op: str,
+    nbytes: int,
+    start: Callable,
+    args: tuple,
+    async_op: bool,
+    finish: Optional[Callable[[], None]],
+    result: Any,
+    key: int,
+) -> Optional[Work]:
+    """:func:`run` for a call of one MPI operation with debug off (nothing to
+    check first, nothing to log): every asynchronous collective of a
+    training step (the torch backend's, the functional collectives') and the
+    synchronous calls :func:`plain` does not take. As :func:`plain`, the
+    group's only thread skips the lock, and watch.begin and recorder.issue
+    are inlined; the flight recorder's entry is a full one, which the Work
+    or the wait closes."""
+    lock = None
+    if pg._owner == get_ident() and not pg._shared:
+        pg._busy = True  # then look again: a second thread may have just come
+        if pg._shared:
+            pg._busy = False
+            lock = pg._lock
+    else:
+        lock = pg._lock
+    if lock is not None:
+        lock.acquire()
+        claim(pg)
+    try:
+        if pg._broken is not None:
+            raise watch.broken(pg, op)
+        key = key or crosscheck.OP_BITS[op]
+        seq = pg._seq = pg._seq + 1
+        rec = pg._rec
+        if rec is not None:
+            rec[pg._word] = seq << 8 | BUSY_CODE[op]  # progress.pack(seq, op, True)
+            rec[LAST] = pg._word
+        slot = seq & pg._mask
+        pg._keys[slot] = key
+        if slot == pg._mask:
+            crosscheck.exchange(pg, op, seq, watch.wait)
+        ring = pg._flight
+        entry = None
+        if ring is not None:
+            entry = [seq, op, key, None, nbytes, recorder.clock(), None, recorder.STARTED, pg]
+            ring.append(entry)
+        try:
+            request = start(*args)
+        except _mpi.MPI.Exception as exc:
+            watch.end(pg, seq)
+            recorder.complete(entry, recorder.FAILED)
+            raise watch.backend_error(op, seq, exc) from None
+    finally:
+        if lock is None:
+            pg._busy = False
+        else:
+            lock.release()
+    if async_op:
+        return Work(op, seq, [request], finish, result, pg, nbytes, None, None, None, args, entry)
+    try:
+        watch.wait1(pg, op, seq, request)
+    except BaseException:
+        recorder.complete(entry, recorder.FAILED)  # (a timeout has marked it already)
+        raise
+    watch.end(pg, seq)
+    recorder.complete(entry)
+    if finish is not None:
+        finish()
     return None
 
 

@@ -40,7 +40,7 @@ from ..ops import (
 from ..persistent import LIMIT as PLAN_LIMIT
 from ..work import Work
 from . import scratch, shm
-from ._common import plain, root_of, run, sig
+from ._common import lean, plain, root_of, run, sig
 from .pairwise import Pairwise
 from .ring import Ring
 
@@ -225,6 +225,11 @@ def all_reduce(
             mpi_op,
         )
         return None
+    if plainly and async_op is True and debug.PLAIN:  # (run's own first step, taken here)
+        return lean(
+            pg, "all_reduce", tensor.nbytes, comm.Iallreduce,
+            (_mpi.IN_PLACE, [tensor, how.datatype], mpi_op), True, None, [tensor], key,
+        )  # fmt: skip
     return run(
         pg,
         "all_reduce",
