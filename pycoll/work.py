@@ -277,6 +277,18 @@ class Work(BaseWork):
         self._keep = keep
         self._entry = entry  # its flight recorder entry (pycoll.trace.recorder)
 
+    @classmethod
+    def done(
+        cls, op: str, seq: int, result: Any, pg: Any, nbytes: int, entry: Optional[List[Any]]
+    ) -> Work:
+        """The Work of a collective found complete as it was issued (the
+        compiled path's one test, pycoll.native), with nothing left to do:
+        its flight recorder entry closed, its ``wait()`` returns at once."""
+        work = cls(op, seq, [], None, result, pg, nbytes, None, None, None, None, entry)
+        work._done = True
+        recorder.complete(entry)
+        return work
+
     def __repr__(self) -> str:
         state = "completed" if self._done else "pending"
         return f"Work(op={self.op!r}, seq={self.seq}, {state})"

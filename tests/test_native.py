@@ -25,6 +25,7 @@ from pycoll.arrays import mpi_datatype
 from pycoll.collectives import _common, alltoall, barrier, gather, reduce, scatter
 from pycoll.errors import DistTimeoutError
 from pycoll.progress import BUSY
+from pycoll.trace import recorder
 from support import BF16
 
 CALLS = 4  # plain, kept (compiled), compiled, compiled
@@ -67,6 +68,22 @@ def plain_calls(monkeypatch) -> Dict[str, int]:
 
     for module in (reduce, scatter, gather, alltoall, barrier):
         monkeypatch.setattr(module, "plain", counting)
+    return counts
+
+
+@pytest.fixture
+def lean_calls(monkeypatch) -> Dict[str, int]:
+    """How many calls each collective made through the Python path's
+    _common.lean (its calls with ``async_op=True``)."""
+    counts: Dict[str, int] = {}
+    real = _common.lean
+
+    def counting(pg, op, *args):
+        counts[op] = counts.get(op, 0) + 1
+        return real(pg, op, *args)
+
+    for module in (_common, reduce):
+        monkeypatch.setattr(module, "lean", counting)
     return counts
 
 
@@ -805,6 +822,88 @@ def test_a_dtype_changed_in_place_is_a_new_call(group, rank, world_size):
     assert_array_equal(x, np.full(3, -world_size * (world_size + 1) // 2, np.int32))
 
 
+@pytest.mark.parametrize("tested", [True, False], ids=["tested", "untested"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_all_reduce_with_works(group, lean_calls, rank, world_size, dtype, tested):
+    """``async_op=True`` on the same array: the first call takes the Python
+    path, the second keeps the call, and from then on each is started
+    compiled. Every Work completes with the right result, whether the
+    compiled tests saw the call done (a Work complete as it is handed back)
+    or, with no tests, its wait goes on in Python."""
+    if not tested:
+        group._native.st[native._starts.SPINS] = 0
+    x = np.zeros((2, 3), dtype)
+    for i in range(CALLS):
+        x[...] = np.arange(6).reshape(2, 3) + rank + i
+        work = pycoll.all_reduce(x, group=group, async_op=True)
+        if not tested:
+            assert not work._done  # handed back pending: its wait goes on in Python
+        assert work.wait() is True
+        assert work.is_completed() and work.is_success() and work.exception() is None
+        assert work.result()[0] is x
+        want = sum(np.arange(6).reshape(2, 3) + r + i for r in range(world_size))
+        assert_array_equal(x, want.astype(dtype))
+    assert lean_calls == {"all_reduce": 1}
+    assert id(x) in group._native.calls
+
+
+def test_works_and_synchronous_calls_share_a_kept_call(
+    group, plain_calls, lean_calls, rank, world_size
+):
+    """A call kept by a Work serves the synchronous call on the same array,
+    and the other way round."""
+    x = np.zeros(4, np.float64)
+    for i in range(2 * CALLS):
+        x[...] = rank + i
+        if i % 2:
+            pycoll.all_reduce(x, group=group, async_op=True).wait()
+        else:
+            pycoll.all_reduce(x, group=group)
+        assert_array_equal(x, np.full(4, sum(r + i for r in range(world_size)), np.float64))
+    assert plain_calls == {"all_reduce": 1} and lean_calls == {}
+
+
+def test_works_under_way_together(group, lean_calls, rank, world_size):
+    """Works of kept calls on three arrays, all under way (no compiled
+    tests) before any is waited for, waited for in the reverse order."""
+    group._native.st[native._starts.SPINS] = 0
+    xs = [np.zeros(3, np.float32) for _ in range(3)]
+    for i in range(CALLS):
+        for j, x in enumerate(xs):
+            x[...] = rank + 10 * j + i
+        works = [pycoll.all_reduce(x, group=group, async_op=True) for x in xs]
+        for work in reversed(works):
+            work.wait()
+        for j, x in enumerate(xs):
+            want = np.full(3, sum(r + 10 * j + i for r in range(world_size)), np.float32)
+            assert_array_equal(x, want)
+    assert lean_calls == {"all_reduce": len(xs)}
+
+
+@pytest.mark.parametrize("tested", [True, False], ids=["tested", "untested"])
+def test_a_works_bookkeeping_is_the_python_paths(group, rank, world_size, tested):
+    """Sequence numbers, the progress record and the flight recorder read
+    the same for a Work started compiled as for one the Python path started:
+    a full flight record entry, open (and the record busy) while the Work is
+    pending, closed as completed once it is done."""
+    if not tested:
+        group._native.st[native._starts.SPINS] = 0
+    x = np.ones(2, np.float32)
+    for _ in range(CALLS):
+        seq = group.sequence_number() + 1
+        work = pycoll.all_reduce(x, group=group, async_op=True)
+        assert group.sequence_number() == seq
+        entry = group._flight[-1]
+        assert entry[recorder.SEQ] == seq and entry[recorder.OP] == "all_reduce"
+        assert entry[recorder.NBYTES] == x.nbytes
+        if not work.is_completed():
+            assert entry[recorder.ENDED] is None and entry[recorder.STATE] == recorder.STARTED
+        work.wait()
+        assert entry[recorder.ENDED] is not None and entry[recorder.STATE] == recorder.COMPLETED
+        word = group._rec[group._word]
+        assert word >> 8 == seq and not word & BUSY
+
+
 def test_the_bookkeeping_is_the_plain_paths(group, rank, world_size):
     """Sequence numbers, the progress record and the flight recorder read the
     same after a compiled call as after a plain one."""
@@ -866,6 +965,26 @@ def test_a_late_rank_is_named_by_the_timeout(pg, rank, world_size, debug_off):
     pycoll.barrier()  # (the default group: the late rank joins here)
 
 
+def test_a_late_rank_is_named_by_a_works_timeout(pg, rank, world_size, debug_off):
+    """A Work of a kept call that one rank never makes: its wait in Python
+    ends at the group's timeout, which names the rank that did not come."""
+    if world_size == 1:
+        pytest.skip("needs a rank to be late")
+    g = pycoll.new_group(timeout=timedelta(seconds=3))
+    native.attach(g)
+    x = np.ones(2)
+    for _ in range(3):  # (the first makes this thread the owner) kept: the next is compiled
+        pycoll.all_reduce(x, group=g, async_op=True).wait()
+    assert id(x) in g._native.calls
+    last = world_size - 1
+    if rank != last:
+        work = pycoll.all_reduce(x, group=g, async_op=True)
+        with pytest.raises(DistTimeoutError) as exc:
+            work.wait()
+        assert f"rank {last}: has not reached it" in str(exc.value), str(exc.value)
+    pycoll.barrier()  # (the default group: the late rank joins here)
+
+
 def test_a_second_thread_sends_the_group_to_the_plain_path(group, plain_calls, rank, world_size):
     x = np.zeros(2, np.int64)
     errors: List[BaseException] = []
@@ -891,15 +1010,26 @@ def test_a_second_thread_sends_the_group_to_the_plain_path(group, plain_calls, r
     assert plain_calls == {"all_reduce": 2 + CALLS}  # the locked path, every call
 
 
-def test_a_group_takes_the_compiled_path_from_its_first_exchange(pg, monkeypatch, debug_off):
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+def test_a_group_takes_the_compiled_path_from_its_first_exchange(
+    pg, monkeypatch, debug_off, async_op
+):
+    """From the first call check exchange point its calls reach, synchronous
+    or with Works (a program whose calls all return Works has them too)."""
     monkeypatch.setattr(native, "MODE", native.AUTO)
     g = pycoll.new_group()
+
+    def call() -> None:
+        work = pycoll.all_reduce(x, group=g, async_op=async_op)
+        if work is not None:
+            work.wait()
+
     try:
         x = np.ones(2)
         while g.sequence_number() < g._mask - 1:
-            pycoll.all_reduce(x, group=g)
+            call()
         assert g._native is None  # not before
-        pycoll.all_reduce(x, group=g)  # the exchange point (seq & mask == mask)
+        call()  # the exchange point (seq & mask == mask)
         assert g._native is not None
     finally:
         pycoll.destroy_process_group(g)

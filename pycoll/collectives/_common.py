@@ -150,6 +150,8 @@ def lean(
         pg._keys[slot] = key
         if slot == pg._mask:
             crosscheck.exchange(pg, op, seq, watch.wait)
+            if pg._native is None:
+                native.attach(pg)  # a group making many calls: the compiled path from here
         ring = pg._flight
         entry = None
         if ring is not None:

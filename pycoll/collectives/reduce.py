@@ -146,13 +146,14 @@ def all_reduce(
     # MPI: this is the call training loops make thousands of times a step.
     if type(tensor) is not np.ndarray or not ((f := tensor.flags).c_contiguous and f.writeable):
         tensor = check_output("all_reduce", "tensor", tensor)
-    if (  # the same call as before on this array: compiled (pycoll.native)
-        pg._native is not None
-        and not async_op
-        and debug.PLAIN
-        and native.again(pg, "all_reduce", tensor, _mpi.IN_PLACE, op)
-    ):
-        return None
+    if pg._native is not None and debug.PLAIN:  # the same call as before on this array?
+        if not async_op:  # compiled (pycoll.native)
+            if native.again(pg, "all_reduce", tensor, _mpi.IN_PLACE, op):
+                return None
+        elif async_op is True and (
+            work := native.again(pg, "all_reduce", tensor, _mpi.IN_PLACE, op, work=True)
+        ):
+            return work  # (started by the compiled code, its Work waited for in Python)
     try:
         how = op._plans[tensor.dtype]
     except (AttributeError, KeyError):
@@ -226,6 +227,12 @@ def all_reduce(
         )
         return None
     if plainly and async_op is True and debug.PLAIN:  # (run's own first step, taken here)
+        work = pg._native is not None and native.call(
+            pg, "all_reduce", key, native.ALL_REDUCE, _mpi.IN_PLACE, tensor, tensor.size,
+            how.datatype, mpi_op, 0, tensor, _mpi.IN_PLACE, op, work=True,
+        )  # fmt: skip
+        if work:  # kept, and started by the compiled code
+            return work
         return lean(
             pg, "all_reduce", tensor.nbytes, comm.Iallreduce,
             (_mpi.IN_PLACE, [tensor, how.datatype], mpi_op), True, None, [tensor], key,
