@@ -32,8 +32,9 @@ the compiled code copies the input into the plan's buffer, starts the
 plan's request (``MPI_Start``), tests it and copies the result out. Not at
 DETAIL, and only on the calls the plain path serves.
 
-Works. ``all_reduce(..., async_op=True)`` on a kept call is started and
-tested here as a synchronous one, then handed back as a Work (pycoll.work):
+Works. ``all_reduce``, ``broadcast``, ``all_gather_into_tensor`` and
+``reduce_scatter_tensor`` with ``async_op=True`` on a kept call are started
+and tested here as synchronous ones, then handed back as a Work (pycoll.work):
 complete where the tests saw the call done, which a small call mostly is,
 else waiting in Python for the request the compiled code left. A Work
 handed back after one test left each rank's next test behind Python's
@@ -376,17 +377,22 @@ def again(
     finally:
         pg._busy = False
     if work:
-        return _work(pg, state.st, op, seq, err, known[_MAIN], entry)
+        return _work(pg, state.st, op, seq, err, known, entry)
     if err:
         _unfinished(pg, state.st, op, seq, busy, err, known[_ADDRESS], known[_PLAN])
     return True
 
 
-def _work(pg: ProcessGroup, st: Any, op: str, seq: int, err: int, main: Any, entry: Any) -> Work:
-    """The Work of a call :func:`again` started (``err`` as starts.start
-    returned it). A call with no buffer of its own makes no copy once done
-    (its words' copy is a reduce-scatter's output beside its input, and its
-    table a list form's parts), so the Work has nothing to finish."""
+def _work(
+    pg: ProcessGroup, st: Any, op: str, seq: int, err: int, known: Tuple[Any, ...], entry: Any
+) -> Work:
+    """The Work of the kept call ``known`` :func:`again` started (``err`` as
+    starts.start returned it). A call with no buffer of its own makes no
+    copy once done (its words' copy is a reduce-scatter's output beside its
+    input, and its table a list form's parts), so the Work has nothing to
+    finish; it holds the kept call, and so every array MPI reads or writes,
+    until it completes, though the group drop the call meanwhile."""
+    main = known[_MAIN]
     if err == 0:  # done in its tests, its busy bit cleared
         return Work.done(op, seq, [main], pg, main.nbytes, entry)
     if err != -1:
@@ -394,7 +400,7 @@ def _work(pg: ProcessGroup, st: Any, op: str, seq: int, err: int, main: Any, ent
         recorder.complete(entry, recorder.FAILED)
         raise watch.backend_error(op, seq, _mpi.MPI.Exception(err))
     request = _mpi.MPI.Request.fromhandle(int(st[_starts.REQUEST]) & _handle_mask)
-    return Work(op, seq, [request], None, [main], pg, main.nbytes, None, None, None, None, entry)
+    return Work(op, seq, [request], None, [main], pg, main.nbytes, None, None, None, known, entry)
 
 
 def again_list(

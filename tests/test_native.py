@@ -847,6 +847,73 @@ def test_all_reduce_with_works(group, lean_calls, rank, world_size, dtype, teste
     assert id(x) in group._native.calls
 
 
+WORK_CASES = [
+    ("broadcast", False),
+    ("all_gather_into_tensor", False),
+    ("all_gather_into_tensor", True),
+    ("reduce_scatter_tensor", False),
+    ("reduce_scatter_tensor", True),
+]
+
+
+@pytest.mark.parametrize("tested", [True, False], ids=["tested", "untested"])
+@pytest.mark.parametrize(
+    "name,in_place", WORK_CASES, ids=[f"{n}-{'in' if p else 'out'}" for n, p in WORK_CASES]
+)
+def test_other_collectives_with_works(group, lean_calls, rank, world_size, name, in_place, tested):
+    """broadcast, all_gather_into_tensor and reduce_scatter_tensor with
+    ``async_op=True`` on the same arrays: kept and started compiled as
+    all_reduce's, with the right result on every rank, tested or not. torch's
+    in-place reduce-scatter receives beside its input, into a buffer its kept
+    call owns, which two Works under way would share: every such call takes
+    the Python path."""
+    if not tested:
+        group._native.st[native._starts.SPINS] = 0
+    k, n = 3, world_size
+    out = np.zeros(k * n if name == "all_gather_into_tensor" else k, np.float32)
+    inp = np.zeros(k * n if name == "reduce_scatter_tensor" else k, np.float32)
+    for i in range(CALLS):
+
+        def values(r: int, size: int) -> np.ndarray:
+            return (np.arange(size) + 10 * r + i).astype(np.float32)
+
+        if name == "broadcast":
+            out[...] = values(rank, k)
+            work = pycoll.broadcast(out, n - 1, group=group, async_op=True)
+            want, got = values(n - 1, k), out
+        elif name == "all_gather_into_tensor":
+            out[...] = -1
+            if in_place:
+                out[k * rank : k * rank + k] = values(rank, k)
+                work = pycoll.all_gather_into_tensor(
+                    out, out[k * rank : k * rank + k], group=group, async_op=True
+                )
+            else:
+                inp[...] = values(rank, k)
+                work = pycoll.all_gather_into_tensor(out, inp, group=group, async_op=True)
+            want, got = np.concatenate([values(r, k) for r in range(n)]), out
+        else:
+            inp[...] = values(rank, k * n)
+            total = sum(values(r, k * n) for r in range(n))
+            if in_place:
+                work = pycoll.reduce_scatter_tensor(
+                    inp[k * rank : k * rank + k], inp, group=group, async_op=True
+                )
+                want, got = values(rank, k * n), inp
+                want[k * rank : k * rank + k] = total[k * rank : k * rank + k]
+            else:
+                out[...] = -1
+                work = pycoll.reduce_scatter_tensor(out, inp, group=group, async_op=True)
+                want, got = total[k * rank : k * rank + k], out
+        if not tested:
+            assert not work._done  # handed back pending: its wait goes on in Python
+        work.wait()
+        assert work.is_success()
+        assert_array_equal(got, want)
+    calls = CALLS if name == "reduce_scatter_tensor" and in_place else 1
+    assert lean_calls == {name: calls}
+
+
 def test_works_and_synchronous_calls_share_a_kept_call(
     group, plain_calls, lean_calls, rank, world_size
 ):

@@ -187,20 +187,22 @@ def all_gather_into_tensor(
     if (  # the same call as before on these arrays: compiled (pycoll.native)
         pg._native is not None
         and type(inp) is np.ndarray
-        and not async_op
+        and (not async_op or async_op is True)  # (with a Work: pycoll.native.again's work)
         and debug.PLAIN
         and (
-            native.again(pg, func, out, inp, None, input=inp)
+            kept := native.again(pg, func, out, inp, None, input=inp, work=async_op)
             if inp.base is not out
             # torch's in-place idiom, the input a new view each call: known
             # by its place, that of this rank's part when the call was kept
             else (
                 inp.size * n == out.size
-                and native.again(pg, func, out, _mpi.IN_PLACE, None, input=inp, place=inp)
+                and native.again(
+                    pg, func, out, _mpi.IN_PLACE, None, input=inp, place=inp, work=async_op
+                )
             )
         )
     ):
-        return None
+        return kept if async_op else None
     # Two plain contiguous arrays, one dtype, sizes that fit, and either apart
     # (each owning its memory, or views of tensors that do not overlap) or
     # the input this rank's part of the output (torch's in-place idiom): no
@@ -265,20 +267,22 @@ def all_gather_into_tensor(
     if not fast:
         in_place = is_slot(inp, out, pg._rank)
     into = not in_place and not pg._aliases  # (the input copied into its part first)
-    if not async_op and debug.PLAIN:  # (debug OFF, no timeline being recorded)
+    if (not async_op or async_op is True) and debug.PLAIN:  # (debug OFF, no timeline)
         if fast and pg._native is not None:
             given = _mpi.IN_PLACE if in_place else inp
-            if native.call(
+            kept = native.call(
                 pg, func, key, native.ALL_GATHER, _mpi.IN_PLACE if into else given,
                 out, inp.size, datatype, None, 0, out, given, None,
                 place=inp if in_place else None,
                 copy_in=(_mpi.MPI.buffer(out).address + pg._rank * inp.nbytes, inp, inp.nbytes)
-                if into else None,
-            ):  # fmt: skip
-                return None
-        send = _send(inp, out, pg._rank, into, fast, in_place, datatype)
-        plain(pg, func, key, comm.Iallgather, comm.Allgather, send, [out, datatype])
-        return None
+                if into else None, work=async_op,
+            )  # fmt: skip
+            if kept:
+                return kept if async_op else None
+        if not async_op:
+            send = _send(inp, out, pg._rank, into, fast, in_place, datatype)
+            plain(pg, func, key, comm.Iallgather, comm.Allgather, send, [out, datatype])
+            return None
     send = _send(inp, out, pg._rank, into, fast, in_place, datatype)
     return run(
         pg,

@@ -944,21 +944,23 @@ def reduce_scatter_tensor(
     n = pg._size
     if (  # the same call as before on these arrays: compiled (pycoll.native)
         pg._native is not None
-        and not async_op
+        and (not async_op or async_op is True)  # (with a Work: pycoll.native.again's work)
         and debug.PLAIN
         and type(output) is np.ndarray
         and (
             # torch's in-place form, the output a new view of the input each
             # call: the call kept on the input, known by the output's place
-            _in_input(output, input)
+            kept := _in_input(output, input)
             and output.size * n == input.size
             and output.flags.writeable
-            and native.again(pg, func, input, _mpi.IN_PLACE, op, input=output, place=output)
+            and native.again(
+                pg, func, input, _mpi.IN_PLACE, op, input=output, place=output, work=async_op
+            )
             # else two arrays (views of one buffer that do not overlap included)
-            or native.again(pg, func, output, input, op, input=input)
+            or native.again(pg, func, output, input, op, input=input, work=async_op)
         )
     ):
-        return None
+        return kept if async_op else None
     # Two plain contiguous arrays of one dtype, the output writeable, sizes
     # that fit: no more checks (the common case, inline as all_reduce's).
     if not (
@@ -1003,10 +1005,11 @@ def reduce_scatter_tensor(
                 if kept:
                     return None
             return made.call(pg, func, input, output, async_op, desc)
-    if how.plain and not async_op and debug.PLAIN:
+    if how.plain and (not async_op or async_op is True) and debug.PLAIN:
         # The common case, straight to MPI (pycoll.collectives._common.plain):
         # the generic path's bookkeeping was a third of this call's cost at 8 B.
-        # torch's in-place form receives beside the input, as below.
+        # torch's in-place form receives beside the input, as below (a buffer
+        # of the kept call's own: with a Work, not kept, pycoll.native.call).
         aliased = may_alias(input, output)
         key = how.key | _REDUCE_SCATTER_TENSOR | output.size & COUNT
         if pg._native is not None:
@@ -1016,23 +1019,24 @@ def reduce_scatter_tensor(
             if not aliased:
                 kept = native.call(
                     pg, func, key, what, input, output, output.size, how.datatype, how.mpi_op,
-                    0, output, input, op,
+                    0, output, input, op, work=async_op,
                 )  # fmt: skip
             else:  # in place: kept receiving beside, as below (the lane above finds it)
                 kept = _in_input(output, input) and native.call(
                     pg, func, key, what, input, None, output.size, how.datatype, how.mpi_op,
-                    0, input, _mpi.IN_PLACE, op, beside=output, place=output,
+                    0, input, _mpi.IN_PLACE, op, beside=output, place=output, work=async_op,
                 )  # fmt: skip
             if kept:
-                return None
-        into = scratch.beside(pg, output) if aliased else None
-        recv = output if into is None else into
-        start, blocking, args = _mpi_reduce_scatter(pg.comm, n, how, input, recv)
-        plain(pg, func, key, start, blocking, *args)
-        if into is not None:
-            output[...] = into
-            scratch.give(pg, into)
-        return None
+                return kept if async_op else None
+        if not async_op:
+            into = scratch.beside(pg, output) if aliased else None
+            recv = output if into is None else into
+            start, blocking, args = _mpi_reduce_scatter(pg.comm, n, how, input, recv)
+            plain(pg, func, key, start, blocking, *args)
+            if into is not None:
+                output[...] = into
+                scratch.give(pg, into)
+            return None
     send, into = input, None
     if how.prescale is not None:
         send = _scaled(input, how.prescale)

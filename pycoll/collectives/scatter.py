@@ -73,16 +73,19 @@ def broadcast(
     looked = False  # for the same call as before on this array, known by the global src
     if (
         pg._native is not None
-        and not async_op
+        and (not async_op or async_op is True)  # (with a Work: pycoll.native.again's work)
         and type(src) is int
         and type(tensor) is np.ndarray
         and (f := tensor.flags).c_contiguous
         and (f.writeable or src == pg._ranks[pg._rank])
         and debug.PLAIN
     ):
-        looked = True
-        if native.again(pg, func, tensor, None, src):  # (a src kept was a rank of the group)
-            return None
+        looked = True  # (a src kept was a rank of the group)
+        if not async_op:
+            if native.again(pg, func, tensor, None, src):
+                return None
+        elif work := native.again(pg, func, tensor, None, src, work=True):
+            return work
     root = root_of(pg, src, "src", func)
     mine = root == pg._rank
     # A plain contiguous array (writeable where it is written) needs no more checks.
@@ -96,11 +99,11 @@ def broadcast(
         fast
         and not looked  # (src given as another integer type)
         and pg._native is not None
-        and not async_op
+        and (not async_op or async_op is True)
         and debug.PLAIN
-        and native.again(pg, func, tensor, None, src)
+        and (work := native.again(pg, func, tensor, None, src, work=async_op))
     ):
-        return None
+        return work if async_op else None
     if not fast:
         tensor = (
             check_input(func, "tensor", tensor) if mine else check_output(func, "tensor", tensor)
@@ -134,14 +137,16 @@ def broadcast(
     # Synchronous with debug OFF (no timeline being recorded): MPI's call
     # straight away, however this rank's array was checked (under
     # PYCOLL_WAIT=blocking, the blocking call every rank makes alike).
-    if not async_op and debug.PLAIN:
-        if fast and pg._native is not None and native.call(
+    if (not async_op or async_op is True) and debug.PLAIN:
+        kept = fast and pg._native is not None and native.call(
             pg, func, key, native.BROADCAST, None, tensor, tensor.size, datatype, None, root,
-            tensor, None, src,
-        ):  # fmt: skip
+            tensor, None, src, work=async_op,
+        )  # fmt: skip
+        if kept:
+            return kept if async_op else None
+        if not async_op:
+            plain(pg, func, key, comm.Ibcast, comm.Bcast, [tensor, datatype], root)
             return None
-        plain(pg, func, key, comm.Ibcast, comm.Bcast, [tensor, datatype], root)
-        return None
     return run(
         pg,
         func,
