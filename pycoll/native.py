@@ -32,9 +32,10 @@ the compiled code copies the input into the plan's buffer, starts the
 plan's request (``MPI_Start``), tests it and copies the result out. Not at
 DETAIL, and only on the calls the plain path serves.
 
-Works. ``all_reduce``, ``broadcast``, ``all_gather_into_tensor`` and
-``reduce_scatter_tensor`` with ``async_op=True`` on a kept call are started
-and tested here as synchronous ones, then handed back as a Work (pycoll.work):
+Works. ``all_reduce``, ``broadcast``, ``all_gather_into_tensor``,
+``reduce_scatter_tensor`` and ``all_to_all_single`` with ``async_op=True``
+on a kept call are started and tested here as synchronous ones, then
+handed back as a Work (pycoll.work):
 complete where the tests saw the call done, which a small call mostly is,
 else waiting in Python for the request the compiled code left. A Work
 handed back after one test left each rank's next test behind Python's

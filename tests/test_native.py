@@ -853,6 +853,8 @@ WORK_CASES = [
     ("all_gather_into_tensor", True),
     ("reduce_scatter_tensor", False),
     ("reduce_scatter_tensor", True),
+    ("all_to_all_single", False),
+    ("all_to_all_single", True),
 ]
 
 
@@ -861,17 +863,21 @@ WORK_CASES = [
     "name,in_place", WORK_CASES, ids=[f"{n}-{'in' if p else 'out'}" for n, p in WORK_CASES]
 )
 def test_other_collectives_with_works(group, lean_calls, rank, world_size, name, in_place, tested):
-    """broadcast, all_gather_into_tensor and reduce_scatter_tensor with
-    ``async_op=True`` on the same arrays: kept and started compiled as
-    all_reduce's, with the right result on every rank, tested or not. torch's
-    in-place reduce-scatter receives beside its input, into a buffer its kept
+    """broadcast, all_gather_into_tensor, reduce_scatter_tensor and
+    all_to_all_single with ``async_op=True`` on the same arrays: kept and
+    started compiled as all_reduce's, with the right result on every rank,
+    tested or not. torch's in-place reduce-scatter receives beside its input,
+    and the all-to-all of one array sends from a copy of it (but where every
+    rank's call is in place: two ranks on MPICH), each into a buffer its kept
     call owns, which two Works under way would share: every such call takes
     the Python path."""
     if not tested:
         group._native.st[native._starts.SPINS] = 0
     k, n = 3, world_size
-    out = np.zeros(k * n if name == "all_gather_into_tensor" else k, np.float32)
-    inp = np.zeros(k * n if name == "reduce_scatter_tensor" else k, np.float32)
+    out = np.zeros(k * n if name != "broadcast" and name != "reduce_scatter_tensor" else k,
+                   np.float32)  # fmt: skip
+    inp = np.zeros(k * n if name != "broadcast" and name != "all_gather_into_tensor" else k,
+                   np.float32)  # fmt: skip
     for i in range(CALLS):
 
         def values(r: int, size: int) -> np.ndarray:
@@ -892,6 +898,16 @@ def test_other_collectives_with_works(group, lean_calls, rank, world_size, name,
                 inp[...] = values(rank, k)
                 work = pycoll.all_gather_into_tensor(out, inp, group=group, async_op=True)
             want, got = np.concatenate([values(r, k) for r in range(n)]), out
+        elif name == "all_to_all_single":
+            inp[...] = values(rank, k * n)
+            want = np.concatenate([values(r, k * n)[k * rank : k * rank + k] for r in range(n)])
+            if in_place:  # (one array, input and output)
+                work = pycoll.all_to_all_single(inp, inp, group=group, async_op=True)
+                got = inp
+            else:
+                out[...] = -1
+                work = pycoll.all_to_all_single(out, inp, group=group, async_op=True)
+                got = out
         else:
             inp[...] = values(rank, k * n)
             total = sum(values(r, k * n) for r in range(n))
@@ -910,7 +926,12 @@ def test_other_collectives_with_works(group, lean_calls, rank, world_size, name,
         work.wait()
         assert work.is_success()
         assert_array_equal(got, want)
-    calls = CALLS if name == "reduce_scatter_tensor" and in_place else 1
+    owns = in_place and (  # (the all-to-all's copy: not where every rank sends in place)
+        name == "reduce_scatter_tensor"
+        or name == "all_to_all_single"
+        and alltoall._form(n, inp.nbytes) != alltoall.IN_PLACE
+    )
+    calls = CALLS if owns else 1
     assert lean_calls == {name: calls}
 
 

@@ -294,13 +294,21 @@ def all_to_all_single(
     if (  # the same call as before on these arrays: compiled (pycoll.native)
         even
         and pg._native is not None
-        and not async_op
+        and (not async_op or async_op is True)  # (with a Work: pycoll.native.again's work)
         and debug.PLAIN
-        and native.again(
-            pg, func, output, _mpi.IN_PLACE if input is output else input, None, input=input
+        and (
+            kept := native.again(
+                pg,
+                func,
+                output,
+                _mpi.IN_PLACE if input is output else input,
+                None,
+                input=input,
+                work=async_op,
+            )
         )
     ):
-        return None
+        return kept if async_op else None
     # The common case (even parts of two plain contiguous arrays of one dtype,
     # the output writeable, sizes that fit) needs no more checks.
     if not (
@@ -376,26 +384,28 @@ def all_to_all_single(
             counts[pg._rank] = 0  # (this rank's own part: neither sent nor received)
             v = (counts, [count * r for r in range(n)])
             start, blocking = comm.Ialltoallv, comm.Alltoallv
-        if not async_op and debug.PLAIN:
+        if (not async_op or async_op is True) and debug.PLAIN:
             if (  # (a kept call holds the output and the input or its copy)
                 pg._native is not None
                 and (input is output or not overlaps)
                 and native.may_keep(2 * input.nbytes)
             ):
                 send, copy_in, skip = _kept(pg, input, output, form)
-                if native.call(
+                kept = native.call(
                     pg, func, key, native.ALL_TO_ALL_V if form == PARTS else native.ALL_TO_ALL,
                     send, output, count, mpitype, None, 0, output,
                     _mpi.IN_PLACE if input is output else input, None, copy_in=copy_in,
-                    skip=skip,
-                ):  # fmt: skip
-                    return None
-            held = _send(pg, input, output, overlaps, form)
-            plain(pg, func, key, start, blocking, _spec(held, v, mpitype),
-                  _spec(output, v, mpitype))  # fmt: skip
-            if held is not input and held is not _mpi.MPI.IN_PLACE:
-                scratch.give(pg, held)
-            return None
+                    skip=skip, work=async_op,
+                )  # fmt: skip
+                if kept:
+                    return kept if async_op else None
+            if not async_op:
+                held = _send(pg, input, output, overlaps, form)
+                plain(pg, func, key, start, blocking, _spec(held, v, mpitype),
+                      _spec(output, v, mpitype))  # fmt: skip
+                if held is not input and held is not _mpi.MPI.IN_PLACE:
+                    scratch.give(pg, held)
+                return None
         held = _send(pg, input, output, overlaps, form)
         return run(
             pg,
