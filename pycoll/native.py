@@ -35,12 +35,12 @@ DETAIL, and only on the calls the plain path serves.
 Works. ``all_reduce``, ``broadcast``, ``all_gather_into_tensor``,
 ``reduce_scatter_tensor`` and ``all_to_all_single`` with ``async_op=True``
 on a kept call are started and tested here as synchronous ones, then
-handed back as a Work (pycoll.work):
-complete where the tests saw the call done, which a small call mostly is,
-else waiting in Python for the request the compiled code left. A Work
-handed back after one test left each rank's next test behind Python's
-steps: 19 us an 8-byte all_reduce on 2 ranks, against 11.5 tested here
-(docs/benchmarks.md).
+handed back as a Work (pycoll.work): complete where the tests saw the call
+done, which a small call mostly is, else waiting in Python for the request
+the compiled code left. MPI moves a nonblocking collective only inside its
+calls: a Work handed back after one test left each rank's next test behind
+Python's steps, 19 us an 8-byte all_reduce on 2 ranks, against 11.5 tested
+here (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -278,16 +278,12 @@ def again(
     makes).
 
     With ``work`` (a call with ``async_op=True``) it starts the call and
-    tests it as a synchronous call's, and returns its Work (pycoll.work)
-    instead of True: complete where the tests saw the call done, else
-    waiting for MPI's request within the group's timeout as the Python
-    path's Works do; either closes a full flight recorder entry. (Tested at
-    once, a small call completes there: MPI moves a nonblocking collective
-    only inside MPI's calls, and a Work handed back after one test left each
-    rank's next test behind Python's steps, 19 us an 8-byte all_reduce on 2
-    ranks against 11.5 tested as here.) Not for a kept call with a buffer
-    of its own, which two Works under way would share, nor for one a
-    persistent plan serves.
+    tests it as a synchronous call's (see the module's docstring), and
+    returns its Work (pycoll.work) instead of True: complete where the tests
+    saw the call done, else waiting for MPI's request within the group's
+    timeout as the Python path's Works do; either closes a full flight
+    recorder entry. Not for a kept call with a buffer of its own, which two
+    Works under way would share, nor for one a persistent plan serves.
 
     Collectives call this once their arguments are checked and before the
     rest of their path (:func:`call` keeps the calls): a kept call is one
@@ -359,7 +355,7 @@ def again(
         pg._seq = seq
         key = known[_KEY]
         pg._keys[slot] = key
-        ring = pg._flight  # the flight recorder's entry: on this path, the key alone
+        ring = pg._flight  # the flight recorder's entry: the key alone, but for a Work
         entry = None
         if ring is not None:
             if work:  # (a full one, which the Work closes)
