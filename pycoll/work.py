@@ -281,9 +281,9 @@ class Work(BaseWork):
     def done(
         cls, op: str, seq: int, result: Any, pg: Any, nbytes: int, entry: Optional[List[Any]]
     ) -> Work:
-        """The Work of a collective found complete as it was issued (the
-        compiled path's one test, pycoll.native), with nothing left to do:
-        its flight recorder entry closed, its ``wait()`` returns at once."""
+        """The Work of a collective found complete as it was issued (by the
+        compiled path's tests, pycoll.native), with nothing left to do: its
+        flight recorder entry closed, its ``wait()`` returns at once."""
         work = cls(op, seq, [], None, result, pg, nbytes, None, None, None, None, entry)
         work._done = True
         recorder.complete(entry)
