@@ -226,30 +226,38 @@ def _numpy_only(*values: Any) -> bool:
 
 
 def _tensor_lane(spec: Spec, params: Any, lists: List[str]) -> str:
-    """The front's lane for a synchronous call on CPU tensors pycoll has
-    seen before (pycoll.torchcompat.kept_view: each one's numpy view, kept
-    while the tensor holds the same memory) and pycoll's or torch's plain
-    op: straight to the host body with the views, as a numpy call goes.
-    A collective without ``async_op`` takes it only if it never returns a
-    Work (``Spec.synchronous``: send, recv). Anything else (a tensor seen
-    once, CUDA, an asynchronous call whose Work hands back the tensors, list
-    arguments) takes :func:`route`. On the CI
-    VM, an 8-byte all_reduce of a tensor took 14.7 us through route with
-    its view kept, and 35.6 us before views were kept; a numpy array's 3.4
-    (docs/benchmarks.md, "torch tensors")."""
+    """The front's lane for a call on CPU tensors pycoll has seen before
+    (pycoll.torchcompat.kept_view: each one's numpy view, kept while the
+    tensor holds the same memory) and pycoll's or torch's plain op: straight
+    to the host body with the views, as a numpy call goes; with
+    ``async_op``, its Work wrapped so that ``result()`` and the future give
+    the tensors (torchcompat.aliased). A collective without ``async_op``
+    takes it only if it never returns a Work (``Spec.synchronous``: send,
+    recv). Anything else (a tensor seen once, CUDA, list arguments) takes
+    :func:`route`. On the CI VM, an 8-byte all_reduce of a tensor took 14.7
+    us through route with its view kept, and 35.6 us before views were kept;
+    a numpy array's 3.4 (docs/benchmarks.md, "torch tensors"); with
+    ``async_op=True`` and ``wait()``, 21.0 us through route, where a numpy
+    array's took 6.9."""
     if lists or ("async_op" not in params and not spec.synchronous):
         return ""
     ones = [a.name for a in spec.arrays]
-    conds = (["not async_op"] if "async_op" in params else []) + [
+    conds = [
         f"(_{n} := {n} if type({n}) is _ndarray else _kept_view({n})) is not None" for n in ones
     ]
     given = {n: f"_{n}" for n in ones}
     if "op" in params:
         conds.append("(_op := _lane_op(op)) is not None")
         given["op"] = "_op"
+    host = f"_host({', '.join(given.get(n, n) for n in params)})"
+    if "async_op" not in params:
+        return f"    if {' and '.join(conds)}:\n        return {host}\n"
+    callers = ", ".join(f"id(_{n}): {n}" for n in ones)
     return (
         f"    if {' and '.join(conds)}:\n"
-        f"        return _host({', '.join(given.get(n, n) for n in params)})\n"
+        f"        if not async_op:\n"
+        f"            return {host}\n"
+        f"        return _aliased({host}, {{{callers}}})\n"
     )
 
 
@@ -298,6 +306,7 @@ def _front(spec: Spec) -> Callable[..., Any]:
         "_UNKNOWN": UNKNOWN,
         "_kept_view": torchcompat.kept_view,
         "_lane_op": torchcompat.lane_op,
+        "_aliased": torchcompat.aliased,
     }
     filename = f"<pycoll.dispatch: {spec.name}>"
     # Tracebacks through the front show its lines (as attrs does for its methods).

@@ -33,7 +33,7 @@ from .work import AliasWork, BaseWork
 if TYPE_CHECKING:
     from .dispatch import Spec
 
-__all__ = ["imported", "call", "host_view", "kept_view", "lane_op", "reduce_op"]
+__all__ = ["imported", "aliased", "call", "host_view", "kept_view", "lane_op", "reduce_op"]
 
 
 def imported() -> bool:
@@ -180,6 +180,14 @@ def _fresh_view(t: Any, func: str, label: str) -> np.ndarray:
         raise TypeError(f"{func}: {label} is a torch tensor numpy cannot view: {exc}") from None
 
 
+def aliased(value: Any, callers: Dict[int, Any]) -> Any:
+    """A call's return on views for the caller's tensors: a Work wrapped so
+    that ``result()`` and its future give the tensors (``callers`` maps
+    ``id()`` of each view to its tensor); anything else (None, off the
+    group) as it is."""
+    return AliasWork(value, callers) if isinstance(value, BaseWork) else value
+
+
 def call(spec: Spec, args: Dict[str, Any], then: Callable[[Spec, Dict[str, Any]], Any]) -> Any:
     """Run a call through ``then(spec, args)`` (the door's next step: the
     device layer for CUDA arrays, else the host body), torch's op taken as
@@ -211,6 +219,4 @@ def call(spec: Spec, args: Dict[str, Any], then: Callable[[Spec, Dict[str, Any]]
     if rewritten is None:
         return then(spec, args)
     value = then(spec, rewritten)
-    if tensors and isinstance(value, BaseWork):
-        return AliasWork(value, tensors)
-    return value
+    return aliased(value, tensors) if tensors else value

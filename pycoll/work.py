@@ -443,7 +443,9 @@ class AliasWork(BaseWork):
         self._work = work
         self._callers = callers
         self._after = after
-        self._lock = threading.Lock()
+        # Only ``after`` must run once: without it (a torch tensor's view)
+        # settling is setting fields, which two threads may both do.
+        self._lock = threading.Lock() if after is not None else None
         self._done = False
         self._exc: Optional[BaseException] = None
         self._future = None
@@ -455,24 +457,29 @@ class AliasWork(BaseWork):
         return f"AliasWork(op={self.op!r}, seq={self.seq}, {state})"
 
     def _settle(self) -> None:
-        with self._lock:
-            if self._done:
-                return
+        lock, after = self._lock, self._after
+        if lock is None or after is None:
             self._exc = self._work.exception()
-            try:
-                if self._after is not None:
-                    self._after()  # after an error too: it gives back pinned buffers
-            except Exception as exc:
-                self._exc = self._exc or exc
             self._done = True
+        else:
+            with lock:
+                if self._done:
+                    return
+                self._exc = self._work.exception()
+                try:
+                    after()  # after an error too: it gives back pinned buffers
+                except Exception as exc:
+                    self._exc = self._exc or exc
+                self._done = True
         self._settle_future()
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """As :meth:`Work.wait`; the caller's arrays hold the result after it."""
+        work = self._work
         try:
-            self._work.wait(timeout)
+            work.wait(timeout)
         finally:
-            if self._work.is_completed():
+            if not self._done and work.is_completed():
                 self._settle()
         if self._exc is not None:
             raise self._exc

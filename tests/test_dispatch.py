@@ -145,5 +145,5 @@ def test_a_traceback_through_the_front_shows_its_line(rank):
         pycoll.all_reduce("not an array")
     except TypeError as exc:
         text = "".join(traceback.format_exception(exc))
-    assert 'File "<pycoll.dispatch: all_reduce>", line 6, in all_reduce' in text, text
+    assert 'File "<pycoll.dispatch: all_reduce>", line 8, in all_reduce' in text, text
     assert "return _route(_spec, {" in text, text

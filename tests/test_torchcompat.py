@@ -224,6 +224,43 @@ def test_every_family_again_on_the_same_tensors(rank, world_size):
             assert outs[r].tolist() == parts
 
 
+def test_works_on_the_same_tensors_again_hand_back_the_tensors(rank, world_size):
+    """async_op=True round after round on the same tensors: from the second
+    round each tensor's view is kept and the front's lane runs the call on
+    it (past the group's first call check point, on the compiled path);
+    every Work's result() and future give the caller's tensors, not their
+    views, and the values are right once it is waited for."""
+    from pycoll import torchcompat
+
+    n = world_size
+    t = torch.zeros(3)
+    gathered = torch.zeros(2 * n)
+    mine = torch.zeros(2)
+    big = torch.zeros(2 * n)
+    part = torch.zeros(2)
+    for step in range(140):
+        t.fill_(rank + step)
+        work = pycoll.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
+        future = work.get_future()
+        assert work.wait() is True and work.is_success()
+        assert work.result()[0] is t and future.wait()[0] is t
+        assert t.tolist() == [n - 1 + step] * 3
+        t.fill_(rank * 10 + step)
+        work = pycoll.broadcast(t, src=n - 1, async_op=True)
+        assert work.result()[0] is t and t.tolist() == [(n - 1) * 10 + step] * 3
+        mine.copy_(torch.tensor([rank, step], dtype=torch.float32))
+        work = pycoll.all_gather_into_tensor(gathered, mine, async_op=True)
+        assert work.result()[0] is gathered
+        assert gathered.tolist() == [v for r in range(n) for v in (r, step)]
+        big.copy_(torch.arange(2 * n, dtype=torch.float32) + rank + step)
+        work = pycoll.reduce_scatter_tensor(part, big, async_op=True)
+        assert work.get_future().wait()[0] is part
+        want = [sum(i + r + step for r in range(n)) for i in (2 * rank, 2 * rank + 1)]
+        assert part.tolist() == want
+    for x in (t, gathered, mine, big, part):
+        assert torchcompat.kept_view(x) is not None  # (so the lane ran the later rounds)
+
+
 def test_send_and_recv_again_on_the_same_tensors(rank, world_size):
     """send and recv on the same tensors round after round (their views kept
     from the second round: the front's lane, as for the collectives), float32
