@@ -35,11 +35,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
+from torch.distributed.distributed_c10d import AllgatherOptions  # (not in torch.distributed)
 
 import pycoll
 
 from ..groups import ProcessGroup as PycollGroup
-from ..torchcompat import host_view, lane_op, reduce_op
+from ..torchcompat import host_view, kept_view, lane_op, reduce_op
 from .errors import as_torch
 from .work import COMPLETER, TorchWork, done
 
@@ -54,7 +55,11 @@ _STARTED_HERE = [False]
 
 def _array(t: Any, func: str, label: str) -> Any:
     """What pycoll's API takes for a tensor: a numpy view of a CPU tensor's
-    memory (no copy), a CUDA tensor as it is (the device door takes it)."""
+    memory (no copy; the kept one for a tensor seen before, found first), a
+    CUDA tensor as it is (the device door takes it)."""
+    view = kept_view(t)
+    if view is not None:
+        return view
     return host_view(t, func, label) if t.is_cpu else t
 
 
@@ -97,14 +102,9 @@ def _all_cpu(outputs: List[Any], inputs: List[Any]) -> bool:
     return all(t.is_cpu for t in outputs) and all(t.is_cpu for t in inputs)
 
 
-def _seconds(opts: Any) -> Optional[float]:
-    """The call's own timeout in seconds; None when it has none (torch's
-    options carry a negative one then)."""
-    timeout = getattr(opts, "timeout", None)
-    if timeout is None:
-        return None
-    seconds = timeout.total_seconds()
-    return seconds if seconds > 0 else None
+# What torch's options carry for a call with no timeout of its own is
+# negative (kUnsetTimeout); a call's own is positive.
+_NO_TIMEOUT = timedelta(0)
 
 
 def _reraise(exc: BaseException) -> None:
@@ -177,28 +177,25 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     def _channel(self) -> PycollGroup:
         return self._side if COMPLETER.is_own_thread() else self._group
 
-    def _run(
-        self,
-        opts: Any,
-        value: List[Any],
-        call: Callable[[PycollGroup, bool], Any],
-        collective: bool = True,
-    ) -> TorchWork:
-        """Run ``call(group, async_op)``: synchronously where torch waits at
-        once (``asyncOp`` False, no timeout of the call's own), else
-        nonblocking; a Work either way, errors in torch's family."""
-        timeout = _seconds(opts)
-        group = self._channel()
+    def _run(self, opts: Any, value: List[Any], fn: Callable[..., Any], *args: Any) -> TorchWork:
+        """``fn(*args, group, async_op)``, pycoll's collective on this group's
+        channel: synchronously where torch waits at once (``asyncOp`` False,
+        no timeout of the call's own), returning the shared completed Work;
+        else nonblocking, a TorchWork over pycoll's Work (or list of them).
+        Errors in torch's family. (Positional, without a closure: this is
+        every call's path, and each step costs a few tenths of a
+        microsecond; docs/benchmarks.md, "The backend's own steps".)"""
+        group = self._side if COMPLETER.is_own_thread() else self._group
+        timeout = opts.timeout
+        own = None if timeout <= _NO_TIMEOUT else timeout.total_seconds()
         try:
-            if timeout is None and getattr(opts, "asyncOp", True) is False:
-                call(group, False)
+            if own is None and opts.asyncOp is False:
+                fn(*args, group, False)
                 return _DONE
-            work = call(group, True)
+            work = fn(*args, group, True)
         except Exception as exc:
             _reraise(exc)
-        works = work if isinstance(work, list) else [work]
-        limit = timeout if timeout is not None else group.timeout.total_seconds()
-        return TorchWork(works, value, group if collective else None, limit)
+        return TorchWork(work if isinstance(work, list) else [work], value, group, own)
 
     def _each(
         self,
@@ -207,29 +204,47 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         inputs: List[torch.Tensor],
         func: str,
         labels: Any,
-        one: Callable[[Any, Any, PycollGroup, bool], Any],
-        together: Optional[Callable[[List[Any], List[Any], PycollGroup, bool], Any]] = None,
+        one: Callable[..., Any],
+        together: Callable[..., Any],
+        *extra: Any,
     ) -> TorchWork:
-        """A coalesced call: ``together(outputs, inputs, group, async_op)``,
-        one pycoll call for the whole list (pycoll.collectives.coalesced), where
-        there is one and every tensor is on the CPU; else one pycoll call per
-        (output, input) pair (CUDA tensors go through the device layer). One
-        Work either way."""
-        if together is not None and len(inputs) > 1 and _all_cpu(outputs, inputs):
+        """A coalesced call: ``together(outputs, inputs, *extra, group,
+        async_op)``, one pycoll call for the whole list
+        (pycoll.collectives.coalesced), where every tensor is on the CPU;
+        else ``one(output, input, *extra, group, async_op)`` per pair (CUDA
+        tensors go through the device layer). One Work either way."""
+        if len(inputs) > 1 and _all_cpu(outputs, inputs):
             name = f"{func}_coalesced"
             outs = _arrays(outputs, name, "outputs")
             ins = _arrays(inputs, name, "inputs")
-            return self._run(opts, outputs, lambda g, a: together(outs, ins, g, a))
+            return self._run(opts, outputs, together, outs, ins, *extra)
+        if len(inputs) == 1:
+            out = _array(outputs[0], func, labels[0])
+            x = _array(inputs[0], func, labels[1])
+            return self._run(opts, outputs, one, out, x, *extra)
         pairs = [
             (_array(o, func, labels[0]), _array(i, func, labels[1]))
             for o, i in zip(outputs, inputs)
         ]
 
-        def call(g: PycollGroup, a: bool) -> Any:
-            works = [one(o, i, g, a) for o, i in pairs]
-            return works if a else None
+        def each(group: PycollGroup, async_op: bool) -> Any:
+            works = [one(o, i, *extra, group, async_op) for o, i in pairs]
+            return works if async_op else None
 
-        return self._run(opts, outputs, call)
+        return self._run(opts, outputs, each)
+
+    def _p2p(
+        self, value: List[Any], fn: Callable[..., Any], x: Any, peer: int, tag: int
+    ) -> TorchWork:
+        """``fn(x, peer, group, tag)``: pycoll's isend or irecv on this
+        group's channel, as a TorchWork (torch waits on it, even for
+        dist.send)."""
+        group = self._side if COMPLETER.is_own_thread() else self._group
+        try:
+            work = fn(x, peer, group, tag)
+        except Exception as exc:
+            _reraise(exc)
+        return TorchWork([work], value, None, group.timeout.total_seconds())
 
     def _root(self, opts: Any) -> int:
         return self._globals[opts.rootRank]
@@ -241,30 +256,21 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         op = _op(opts.reduceOp, "all_reduce")
         if len(tensors) == 1:
             x = _array(tensors[0], "all_reduce", "tensor")
-            return self._run(
-                opts, tensors, lambda g, a: pycoll.all_reduce(x, op=op, group=g, async_op=a)
-            )
+            return self._run(opts, tensors, pycoll.all_reduce, x, op)
         xs = _arrays(tensors, "all_reduce", "tensors")
-        return self._run(
-            opts, tensors, lambda g, a: pycoll.all_reduce_coalesced(xs, op=op, group=g, async_op=a)
-        )
+        return self._run(opts, tensors, pycoll.all_reduce_coalesced, xs, op)
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> TorchWork:
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
         op = _op(opts.reduceOp, "all_reduce_coalesced")
         xs = _arrays(tensors, "all_reduce_coalesced", "tensors")
-        return self._run(
-            opts, tensors, lambda g, a: pycoll.all_reduce_coalesced(xs, op=op, group=g, async_op=a)
-        )
+        return self._run(opts, tensors, pycoll.all_reduce_coalesced, xs, op)
 
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> TorchWork:
         opts = opts if opts is not None else dist.ReduceOptions()
         op = _op(opts.reduceOp, "reduce")
         x = _array(tensors[0], "reduce", "tensor")
-        dst = self._root(opts)
-        return self._run(
-            opts, tensors, lambda g, a: pycoll.reduce(x, dst, op=op, group=g, async_op=a)
-        )
+        return self._run(opts, tensors, pycoll.reduce, x, self._root(opts), op)
 
     def reduce_scatter(
         self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None
@@ -273,9 +279,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         op = _op(opts.reduceOp, "reduce_scatter")
         out = _array(outputs[0], "reduce_scatter", "output")
         ins = _arrays(input_lists[0], "reduce_scatter", "input_list")
-        return self._run(
-            opts, outputs, lambda g, a: pycoll.reduce_scatter(out, ins, op=op, group=g, async_op=a)
-        )
+        return self._run(opts, outputs, pycoll.reduce_scatter, out, ins, op)
 
     def reduce_scatter_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
@@ -295,10 +299,9 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             inputs,
             "reduce_scatter_tensor",
             ("output", "input"),
-            lambda o, i, g, a: pycoll.reduce_scatter_tensor(o, i, op=op, group=g, async_op=a),
-            lambda o, i, g, a: pycoll.reduce_scatter_tensor_coalesced(
-                o, i, op=op, group=g, async_op=a
-            ),
+            pycoll.reduce_scatter_tensor,
+            pycoll.reduce_scatter_tensor_coalesced,
+            op,
         )
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
@@ -308,8 +311,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> TorchWork:
         opts = opts if opts is not None else dist.BroadcastOptions()
         x = _array(tensors[0], "broadcast", "tensor")
-        src = self._root(opts)
-        return self._run(opts, tensors, lambda g, a: pycoll.broadcast(x, src, group=g, async_op=a))
+        return self._run(opts, tensors, pycoll.broadcast, x, self._root(opts))
 
     def allgather(
         self,
@@ -317,12 +319,10 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         inputs: List[torch.Tensor],
         opts: Any = None,
     ) -> TorchWork:
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else AllgatherOptions()
         outs = _arrays(output_lists[0], "all_gather", "tensor_list")
         x = _array(inputs[0], "all_gather", "tensor")
-        return self._run(
-            opts, output_lists, lambda g, a: pycoll.all_gather(outs, x, group=g, async_op=a)
-        )
+        return self._run(opts, output_lists, pycoll.all_gather, outs, x)
 
     def allgather_coalesced(
         self,
@@ -330,15 +330,11 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         inputs: List[torch.Tensor],
         opts: Any = None,
     ) -> TorchWork:
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else AllgatherOptions()
         func = "all_gather_coalesced"
         outs = [[_array(t, func, "output") for t in row] for row in output_lists]
         xs = [_array(t, func, "input") for t in inputs]
-        return self._run(
-            opts,
-            output_lists,
-            lambda g, a: pycoll.all_gather_coalesced(outs, xs, group=g, async_op=a),
-        )
+        return self._run(opts, output_lists, pycoll.all_gather_coalesced, outs, xs)
 
     def all_gather_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
@@ -350,15 +346,15 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     def all_gather_single_coalesced(
         self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
     ) -> TorchWork:
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else AllgatherOptions()
         return self._each(
             opts,
             outputs,
             inputs,
             "all_gather_into_tensor",
             ("output_tensor", "input_tensor"),
-            lambda o, i, g, a: pycoll.all_gather_into_tensor(o, i, group=g, async_op=a),
-            lambda o, i, g, a: pycoll.all_gather_into_tensor_coalesced(o, i, group=g, async_op=a),
+            pycoll.all_gather_into_tensor,
+            pycoll.all_gather_into_tensor_coalesced,
         )
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
@@ -370,12 +366,9 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         opts: Any = None,
     ) -> TorchWork:
         opts = opts if opts is not None else dist.GatherOptions()
-        dst = self._root(opts)
         outs = _arrays(output_lists[0], "gather", "gather_list") if output_lists else None
         x = _array(inputs[0], "gather", "tensor")
-        return self._run(
-            opts, output_lists, lambda g, a: pycoll.gather(x, outs, dst, group=g, async_op=a)
-        )
+        return self._run(opts, output_lists, pycoll.gather, x, outs, self._root(opts))
 
     def scatter(
         self,
@@ -384,12 +377,9 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         opts: Any = None,
     ) -> TorchWork:
         opts = opts if opts is not None else dist.ScatterOptions()
-        src = self._root(opts)
         ins = _arrays(input_lists[0], "scatter", "scatter_list") if input_lists else None
         out = _array(outputs[0], "scatter", "tensor")
-        return self._run(
-            opts, outputs, lambda g, a: pycoll.scatter(out, ins, src, group=g, async_op=a)
-        )
+        return self._run(opts, outputs, pycoll.scatter, out, ins, self._root(opts))
 
     def alltoall(
         self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
@@ -397,9 +387,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         opts = opts if opts is not None else dist.AllToAllOptions()
         outs = _arrays(outputs, "all_to_all", "output_tensor_list")
         ins = _arrays(inputs, "all_to_all", "input_tensor_list")
-        return self._run(
-            opts, outputs, lambda g, a: pycoll.all_to_all(outs, ins, group=g, async_op=a)
-        )
+        return self._run(opts, outputs, pycoll.all_to_all, outs, ins)
 
     def all_to_all_single(
         self,
@@ -414,13 +402,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         x = _array(input, "all_to_all_single", "input")
         out_splits = list(output_split_sizes) or None
         in_splits = list(input_split_sizes) or None
-        return self._run(
-            opts,
-            [output],
-            lambda g, a: pycoll.all_to_all_single(
-                out, x, out_splits, in_splits, group=g, async_op=a
-            ),
-        )
+        return self._run(opts, [output], pycoll.all_to_all_single, out, x, out_splits, in_splits)
 
     alltoall_base = all_to_all_single
 
@@ -428,7 +410,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     def barrier(self, opts: Any = None) -> TorchWork:
         opts = opts if opts is not None else dist.BarrierOptions()
-        return self._run(opts, [], lambda g, a: pycoll.barrier(group=g, async_op=a))
+        return self._run(opts, [], pycoll.barrier)
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """pycoll's monitored_barrier: rank 0 names the ranks that did not
@@ -446,17 +428,11 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> TorchWork:
         x = _array(tensors[0], "send", "tensor")
-        peer = self._globals[dst]
-        return self._run(
-            None, tensors, lambda g, a: pycoll.isend(x, peer, group=g, tag=tag), collective=False
-        )
+        return self._p2p(tensors, pycoll.isend, x, self._globals[dst], tag)
 
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> TorchWork:
         x = _array(tensors[0], "recv", "tensor")
-        peer = self._globals[src]
-        return self._run(
-            None, tensors, lambda g, a: pycoll.irecv(x, peer, group=g, tag=tag), collective=False
-        )
+        return self._p2p(tensors, pycoll.irecv, x, self._globals[src], tag)
 
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> TorchWork:
         x = _array(tensors[0], "recv", "tensor")

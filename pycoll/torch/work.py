@@ -91,12 +91,25 @@ class TorchWork(dist._Work):
         works: pycoll's Works the operation is made of (none when it already
             completed, as a synchronous call does).
         value: what ``result()`` and the future hold (the output tensors).
-        key: the group the operation is a collective of (it orders the
-            futures, see the module's docstring); None for point-to-point.
-        timeout: seconds ``wait()`` waits by default (None: the group's).
+        key: the pycoll group the operation is a collective of (it orders
+            the futures, see the module's docstring); None for
+            point-to-point.
+        timeout: seconds ``wait()`` waits by default; None: the group's
+            (``key``'s; pycoll's Works wait that long when given no
+            timeout, and the completer reads it only for a future asked
+            for, so a call does not pay for reading it).
         source: for a receive from any rank, maps pycoll's global source rank
             to the group rank torch expects from ``_source_rank()``.
     """
+
+    # Set later, if ever (as class defaults, so that making a Work, which
+    # every call through torch does, sets only what it was given): the
+    # future asked for, the error seen, and when the completer gives up
+    # waiting for the operation (the group's timeout, or the call's; set by
+    # Completer.add).
+    _future: Optional[Future] = None
+    _exc: Optional[BaseException] = None
+    _deadline: Optional[float] = None
 
     def __init__(
         self,
@@ -107,16 +120,11 @@ class TorchWork(dist._Work):
         source: Any = None,
     ) -> None:
         super().__init__()
-        self._works = list(works)
+        self._works = works
         self._value = value
         self._key = key
         self._timeout = timeout
         self._source = source
-        self._future: Optional[Future] = None
-        self._exc: Optional[BaseException] = None
-        # When the completer gives up waiting for the operation (the group's
-        # timeout, or the call's): set by Completer.add.
-        self._deadline: Optional[float] = None
 
     def __repr__(self) -> str:
         ops = ",".join(getattr(w, "op", "?") for w in self._works) or "done"
@@ -223,8 +231,11 @@ class Completer:
     def add(self, work: TorchWork) -> None:
         """Complete ``work``'s future once its operation completes, or with
         pycoll's timeout error once it has waited the operation's timeout."""
-        if work._timeout is not None:
-            work._deadline = time.monotonic() + work._timeout
+        limit = work._timeout
+        if limit is None and work._key is not None:
+            limit = work._key.timeout.total_seconds()
+        if limit is not None:
+            work._deadline = time.monotonic() + limit
         with self._cond:
             self._pending.append(work)
             self._wake()

@@ -214,6 +214,54 @@ def test_every_collective(tdist, dtype, rank, world_size):
         assert_equal(values(outs[r]), data(r, dtype, (2,), salt=rank))
 
 
+def test_the_groups_methods_with_their_options_left_out(tdist, rank, world_size):
+    """Each of the group's methods called as torch's C++ API allows, without
+    options: the options' defaults apply (asyncOp True: a Work to wait for;
+    root 0), with the same results as through dist's API."""
+    pg = dist.group.WORLD
+    n = world_size
+    total = n * (n + 1) / 2
+    t = torch.full((2,), float(rank + 1))
+    assert pg.allreduce([t]).wait() and t.tolist() == [total] * 2
+    ts = [torch.full((2,), float(rank + 1)), torch.full((3,), float(rank))]
+    assert pg.allreduce_coalesced(ts).wait()
+    assert ts[0].tolist() == [total] * 2 and ts[1].tolist() == [total - n] * 3
+    t.fill_(rank + 1)
+    pg.reduce([t]).wait()
+    if rank == 0:
+        assert t.tolist() == [total] * 2
+    t.fill_(rank + 5)
+    pg.broadcast([t]).wait()
+    assert t.tolist() == [5.0] * 2
+    mine = torch.full((2,), float(rank))
+    outs = [torch.zeros(2) for _ in range(n)]
+    pg.allgather([outs], [mine]).wait()
+    assert [o.tolist() for o in outs] == [[float(r)] * 2 for r in range(n)]
+    out = torch.zeros(2 * n)
+    pg.all_gather_single(out, mine).wait()
+    assert out.tolist() == [float(r) for r in range(n) for _ in range(2)]
+    big = torch.arange(2.0 * n) + rank
+    part = torch.zeros(2)
+    pg.reduce_scatter_single(part, big).wait()
+    assert part.tolist() == [n * (2 * rank + i) + total - n for i in range(2)]
+    gathered = [torch.zeros(2) for _ in range(n)]
+    pg.gather([gathered] if rank == 0 else [], [mine]).wait()
+    if rank == 0:
+        assert [g.tolist() for g in gathered] == [[float(r)] * 2 for r in range(n)]
+    got = torch.zeros(2)
+    parts = [torch.full((2,), 10.0 * r) for r in range(n)]
+    pg.scatter([got], [parts] if rank == 0 else []).wait()
+    assert got.tolist() == [10.0 * rank] * 2
+    ins = [torch.full((1,), 10.0 * rank + r) for r in range(n)]
+    outs = [torch.zeros(1) for _ in range(n)]
+    pg.alltoall(outs, ins).wait()
+    assert [o.item() for o in outs] == [10.0 * r + rank for r in range(n)]
+    out = torch.zeros(n)
+    pg.alltoall_base(out, torch.arange(float(n)) + 10 * rank, [], []).wait()
+    assert out.tolist() == [10.0 * r + rank for r in range(n)]
+    assert pg.barrier().wait()
+
+
 def test_all_to_all_single_uneven(tdist, rank, world_size):
     n = world_size
     # rank r sends (s + 1) rows to rank s; each row holds 100 * r + s
