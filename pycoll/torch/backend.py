@@ -137,6 +137,9 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self._closed = False
         self._name = group.group_name
         self._desc = group.group_desc
+        # Each channel's timeout in seconds, for the point-to-point Works
+        # (read here once: torch waits on a Work for every send and recv).
+        self._limits = (group.timeout.total_seconds(), side.timeout.total_seconds())
 
     # -- what torch asks of a backend -------------------------------------------
 
@@ -239,12 +242,13 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         """``fn(x, peer, group, tag)``: pycoll's isend or irecv on this
         group's channel, as a TorchWork (torch waits on it, even for
         dist.send)."""
-        group = self._side if COMPLETER.is_own_thread() else self._group
+        side = COMPLETER.is_own_thread()
+        group = self._side if side else self._group
         try:
             work = fn(x, peer, group, tag)
         except Exception as exc:
             _reraise(exc)
-        return TorchWork([work], value, None, group.timeout.total_seconds())
+        return TorchWork([work], value, None, self._limits[side])
 
     def _root(self, opts: Any) -> int:
         return self._globals[opts.rootRank]
