@@ -192,7 +192,9 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         timeout = opts.timeout
         own = None if timeout <= _NO_TIMEOUT else timeout.total_seconds()
         try:
-            if own is None and opts.asyncOp is False:
+            # (getattr: an older torch's options have no asyncOp; there every
+            # call returns a Work, which torch waits on.)
+            if own is None and getattr(opts, "asyncOp", True) is False:
                 fn(*args, group, False)
                 return _DONE
             work = fn(*args, group, True)
