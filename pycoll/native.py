@@ -61,8 +61,8 @@ from .trace import recorder
 from .work import Work
 
 __all__ = [
-    "ENV", "NOTHING", "configure", "attach", "detach", "again", "again_list", "call", "call_plan",
-    "loaded",
+    "ENV", "NOTHING", "Refused", "configure", "attach", "detach", "again", "again_list", "call",
+    "call_plan", "call_scatter", "loaded",
 ]  # fmt: skip
 
 # What a call starts (call's ``what``).
@@ -74,6 +74,9 @@ START = 8  # MPI_Start of a persistent plan's request (pycoll.persistent)
 # displacements, the same for both sides; COUNT the group's size.
 ALL_TO_ALL_V = 9
 GATHER = 10  # MPI_Igather (torch's list form on the root: received into a buffer the call keeps)
+# MPI_Iscatter of bytes, each part behind its root's 8-byte status word
+# (pycoll.collectives.scatter): see call_scatter.
+SCATTER = 11
 
 # A call's words, as the compiled code reads them: what it starts, the send
 # buffer's address (MPI_IN_PLACE's value, or 0), the receive buffer's (or 0),
@@ -85,12 +88,28 @@ GATHER = 10  # MPI_Igather (torch's list form on the root: received into a buffe
 # then the copies a list form makes, each an int64 table of (to, from,
 # bytes) rows: its address and row count for those made before the call
 # starts (a reduce-scatter's inputs stacked) and for those made once it is
-# done (an all-gather's parts copied out), 0 rows for none.
+# done (an all-gather's parts copied out), 0 rows for none; last, the
+# address of a status word the copies made once done wait on (0 for none):
+# where the word is not 0 once the call is done, no copy is made and the
+# compiled code returns REFUSED (a scatter whose root refused its list).
 WHAT, SEND, RECV, COUNT, DATATYPE, OP, ROOT, STATE = range(8)
 COPY_TO, COPY_FROM, COPY_BYTES, COUNTS = range(8, 12)
 PLAN, IN_TO, IN_FROM, IN_BYTES, IN_SKIP, IN_SKIP_BYTES = range(12, 18)
 IN_TABLE, IN_ROWS, OUT_TABLE, OUT_ROWS = range(18, 22)
-CALL_WORDS = 22
+STATUS_AT = 22
+CALL_WORDS = 23
+# What the compiled code returns for a call done whose status word (STATUS_AT)
+# said its root refused: nothing was copied out. (0 is done, -1 under way,
+# anything else MPI's error code.)
+REFUSED = -2
+SCATTER_STATUS = 8  # bytes of a scattered part's status word
+
+
+class Refused(Exception):
+    """A kept scatter's root refused its list (its status word said so): the
+    call is done and nothing was copied out; the collective raises its own
+    error, as its plain path does."""
+
 
 # A kept call (a tuple): its words' address, the call check's key, its main
 # array, other buffer, extra and collective (what again knows it by), main's
@@ -275,7 +294,8 @@ def again(
     decides the call), ``main`` of the same dtype. True once the call is
     done; False where the caller must go on (a call not kept; another thread
     holds or shares the group; an exchange point, which the plain path
-    makes).
+    makes). :class:`Refused` for a kept scatter whose root refused its list
+    (:func:`call_scatter`).
 
     With ``work`` (a call with ``async_op=True``) it starts the call and
     tests it as a synchronous call's (see the module's docstring), and
@@ -376,6 +396,8 @@ def again(
     if work:
         return _work(pg, state.st, op, seq, err, known, entry)
     if err:
+        if err == REFUSED:
+            raise Refused(op)
         _unfinished(pg, state.st, op, seq, busy, err, known[_ADDRESS], known[_PLAN])
     return True
 
@@ -595,6 +617,55 @@ def call_plan(
     return _keep(pg, state, op, plan.key, main, other, extra, words, holds, held, plan, None, True)
 
 
+def call_scatter(
+    pg: ProcessGroup, key: int, main: Any, items: Optional[Tuple[Any, ...]], root: int
+) -> bool:
+    """:func:`call` for a synchronous scatter into ``main`` from group rank
+    ``root``, whose list ``items`` (on the root; None elsewhere) the caller
+    found plain. Each part travels behind an 8-byte status word, as on the
+    plain path (pycoll.collectives.scatter), so that the two paths' calls
+    pair on any mix of ranks: the root's call keeps a buffer of its parts,
+    each behind a word of 0, and copies its list into it before each start;
+    every rank's call receives its word and part into a buffer it keeps and
+    copies the part to ``main`` once done, unless the word is not 0 (a root
+    on the plain path refused its list: then :class:`Refused` is raised,
+    ``main`` untouched). Known again as :func:`again` (or, on the root,
+    :func:`again_list`) finds it: by ``main``, the root as its extra, and on
+    the root the list's first array as its other buffer and every array of
+    the list as its items."""
+    state = pg._native
+    if state is None or pg._aliases:
+        return False
+    other = items[0] if items is not None else None
+    found = _found(pg, state, main, other, root, None, "scatter", items)
+    if found is None:
+        return False
+    extra, held = found
+    part = main.nbytes
+    step = SCATTER_STATUS + part
+    held += step  # (the receive buffer)
+    if items is not None:  # (their buffer, and the arrays besides other)
+        held += len(items) * step + (len(items) - 1) * part
+    if not may_keep(held) or not _room(pg, state, main, held):
+        return False
+    received = np.zeros(step, np.uint8)
+    send = rows = None
+    if items is not None:
+        send = np.zeros(len(items) * step, np.uint8)  # (the words stay 0: only parts are copied)
+        at = _address(send) + SCATTER_STATUS
+        rows = np.array([(at + i * step, _address(x), part) for i, x in enumerate(items)], np.int64)
+    words = _words(SCATTER, send, received, step, _mpi.MPI.BYTE.handle & _handle_mask, 0, root,
+                   state.address, main, received, None)  # fmt: skip
+    words[COPY_FROM] += SCATTER_STATUS
+    words[STATUS_AT] = _address(received)
+    if rows is not None:
+        words[IN_TABLE], words[IN_ROWS] = _address(rows), len(rows)
+    holds = (send, received, rows)
+    return _keep(
+        pg, state, "scatter", key, main, other, extra, words, holds, held, None, items, True
+    )
+
+
 def _found(
     pg: ProcessGroup,
     state: _State,
@@ -769,7 +840,9 @@ def _unfinished(
     else:
         request = _mpi.MPI.Request.fromhandle(int(st[_starts.REQUEST]) & _handle_mask)
     watch.wait1_yielding(pg, op, seq, request)
-    _starts.finish(address)
+    code = _starts.finish(address)
     rec, word = pg._rec, pg._word
     if rec is not None and rec[word] == busy:
         rec[word] = busy - 1
+    if code == REFUSED:
+        raise Refused(op)

@@ -619,6 +619,63 @@ def test_gather_to_every_root(group, plain_calls, rank, world_size):
     assert plain_calls == {"gather": 1 if rank == 0 else 2}
 
 
+@pytest.mark.parametrize("spins", ["tested", "waited"])
+def test_scatter_from_every_root(group, plain_calls, rank, world_size, spins):
+    """scatter, kept on every rank: the root's parts copied behind their
+    status words into a buffer the call keeps, every rank's part received
+    with its word into another and copied out (each root its own call);
+    with no tests in the compiled code (``waited``) every call's wait goes
+    on in Python and the copy is made there."""
+    if spins == "waited":
+        group._native.st[native._starts.SPINS] = 0
+    out = np.zeros(3, np.float32)
+    parts = [np.zeros(3, np.float32) for _ in range(world_size)]
+    for src in range(world_size):
+        for i in range(CALLS):
+            for r, part in enumerate(parts):
+                part[...] = np.arange(3) + 10 * r + i + src
+            out[...] = -1
+            pycoll.scatter(out, parts if rank == src else None, src=src, group=group)
+            assert_array_equal(out, np.arange(3, dtype=np.float32) + 10 * rank + i + src)
+    # The first call plain, and a root's first call as root (its list seen once)
+    assert plain_calls == {"scatter": 1 if rank == 0 else 2}
+    assert len(group._native.calls[id(out)]) > 0
+
+
+@pytest.mark.parametrize("spins", ["tested", "waited"])
+def test_a_list_src_refuses_reaches_compiled_receivers(group, plain_calls, rank, world_size,
+                                                       spins):  # fmt: skip
+    """Once every rank keeps the scatter, a list src refuses (it takes the
+    plain path, its status words saying so) still pairs with the others'
+    compiled calls: each raises the plain path's error, its tensor left as
+    it was, and the next call on the kept arrays is right again."""
+    if world_size == 1:
+        pytest.skip("needs a rank other than src")
+    if spins == "waited":
+        group._native.st[native._starts.SPINS] = 0
+    out = np.zeros(2, np.float64)
+    parts = [np.full(2, float(r)) for r in range(world_size)]
+    for _ in range(CALLS):
+        pycoll.scatter(out, parts if rank == 0 else None, src=0, group=group)
+        assert_array_equal(out, np.full(2, float(rank)))
+    out[...] = -7.0
+    bad = parts[:-1] if rank == 0 else None  # one part short
+    with pytest.raises(ValueError) as caught:
+        pycoll.scatter(out, bad, src=0, group=group)
+    if rank == 0:
+        assert "must hold one entry per rank of the group" in str(caught.value)
+    else:
+        assert str(caught.value) == (
+            "scatter: src (rank 0) refused its scatter_list (see the error raised there), "
+            "so nothing was scattered; tensor is left as it was"
+        )
+    assert_array_equal(out, np.full(2, -7.0))
+    assert plain_calls == {"scatter": 2 if rank == 0 else 1}  # (the others' call compiled)
+    pycoll.scatter(out, parts if rank == 0 else None, src=0, group=group)
+    assert_array_equal(out, np.full(2, float(rank)))
+    assert plain_calls == {"scatter": 2 if rank == 0 else 1}
+
+
 def test_a_list_form_is_kept_with_the_arrays_of_its_list(group, plain_calls, keeps, rank,
                                                          world_size):  # fmt: skip
     """A kept list form is the call of the very arrays it was kept with,

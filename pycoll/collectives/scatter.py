@@ -9,6 +9,7 @@ import numpy as np
 from .. import _mpi, crosscheck, debug, native, persistent
 from ..arrays import (
     MPI_TYPES,
+    SUPPORTED_DTYPES,
     check_input,
     check_list,
     check_output,
@@ -25,8 +26,9 @@ from ._common import DETAIL, group_rank, plain, root_of, run, sig
 
 __all__ = ["broadcast", "scatter"]
 
-_STATUS = 8  # bytes of status before each scattered part
+_STATUS = native.SCATTER_STATUS  # bytes of status before each scattered part (both paths)
 _REFUSED = b"REFUSED!"
+_SENT = frozenset(SUPPORTED_DTYPES)  # (a set: the common case's look-up)
 
 
 def _scatter_inputs(
@@ -161,6 +163,14 @@ def broadcast(
     )
 
 
+def _refused_by_src(func: str, src: int) -> ValueError:
+    """What a rank other than src raises when src refused its scatter_list."""
+    return ValueError(
+        f"{func}: src (rank {src}) refused its scatter_list (see the error raised there), "
+        f"so nothing was scattered; tensor is left as it was"
+    )
+
+
 @collective(Array("tensor", OUT), Array("scatter_list", IN, LIST))
 def scatter(
     tensor: np.ndarray,
@@ -184,11 +194,44 @@ def scatter(
         return None
     n = pg._size
     root = group_rank(pg, src, "src", func)
-    tensor = check_output(func, "tensor", tensor)
+    mine = root == pg._rank
     # Each part travels behind an 8-byte status word, so that when src refuses
     # its scatter_list (which only src can check) it still takes part, keeping
     # the group's calls in step, and every receiver raises rather than keeping
     # what it got: the status says the call failed.
+    #
+    # The common case (a plain contiguous writeable output of a dtype pycoll
+    # sends and, on src, a list of n plain arrays of its dtype and shape) needs no more
+    # checks; made again on the same arrays, it is compiled (pycoll.native,
+    # whose calls carry the same status words: the two paths' calls pair).
+    fast = (
+        type(tensor) is np.ndarray
+        and (f := tensor.flags).c_contiguous
+        and f.writeable
+        and tensor.dtype in _SENT
+        and (
+            plain_arrays(scatter_list, n, tensor.dtype, tensor.shape, writeable=False)
+            if mine
+            else scatter_list is None
+        )
+    )
+    if fast and not async_op and pg._native is not None and debug.PLAIN:
+        try:
+            if (
+                native.again_list(pg, func, tensor, scatter_list, root, False)
+                if mine
+                else native.again(pg, func, tensor, None, root)
+            ) or native.call_scatter(
+                pg,
+                crosscheck.key(func, tensor.dtype, tensor.size, root),
+                tensor,
+                tuple(scatter_list) if scatter_list is not None else None,  # (plain, by fast)
+                root,
+            ):
+                return None
+        except native.Refused:  # (a root on the plain path refused its list)
+            raise _refused_by_src(func, src) from None
+    tensor = check_output(func, "tensor", tensor)
     nbytes = tensor.nbytes
     send: Any = None
     refused: Optional[Exception] = None
@@ -213,10 +256,7 @@ def scatter(
         if refused is not None:
             raise refused
         if bytes(received[:_STATUS]) == _REFUSED:
-            raise ValueError(
-                f"{func}: src (rank {src}) refused its scatter_list (see the error raised "
-                f"there), so nothing was scattered; tensor is left as it was"
-            )
+            raise _refused_by_src(func, src)
         tensor.reshape(-1).view(np.uint8)[:] = received[_STATUS:]
 
     comm = pg.comm

@@ -64,10 +64,13 @@ from ..native import (
     REDUCE,
     REDUCE_SCATTER,
     REDUCE_SCATTER_V,
+    REFUSED,
     ROOT,
+    SCATTER,
     SEND,
     START,
     STATE,
+    STATUS_AT,
     WHAT,
 )
 from ..progress import LAST, WORDS
@@ -100,6 +103,7 @@ _FUNCTIONS = {
     "MPI_Ialltoall": "pihpihhp",
     "MPI_Ialltoallv": "ppphppphhp",
     "MPI_Igather": "pihpihihp",
+    "MPI_Iscatter": "pihpihihp",
     "MPI_Ibarrier": "hp",
     "MPI_Test": "ppp",
     "MPI_Start": "p",
@@ -113,6 +117,7 @@ _FUNCTIONS = {
     "MPI_Alltoall": "pihpihh",
     "MPI_Alltoallv": "ppphppphh",
     "MPI_Gather": "pihpihih",
+    "MPI_Scatter": "pihpihih",
 }
 
 
@@ -148,6 +153,7 @@ n_ireduce_scatter_v, w_ireduce_scatter_v = _N["MPI_Ireduce_scatter"], _W["MPI_Ir
 n_ialltoall, w_ialltoall = _N["MPI_Ialltoall"], _W["MPI_Ialltoall"]
 n_ialltoallv, w_ialltoallv = _N["MPI_Ialltoallv"], _W["MPI_Ialltoallv"]
 n_igather, w_igather = _N["MPI_Igather"], _W["MPI_Igather"]
+n_iscatter, w_iscatter = _N["MPI_Iscatter"], _W["MPI_Iscatter"]
 n_ibarrier, w_ibarrier = _N["MPI_Ibarrier"], _W["MPI_Ibarrier"]
 mpi_test = _N["MPI_Test"]  # (no handle among its parameters: one width serves)
 mpi_start, mpi_wait = _N["MPI_Start"], _N["MPI_Wait"]
@@ -160,6 +166,7 @@ n_reduce_scatter_v, w_reduce_scatter_v = _N["MPI_Reduce_scatter"], _W["MPI_Reduc
 n_alltoall, w_alltoall = _N["MPI_Alltoall"], _W["MPI_Alltoall"]
 n_alltoallv, w_alltoallv = _N["MPI_Alltoallv"], _W["MPI_Alltoallv"]
 n_gather, w_gather = _N["MPI_Gather"], _W["MPI_Gather"]
+n_scatter, w_scatter = _N["MPI_Scatter"], _W["MPI_Scatter"]
 
 
 @intrinsic
@@ -185,10 +192,15 @@ def _rows(table, rows):
 @njit(cache=True)
 def _copy(call):
     """The copies a call makes once done (its words COPY_TO to COPY_BYTES,
-    and OUT_TABLE's rows), if any."""
+    and OUT_TABLE's rows), if any, unless its status word (STATUS_AT, where
+    it has one) is not 0: then REFUSED, else 0."""
+    status = call[STATUS_AT]
+    if status and carray(_words(status), (1,))[0]:
+        return REFUSED
     if call[COPY_BYTES]:
         memcpy(call[COPY_TO], call[COPY_FROM], call[COPY_BYTES])
     _rows(call[OUT_TABLE], call[OUT_ROWS])
+    return 0
 
 
 @njit(cache=True)
@@ -226,16 +238,19 @@ def _open(address, busy, word):
 
 @njit(cache=True)
 def _close(call, record, word, busy):
-    """A call done: its copy made, its busy bit cleared (unless the word moved on)."""
-    _copy(call)
+    """A call done: its copy made, its busy bit cleared (unless the word
+    moved on); 0, or REFUSED where its status word refused the copy."""
+    code = _copy(call)
     if record[word] == busy:
         record[word] = busy - 1
+    return code
 
 
 @njit(cache=True)
 def finish(address):
-    """The copy of the call at ``address``, once Python's wait saw it done."""
-    _copy(carray(_words(address), (CALL_WORDS,)))
+    """The copy of the call at ``address``, once Python's wait saw it done:
+    0, or REFUSED (as :func:`_copy`)."""
+    return _copy(carray(_words(address), (CALL_WORDS,)))
 
 
 @njit(cache=True)
@@ -328,6 +343,14 @@ def _call(st, p, call, blocking):
         if wide:
             return w_igather(send, count, dt, recv, count, dt, root, comm, req)
         return n_igather(send, count, dt, recv, count, dt, root, comm, req)
+    if what == SCATTER:  # (send 0 but on the root)
+        if blocking:
+            if wide:
+                return w_scatter(send, count, dt, recv, count, dt, root, comm)
+            return n_scatter(send, count, dt, recv, count, dt, root, comm)
+        if wide:
+            return w_iscatter(send, count, dt, recv, count, dt, root, comm, req)
+        return n_iscatter(send, count, dt, recv, count, dt, root, comm, req)
     if wide:
         return w_ibarrier(comm, req)
     return n_ibarrier(comm, req)
@@ -345,7 +368,9 @@ def start(address, busy, word):
     arrays: numba takes an int argument in half the time of an array.)
 
     Returns 0 when the call is done, -1 when it is still under way after the
-    tests (its request is then in ``st[REQUEST]``), or MPI's error code.
+    tests (its request is then in ``st[REQUEST]``), REFUSED when it is done
+    but its status word refused its copy (pycoll.native.call_scatter), or
+    MPI's error code.
     """
     call, p, st, record = _open(address, busy, word)
     st[REQUEST] = 0
@@ -358,8 +383,7 @@ def start(address, busy, word):
         if err:
             return err
         if st[FLAG]:
-            _close(call, record, word, busy)
-            return 0
+            return _close(call, record, word, busy)
     return -1
 
 
@@ -367,9 +391,9 @@ def start(address, busy, word):
 def block(address, busy, word):
     """:func:`start` under ``PYCOLL_WAIT=blocking``: MPI's blocking call, with
     the GIL released so that the watchdog thread can end a call that outlives
-    its timeout (pycoll.watch). Returns 0, or MPI's error code."""
+    its timeout (pycoll.watch). Returns 0, REFUSED, or MPI's error code."""
     call, p, st, record = _open(address, busy, word)
     err = _call(st, p, call, True)
     if err == 0:
-        _close(call, record, word, busy)
+        return _close(call, record, word, busy)
     return err
