@@ -192,6 +192,7 @@ def test_every_family_again_on_the_same_tensors(rank, world_size):
     got = torch.zeros(n, dtype=torch.int64)
     sent = torch.zeros(n, dtype=torch.int64)
     outs = [torch.zeros(2) for _ in range(n)]
+    sources = [torch.zeros(2) for _ in range(n)]
     for step in range(140):
         inout.fill_(rank + step)
         pycoll.all_reduce(inout, op=dist.ReduceOp.MAX)
@@ -222,6 +223,10 @@ def test_every_family_again_on_the_same_tensors(rank, world_size):
         for r in range(n):
             parts = [sum(i + q + step for q in range(n)) for i in (2 * r, 2 * r + 1)]
             assert outs[r].tolist() == parts
+        for r, source in enumerate(sources):
+            source.fill_(10 * r + step)
+        pycoll.scatter(part, sources if rank == n - 1 else None, src=n - 1)
+        assert part.tolist() == [10 * rank + step] * 2
 
 
 def test_works_on_the_same_tensors_again_hand_back_the_tensors(rank, world_size):
