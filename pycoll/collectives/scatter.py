@@ -231,14 +231,19 @@ def scatter(
                 return None
         except native.Refused:  # (a root on the plain path refused its list)
             raise _refused_by_src(func, src) from None
-    tensor = check_output(func, "tensor", tensor)
+    if not fast:
+        tensor = check_output(func, "tensor", tensor)
     nbytes = tensor.nbytes
     send: Any = None
     refused: Optional[Exception] = None
-    if root == pg._rank:
+    if mine:
         packed = np.zeros((n, _STATUS + nbytes), np.uint8)
         try:
-            inputs = _scatter_inputs(func, tensor, scatter_list, src, n)
+            inputs = (
+                scatter_list  # (found plain already, by fast)
+                if fast and scatter_list is not None
+                else _scatter_inputs(func, tensor, scatter_list, src, n)
+            )
         except (TypeError, ValueError) as exc:
             refused = exc
             packed[:, :_STATUS] = np.frombuffer(_REFUSED, np.uint8)
