@@ -49,6 +49,7 @@ import os
 import warnings
 import weakref
 from operator import is_
+from sys import getrefcount
 from threading import get_ident
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -148,6 +149,10 @@ KEPT_TOTAL = 16 << 20  # the most bytes of buffer one group's kept calls hold
 # Between, the calls kept stay kept and the others take the plain path.
 RENEW_CALLS = 16 * KEPT_CALLS
 SEEN = 4096  # arrays seen once (weakly) a group remembers
+# The most bytes of the array a group saw last that it holds until it sees
+# another (see _sighted): at most this much of a program's memory outlives
+# its use by one call of the group.
+HELD_BYTES = 64 << 10
 AUTO, ON, OFF = "auto", "1", "0"
 MODE = AUTO
 
@@ -250,15 +255,19 @@ class _State:
     """A group's compiled path: its state words (pycoll.kernels.starts) and
     their address, the calls it keeps by their main array's id (the latest
     first, each linking to the one kept before it on that array), and the
-    arrays seen once."""
+    arrays seen once (:func:`_sighted`)."""
 
-    __slots__ = ("st", "address", "calls", "seen", "held", "renewed", "place")
+    __slots__ = ("st", "address", "calls", "seen", "last", "last_seq", "held", "renewed", "place")
 
     def __init__(self, st: Any) -> None:
         self.st = st
         self.address = _buffer(st).address
         self.calls: Dict[int, Tuple[Any, ...]] = {}
         self.seen: Dict[int, Any] = {}
+        # The array seen last (held: see _sighted) and the sequence number of
+        # the call it was seen in.
+        self.last: Any = None
+        self.last_seq = 0
         self.held = 0  # bytes of buffer the kept calls hold
         self.renewed = 0  # the group's sequence number when its calls last started over
         # The view :func:`again` last knew a call by (``place``), its ``extra``
@@ -294,8 +303,10 @@ def again(
     decides the call), ``main`` of the same dtype. True once the call is
     done; False where the caller must go on (a call not kept; another thread
     holds or shares the group; an exchange point, which the plain path
-    makes). :class:`Refused` for a kept scatter whose root refused its list
-    (:func:`call_scatter`).
+    makes). None where ``main`` is first seen in this call (an array made
+    afresh for each call): :func:`call` would not keep it, so the caller need
+    not offer it there. :class:`Refused` for a kept scatter whose root
+    refused its list (:func:`call_scatter`).
 
     With ``work`` (a call with ``async_op=True``) it starts the call and
     tests it as a synchronous call's (see the module's docstring), and
@@ -325,7 +336,13 @@ def again(
         # (A kept call holds its main array: no other object has its id.)
         known = state.calls.get(id(main))
         if known is None:
-            return False
+            if type(main) is not np.ndarray:
+                return False  # (not checked yet: call() sees it once it is)
+            if pg._aliases:
+                return None  # (over device memory: never kept, nor held)
+            # Not kept: an array not seen in an earlier call is answered None
+            # here, where the miss is known, and not offered to call().
+            return False if _sighted(pg, state, main) else None
         if input is not None and not (
             type(main) is np.ndarray
             and type(input) is np.ndarray
@@ -508,6 +525,8 @@ def call(
     state = pg._native
     if state is None or pg._aliases:
         return False  # (arrays over device memory: no CPU copy may touch them)
+    if state.last is main and state.last_seq == pg._seq and items is None:
+        return False  # (first seen by again() in this very call: see _sighted)
     own = beside is not None or items is not None or copy_in is not None and copy_in[0] is None
     if work and own:
         return False  # (a buffer of its own, which two Works under way would share)
@@ -734,17 +753,69 @@ def _room(pg: ProcessGroup, state: _State, main: Any, held: int) -> bool:
 
 
 def _again_on(pg: ProcessGroup, state: _State, main: Any) -> bool:
-    """Whether ``main`` was seen once before on this group (an array made
-    afresh for each call is only ever seen once: its first sighting is kept
-    short) and this thread owns the group; else remember it."""
+    """Whether ``main`` was seen in an earlier call on this group
+    (:func:`_sighted`) and this thread owns the group."""
+    return _sighted(pg, state, main) and pg._owner == get_ident() and not pg._shared
+
+
+def _sighted(pg: ProcessGroup, state: _State, main: Any) -> bool:
+    """Whether ``main`` was seen in an earlier call on this group; else note
+    it, with the group's sequence number (the call it is seen in). Arrays
+    larger than a kept call may hold are never kept, nor noted.
+
+    The array seen last, up to HELD_BYTES, is held (``state.last``) until
+    another is seen: its identity is sure without a weak reference. Then it
+    is dropped where nothing else holds it (an array made afresh for each
+    call: it goes once pycoll lets it go, so noting it would serve nothing),
+    else noted weakly (``state.seen``: a program's array, which it may pass
+    again). A weak reference made on every array made afresh, and cleared
+    with it, cost 1.5 us of an 8-byte all_reduce's 25 on 2 ranks of the CI
+    VM (docs/benchmarks.md)."""
+    if state.last is main:
+        return state.last_seq != pg._seq
     seen = state.seen
     was = seen.get(id(main))
-    if was is None or was() is not main:
-        if len(seen) >= SEEN:
-            seen.clear()
-        seen[id(main)] = weakref.ref(main)
+    if was is not None and was[0]() is main:
+        return was[1] != pg._seq
+    nbytes = main.nbytes
+    if nbytes > KEPT_BYTES:
         return False
-    return pg._owner == get_ident() and not pg._shared
+    if state.last is not None and _references(state) > _HELD_HERE:
+        _note(seen, state.last, state.last_seq)
+    if nbytes <= HELD_BYTES:
+        state.last, state.last_seq = main, pg._seq
+    else:
+        state.last = None
+        _note(seen, main, pg._seq)
+    return False
+
+
+def _note(seen: Dict[int, Any], x: Any, seq: int) -> None:
+    """Remember ``x``, seen in the call of sequence number ``seq``, weakly."""
+    if len(seen) >= SEEN:
+        seen.clear()
+    seen[id(x)] = (weakref.ref(x), seq)
+
+
+def _references(holder: Any) -> int:
+    """``holder.last``'s reference count, as read from here (no other frame
+    of this module holds it while _sighted asks)."""
+    return getrefcount(holder.last)
+
+
+class _Probe:
+    """What _HELD_HERE is measured with: an object only its ``last`` holds."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last = object()
+
+
+# What _references reads for an array only a group's ``last`` holds, on this
+# interpreter (how a call counts its own references varies between
+# versions); more, and something else holds it too.
+_HELD_HERE = _references(_Probe())
 
 
 def _words(

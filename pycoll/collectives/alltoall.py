@@ -291,6 +291,7 @@ def all_to_all_single(
             return None
     n = pg._size
     even = output_split_sizes is None and input_split_sizes is None
+    kept = None  # False where native.call may keep the call (see reduce.all_reduce)
     if (  # the same call as before on these arrays: compiled (pycoll.native)
         even
         and pg._native is not None
@@ -386,7 +387,7 @@ def all_to_all_single(
             start, blocking = comm.Ialltoallv, comm.Alltoallv
         if (not async_op or async_op is True) and debug.PLAIN:
             if (  # (a kept call holds the output and the input or its copy)
-                pg._native is not None
+                kept is False
                 and (input is output or not overlaps)
                 and native.may_keep(2 * input.nbytes)
             ):

@@ -184,6 +184,7 @@ def all_gather_into_tensor(
             return None
     n = pg._size
     out, inp = output_tensor, input_tensor
+    kept = None  # False where native.call may keep the call (see reduce.all_reduce)
     if (  # the same call as before on these arrays: compiled (pycoll.native)
         pg._native is not None
         and type(inp) is np.ndarray
@@ -268,7 +269,7 @@ def all_gather_into_tensor(
         in_place = is_slot(inp, out, pg._rank)
     into = not in_place and not pg._aliases  # (the input copied into its part first)
     if (not async_op or async_op is True) and debug.PLAIN:  # (debug OFF, no timeline)
-        if fast and pg._native is not None:
+        if fast and kept is False:
             given = _mpi.IN_PLACE if in_place else inp
             kept = native.call(
                 pg, func, key, native.ALL_GATHER, _mpi.IN_PLACE if into else given,

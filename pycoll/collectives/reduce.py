@@ -146,14 +146,18 @@ def all_reduce(
     # MPI: this is the call training loops make thousands of times a step.
     if type(tensor) is not np.ndarray or not ((f := tensor.flags).c_contiguous and f.writeable):
         tensor = check_output("all_reduce", "tensor", tensor)
-    if pg._native is not None and debug.PLAIN:  # the same call as before on this array?
-        if not async_op:  # compiled (pycoll.native)
-            if native.again(pg, "all_reduce", tensor, _mpi.IN_PLACE, op):
+    # The same call as before on this array? Compiled (pycoll.native). Else
+    # ``kept`` is False where native.call may keep it below (None: an array
+    # first seen now, as one made afresh for each call, is not offered).
+    kept = None
+    if pg._native is not None and debug.PLAIN:
+        if not async_op:
+            if kept := native.again(pg, "all_reduce", tensor, _mpi.IN_PLACE, op):
                 return None
         elif async_op is True and (
-            work := native.again(pg, "all_reduce", tensor, _mpi.IN_PLACE, op, work=True)
+            kept := native.again(pg, "all_reduce", tensor, _mpi.IN_PLACE, op, work=True)
         ):
-            return work  # (started by the compiled code, its Work waited for in Python)
+            return kept  # (a Work: started by the compiled code, waited for in Python)
     try:
         how = op._plans[tensor.dtype]
     except (AttributeError, KeyError):
@@ -210,7 +214,7 @@ def all_reduce(
         mpi_op, plainly, average = kernels.mean_of_two_op(tensor.dtype), True, False
     comm = pg.comm
     if plainly and not async_op and debug.PLAIN:
-        if pg._native is not None and native.call(
+        if kept is False and native.call(
             pg, "all_reduce", key, native.ALL_REDUCE, _mpi.IN_PLACE, tensor, tensor.size,
             how.datatype, mpi_op, 0, tensor, _mpi.IN_PLACE, op,
         ):  # fmt: skip
@@ -227,7 +231,7 @@ def all_reduce(
         )
         return None
     if plainly and async_op is True and debug.PLAIN:  # (run's own first step, taken here)
-        work = pg._native is not None and native.call(
+        work = kept is False and native.call(
             pg, "all_reduce", key, native.ALL_REDUCE, _mpi.IN_PLACE, tensor, tensor.size,
             how.datatype, mpi_op, 0, tensor, _mpi.IN_PLACE, op, work=True,
         )  # fmt: skip
@@ -691,6 +695,7 @@ def reduce(
         if pg is None:
             return None
     looked = False  # for the same call as before on this array, known by the global dst
+    kept = None  # False where native.call may keep the call (see all_reduce)
     if (
         pg._native is not None
         and not async_op
@@ -702,7 +707,7 @@ def reduce(
     ):
         looked = True
         into = _mpi.IN_PLACE if dst == pg._ranks[pg._rank] else None
-        if native.again(pg, func, tensor, into, (op, dst)):  # (a dst kept was a group rank)
+        if kept := native.again(pg, func, tensor, into, (op, dst)):  # (a dst kept: a group rank)
             return None
     root = root_of(pg, dst, "dst", func)
     is_root = root == pg._rank
@@ -717,7 +722,7 @@ def reduce(
         and pg._native is not None
         and not async_op
         and debug.PLAIN
-        and native.again(pg, func, tensor, into, (op, dst))
+        and (kept := native.again(pg, func, tensor, into, (op, dst)))
     ):
         return None
     how = _plan(op, tensor.dtype, func)
@@ -736,7 +741,7 @@ def reduce(
                 return None
             return made.call(pg, func, tensor, out, async_op, lambda: _reduce_desc(op, dst, tensor))
     if how.plain and not async_op and debug.PLAIN:  # the common case, straight to MPI
-        if pg._native is not None and native.call(
+        if kept is False and native.call(
             pg, func, key, native.REDUCE, tensor if into is None else into,
             tensor if is_root else None, tensor.size, mpitype, how.mpi_op, root,
             tensor, into, (op, dst),
@@ -942,6 +947,7 @@ def reduce_scatter_tensor(
         if pg is None:
             return None
     n = pg._size
+    kept = None  # False where native.call may keep the call (see all_reduce)
     if (  # the same call as before on these arrays: compiled (pycoll.native)
         pg._native is not None
         and (not async_op or async_op is True)  # (with a Work: pycoll.native.again's work)
@@ -1016,12 +1022,13 @@ def reduce_scatter_tensor(
             what = native.REDUCE_SCATTER
             if _mpi.reduce_scatter_v(output.nbytes):  # (as _mpi_reduce_scatter chooses)
                 what = native.REDUCE_SCATTER_V
-            if not aliased:
-                kept = native.call(
+            if not aliased:  # (kept: the output's answer from the lane above)
+                kept = kept is False and native.call(
                     pg, func, key, what, input, output, output.size, how.datatype, how.mpi_op,
                     0, output, input, op, work=async_op,
                 )  # fmt: skip
-            else:  # in place: kept receiving beside, as below (the lane above finds it)
+            else:  # in place: kept receiving beside, as below (the lane above finds it;
+                # an input first seen in this call is left by native.call at once)
                 kept = _in_input(output, input) and native.call(
                     pg, func, key, what, input, None, output.size, how.datatype, how.mpi_op,
                     0, input, _mpi.IN_PLACE, op, beside=output, place=output, work=async_op,

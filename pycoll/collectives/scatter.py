@@ -73,6 +73,7 @@ def broadcast(
         if pg is None:
             return None
     looked = False  # for the same call as before on this array, known by the global src
+    kept = None  # False where native.call may keep the call (see reduce.all_reduce)
     if (
         pg._native is not None
         and (not async_op or async_op is True)  # (with a Work: pycoll.native.again's work)
@@ -84,10 +85,10 @@ def broadcast(
     ):
         looked = True  # (a src kept was a rank of the group)
         if not async_op:
-            if native.again(pg, func, tensor, None, src):
+            if kept := native.again(pg, func, tensor, None, src):
                 return None
-        elif work := native.again(pg, func, tensor, None, src, work=True):
-            return work
+        elif kept := native.again(pg, func, tensor, None, src, work=True):
+            return kept
     root = root_of(pg, src, "src", func)
     mine = root == pg._rank
     # A plain contiguous array (writeable where it is written) needs no more checks.
@@ -103,9 +104,9 @@ def broadcast(
         and pg._native is not None
         and (not async_op or async_op is True)
         and debug.PLAIN
-        and (work := native.again(pg, func, tensor, None, src, work=async_op))
+        and (kept := native.again(pg, func, tensor, None, src, work=async_op))
     ):
-        return work if async_op else None
+        return kept if async_op else None
     if not fast:
         tensor = (
             check_input(func, "tensor", tensor) if mine else check_output(func, "tensor", tensor)
@@ -140,7 +141,7 @@ def broadcast(
     # straight away, however this rank's array was checked (under
     # PYCOLL_WAIT=blocking, the blocking call every rank makes alike).
     if (not async_op or async_op is True) and debug.PLAIN:
-        kept = fast and pg._native is not None and native.call(
+        kept = fast and kept is False and native.call(
             pg, func, key, native.BROADCAST, None, tensor, tensor.size, datatype, None, root,
             tensor, None, src, work=async_op,
         )  # fmt: skip
