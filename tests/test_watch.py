@@ -157,6 +157,26 @@ def test_recv_timeout_names_the_peer(rank, world_size):
     pycoll.destroy_process_group(group)
 
 
+def test_irecv_wait_timeout_names_the_peer(rank, world_size):
+    """A receive's Work not complete as it started waits as recv does: bounded,
+    naming the peer that sent nothing."""
+    if world_size == 1:
+        pytest.skip("needs a peer")
+    group = pycoll.new_group(timeout=timedelta(seconds=0.3), group_desc="p2p-work")
+    if rank == 0:
+        work = pycoll.irecv(np.zeros(2), src=1, group=group)
+        assert not work.is_completed()
+        with pytest.raises(DistTimeoutError) as info:
+            work.wait()
+        assert re.match(
+            r"irecv on group 'p2p-work' timed out after \d+\.\d s \(timeout 0\.3 s\) on "
+            r"rank 0: rank 1 did not match it\.",
+            str(info.value),
+        )
+        assert "\n  rank 1: " in str(info.value) and info.value.seq is None
+    pycoll.destroy_process_group(group)
+
+
 def test_work_wait_timeout_overrides_the_group(debug_off, rank, world_size):
     """wait(timeout) shorter than the group's: bounded by the Work's own."""
     if world_size == 1:

@@ -175,3 +175,20 @@ def test_an_async_collective_keeps_a_temporary_input_alive(rank, world_size):
     junk = [np.full(2 * n, -7.0, np.float32) for _ in range(20)]  # reuses freed memory
     work.wait()
     assert out.tolist() == [n * 2.0 * rank, n * (2.0 * rank + 1)], junk[0][0]
+
+
+def test_a_work_complete_as_made_has_every_field_and_answers_as_any_work(pg):
+    """Work.done sets the fields one by one, without __init__: none may be
+    missed, and the Work answers every call of the protocol as a Work that
+    completed through its wait does."""
+    x = np.ones(2)
+    fields = {s for cls in pycoll.Work.__mro__ for s in getattr(cls, "__slots__", ())}
+    made = pycoll.Work.done("all_reduce", 3, [x], pg, x.nbytes, None)
+    missing = [f for f in sorted(fields) if not hasattr(made, f)]
+    assert not missing, f"Work.done leaves {missing} unset: set them there as __init__ does"
+    assert made.wait() is True and made.wait(timeout=0) is True
+    assert made.is_completed() and made.is_success() and made.exception() is None
+    assert made.result() == [x] and made.get_future().wait() == [x]
+    assert "completed" in repr(made) and made.seq == 3
+    with pytest.raises(RuntimeError, match="applies to receives"):
+        made.source_rank()

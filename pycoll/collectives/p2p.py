@@ -214,30 +214,31 @@ def _start_send(pg: ProcessGroup, tensor: np.ndarray, datatype: Any, peer: int, 
         raise watch.broken(pg, "isend")
     try:
         req = pg.comm.Isend([tensor, datatype], peer, tag)
+        done = req.Test()  # a small send is done at once
     except _mpi.MPI.Exception as exc:
         raise watch.backend_error("isend", None, exc) from None
     entry = recorder.issue(pg, "isend", None, 0, pg._ranks[peer], tensor.nbytes)
-    nbytes = tensor.nbytes
-    return Work("isend", None, [req], None, [tensor], pg, nbytes, None, peer, None, None, entry)
+    return Work.peer("isend", req, done, tensor, pg, None, peer, entry)
 
 
 def _start_recv(pg: ProcessGroup, tensor: np.ndarray, datatype: Any, source: int, tag: int) -> Work:
     if pg._broken is not None:
         raise watch.broken(pg, "irecv")
-    try:
-        req = pg.comm.Irecv([tensor, datatype], source, tag)
-    except _mpi.MPI.Exception as exc:
-        raise watch.backend_error("irecv", None, exc) from None
     # A receive from a named peer needs no status: its sender is known (Work.source_rank).
     status = None
-    if source == _mpi.MPI.ANY_SOURCE:
-        peer = known = None
-        status = (pg._ranks.__getitem__, [_mpi.MPI.Status()])
-    else:
-        peer, known = source, pg._ranks[source]
+    try:
+        req = pg.comm.Irecv([tensor, datatype], source, tag)
+        if source == _mpi.MPI.ANY_SOURCE:
+            peer = known = None
+            status = (pg._ranks.__getitem__, [_mpi.MPI.Status()])
+            done = req.Test(status[1][0])
+        else:
+            peer, known = source, pg._ranks[source]
+            done = req.Test()  # the message may be here already
+    except _mpi.MPI.Exception as exc:
+        raise watch.backend_error("irecv", None, exc) from None
     entry = recorder.issue(pg, "irecv", None, 0, known, tensor.nbytes)
-    nbytes = tensor.nbytes
-    return Work("irecv", None, [req], None, [tensor], pg, nbytes, status, peer, None, None, entry)
+    return Work.peer("irecv", req, done, tensor, pg, status, peer, entry)
 
 
 class P2POp:

@@ -1,9 +1,12 @@
 """send, recv, isend, irecv, batch_isend_irecv."""
 
+import time
+
 import numpy as np
 import pytest
 
 import pycoll
+from pycoll.trace import recorder
 from support import ALL_DTYPES, assert_equal, data
 
 
@@ -69,6 +72,32 @@ def test_irecv_from_a_named_peer_reports_it_in_global_ranks(rank, world_size):
     with pytest.raises(RuntimeError, match="applies to receives"):
         sent.source_rank()
     pycoll.destroy_process_group(group)
+
+
+def test_a_receive_whose_message_has_arrived_comes_back_complete(rank, world_size, peers):
+    """irecv tests its request once as it starts: a message already here
+    completes it there, from a named peer and from any source, with its
+    flight record closed and its sender known before anything waits."""
+    right, left = peers
+    group = pycoll.new_group(group_desc="arrived")
+    for tag, src in ((1, left), (2, None)):
+        sent = pycoll.isend(np.array([rank, tag], np.int64), dst=right, group=group, tag=tag)
+        deadline = time.monotonic() + 60
+        while not group.comm.Iprobe(source=left, tag=tag):  # (drives MPI's progress)
+            assert time.monotonic() < deadline, f"rank {left}'s message never arrived"
+        out = np.zeros(2, np.int64)
+        work = pycoll.irecv(out, src=src, group=group, tag=tag)
+        (entry,) = [e for e in group_record(group)["entries"] if e["op"] == "irecv"][-1:]
+        assert entry["state"] == "completed" and "completed" in repr(work)
+        assert out.tolist() == [left, tag]
+        assert work.source_rank() == left and work.result() == [out]
+        sent.wait()
+    pycoll.destroy_process_group(group)
+
+
+def group_record(group):
+    (found,) = [g for g in recorder.snapshot()["groups"] if g["name"] == group.group_name]
+    return found
 
 
 def test_tags_keep_messages_apart(rank, peers):
