@@ -16,7 +16,10 @@ the sides, every result checked once on every rank before the timing:
   backend "pycoll" (pycoll.torch), and ``gloo``, the same over a gloo group of
   the same ranks;
 
-and at the first size ``barrier`` against ``comm.Barrier``. Then rounds, the
+and at the first size ``barrier`` against ``comm.Barrier``, and a
+``stream``: a stage sending ``STREAM`` messages one way (rank 0 to rank 1...),
+each call its own ``wait()``, where a receive mostly finds its message
+arrived (figures per message). Then rounds, the
 order rotated each round; a figure is the median over rounds of the slowest
 rank's mean per round trip (per barrier), each ratio the median of the
 per-round ratios to mpi4py's. Not part of pycoll:
@@ -116,6 +119,41 @@ def sides(k: int) -> Dict[str, Side]:
     return made
 
 
+STREAM = 16
+
+
+def streams(k: int) -> Dict[str, Side]:
+    """The sides of a one-way stream of ``STREAM`` messages: send/recv,
+    isend/irecv with each Work's wait(), mpi4py's Send/Recv."""
+    mine = np.arange(k, dtype=np.float32) + 1000 * me
+    theirs = np.arange(k, dtype=np.float32) + 1000 * peer
+    got = np.zeros(k, np.float32)
+
+    def stream(send: Callable[[Any, int], Any], recv: Callable[[Any, int], Any]) -> Side:
+        def call() -> None:
+            if first:
+                for _ in range(STREAM):
+                    send(mine, peer)
+            else:
+                for _ in range(STREAM):
+                    recv(got, peer)
+
+        def check() -> int:
+            got[...] = -1
+            call()
+            return 0 if first else int((got != theirs).sum())
+
+        return call, check
+
+    return {
+        "send/recv": stream(pycoll.send, pycoll.recv),
+        "isend/irecv": stream(
+            lambda x, to: pycoll.isend(x, to).wait(), lambda x, src: pycoll.irecv(x, src).wait()
+        ),
+        "mpi4py": stream(comm.Send, comm.Recv),
+    }
+
+
 def report(label: str, times: Dict[str, list], wrong: int) -> None:
     if me == 0:
         base = np.array(times["mpi4py"])
@@ -143,6 +181,14 @@ def main() -> None:
                 s: [t * 1e6 for t in v] for s, v in rotated(runs, 4 * reps, ROUNDS, comm).items()
             }
             report("barrier", times, 0)
+            made = streams(max(1, nbytes // 4))
+            wrong = comm.allreduce(sum(check() for _, check in made.values()))
+            runs = {s: _repeat(call) for s, (call, _) in made.items()}
+            times = {
+                s: [t * 1e6 / STREAM for t in v]
+                for s, v in rotated(runs, max(10, reps // STREAM), ROUNDS, comm).items()
+            }
+            report(f"stream {nbytes} B", times, wrong)
     if TENSORS:
         dist.destroy_process_group()
     pycoll.destroy_process_group()
