@@ -293,11 +293,15 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
         pg = resolve(p.group, func)
         if pg is None:
             continue
-        tag = check_tag(p.tag, func)
         sending = p.op is isend
-        check = check_input if sending else check_output  # a receive writes its array
-        begin = _start_send if sending else _start_recv
-        tensor = check(func, f"[{i}].tensor", p.tensor)
-        peer = _peer(pg, p.peer, "dst" if sending else "src", func)
-        planned.append((begin, pg, tensor, mpi_datatype(tensor.dtype), peer, tag))
+        tensor, tag = p.tensor, p.tag
+        # The common entry is checked inline, as isend's and irecv's are.
+        peer = _plain_peer(pg, p.peer, tag)
+        if peer is None or (datatype := _plain(tensor, not sending)) is None:
+            tag = check_tag(tag, func)
+            check = check_input if sending else check_output  # a receive writes its array
+            tensor = check(func, f"[{i}].tensor", tensor)
+            peer = _peer(pg, p.peer, "dst" if sending else "src", func)
+            datatype = mpi_datatype(tensor.dtype)
+        planned.append((_start_send if sending else _start_recv, pg, tensor, datatype, peer, tag))
     return [start(*args) for start, *args in planned]

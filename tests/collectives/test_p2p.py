@@ -198,6 +198,17 @@ def test_the_inline_check_leaves_bad_input_to_the_full_checks(pg, rank, peers):
         pycoll.send(x, True)
     with pytest.raises(ValueError, match="own rank"):
         pycoll.isend(x, rank)
+    # batch_isend_irecv checks its entries the same way, naming the entry.
+    good, P2POp = pycoll.P2POp(pycoll.isend, x, right), pycoll.P2POp
+    for tag in (-1, 32766, True, 1.0):
+        with pytest.raises(ValueError, match="tag must be an int in 0..32765"):
+            pycoll.batch_isend_irecv([good, P2POp(pycoll.irecv, x, left, tag=tag)])
+    with pytest.raises(ValueError, match=r"\[1\]\.tensor.* is read-only"):
+        pycoll.batch_isend_irecv([good, P2POp(pycoll.irecv, read_only, left)])
+    with pytest.raises(ValueError, match=r"\[1\]\.tensor.* has dtype object"):
+        pycoll.batch_isend_irecv([good, P2POp(pycoll.isend, np.zeros(2, object), right)])
+    with pytest.raises(ValueError, match="own rank"):
+        pycoll.batch_isend_irecv([good, P2POp(pycoll.isend, x, rank)])
     assert _nothing_arrived(pg)
 
 
