@@ -8,6 +8,8 @@ the sides, every result checked once on every rank before the timing:
   ranks the mirror image, in pairs 0-1, 2-3...);
 - ``isend/irecv``: the same with ``pycoll.isend``/``irecv`` and their Works'
   ``wait()``, as the torch backend makes them;
+- ``batch``: the same, each send and receive a ``batch_isend_irecv`` of one
+  ``P2POp`` and its Work's ``wait()``;
 - ``mpi4py``: ``comm.Send`` then ``comm.Recv`` on the same arrays, the floor
   a Python caller reaches;
 - with ``torch`` as the third argument (run it in ``.venv-torch``):
@@ -101,9 +103,17 @@ def sides(k: int) -> Dict[str, Side]:
     def irecv(x: Any, source: int) -> None:
         pycoll.irecv(x, source).wait()
 
+    def batched(op: Callable) -> Callable[[Any, int], None]:
+        def call(x: Any, other: int) -> None:
+            for work in pycoll.batch_isend_irecv([pycoll.P2POp(op, x, other)]):
+                work.wait()
+
+        return call
+
     made = {
         "send/recv": checked(ping_pong(pycoll.send, pycoll.recv, mine, got)),
         "isend/irecv": checked(ping_pong(isend, irecv, mine, got)),
+        "batch": checked(ping_pong(batched(pycoll.isend), batched(pycoll.irecv), mine, got)),
     }
     if TENSORS:
         import torch
