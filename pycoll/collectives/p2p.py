@@ -15,6 +15,7 @@ from ..arrays import MPI_TYPES, check_input, check_output, mpi_datatype
 from ..dispatch import IN, OUT, Array, collective
 from ..groups import STATE, ProcessGroup, resolve
 from ..trace import recorder
+from ..trace.recorder import STARTED, clock
 from ..work import Work
 from ._common import MONITOR_TAG, check_tag, group_rank
 
@@ -105,8 +106,14 @@ def _p2p(
     ``peer`` is None) and wait for it within the group's timeout."""
     if pg._broken is not None:
         raise watch.broken(pg, op)
-    known = None if peer is None else pg._ranks[peer]
-    entry = recorder.issue(pg, op, None, 0, known, spec[0].nbytes)
+    # recorder.issue, inlined as _common.lean does: every send and receive
+    # of a pipeline's micro-batches makes one.
+    ring = pg._flight
+    entry = None
+    if ring is not None:
+        known = None if peer is None else pg._ranks[peer]
+        entry = [None, op, 0, known, spec[0].nbytes, clock(), None, STARTED, pg]
+        ring.append(entry)
     try:
         request = start(spec, source, tag)
         # A small send is done at once: no wait to set up.
