@@ -326,3 +326,12 @@ def window_chunk(g: Any) -> Optional[int]:
     (pycoll.collectives.shm), or None where it has made none."""
     made = g.attached("shm.window")
     return made.chunk if made else None
+
+
+def group_record(name: str) -> dict:
+    """This rank's flight record of the group named ``name``, as dumped
+    (pycoll.trace.recorder.snapshot)."""
+    from pycoll.trace import recorder
+
+    (found,) = [g for g in recorder.snapshot()["groups"] if g["name"] == name]
+    return found

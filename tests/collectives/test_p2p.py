@@ -7,7 +7,7 @@ import pytest
 
 import pycoll
 from pycoll.trace import recorder
-from support import ALL_DTYPES, assert_equal, data
+from support import ALL_DTYPES, assert_equal, data, group_record
 
 
 @pytest.fixture
@@ -88,17 +88,12 @@ def test_a_receive_whose_message_has_arrived_comes_back_complete(monkeypatch, ra
             assert time.monotonic() < deadline, f"rank {left}'s message never arrived"
         out = np.zeros(2, np.int64)
         work = pycoll.irecv(out, src=src, group=group, tag=tag)
-        (entry,) = [e for e in group_record(group)["entries"] if e["op"] == "irecv"][-1:]
+        (entry,) = [e for e in group_record(group.group_name)["entries"] if e["op"] == "irecv"][-1:]
         assert entry["state"] == "completed" and "completed" in repr(work)
         assert out.tolist() == [left, tag]
         assert work.source_rank() == left and work.result() == [out]
         sent.wait()
     pycoll.destroy_process_group(group)
-
-
-def group_record(group):
-    (found,) = [g for g in recorder.snapshot()["groups"] if g["name"] == group.group_name]
-    return found
 
 
 def test_tags_keep_messages_apart(rank, peers):

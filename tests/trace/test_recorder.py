@@ -22,12 +22,7 @@ from pycoll import DistTimeoutError
 from pycoll.trace import recorder
 
 shared_dir = pytest.fixture(support.shared_dir)
-
-
-def group_record(name):
-    """This rank's record of the group named ``name``, as dumped."""
-    (found,) = [g for g in recorder.snapshot()["groups"] if g["name"] == name]
-    return found
+group_record = support.group_record
 
 
 def test_every_kind_of_call_is_recorded_in_issue_order(rank, world_size):
