@@ -58,6 +58,9 @@ DEFAULT_EVERY = 128
 PENDING = 8  # exchanges a rank may have in flight before it waits for the oldest
 EXIT_WAIT = 5.0  # seconds the last exchange may take at exit
 FINAL_WAIT = 10.0  # ... and at destroy_process_group (or the group's timeout, if shorter)
+# While a rank waits for that last exchange, how often it reads the others'
+# progress records to see whether one timed out on the group (and will not come).
+LOOK_S = 0.05
 
 # A key, low bit first: count (29 bits, the element count modulo 2**29), the
 # collective (6 bits, pycoll.progress.CODE), the reduction (4 bits), the
@@ -427,7 +430,8 @@ def final(pg: Any, deadline: float) -> Optional[CollectiveMismatchError]:
     (time.monotonic). Returns the disagreement found (on every rank), or
     None: also when the other ranks did not take part in time, or MPI failed
     it (then nothing is known). A group whose operation timed out on this
-    rank takes no part: the others give up on it at their deadline.
+    rank takes no part: the others give up on it as soon as they read so in
+    its progress record (pycoll.progress.gave_up), or else at their deadline.
     """
     broken = pg._broken
     if isinstance(broken, CollectiveMismatchError):
@@ -436,11 +440,24 @@ def final(pg: Any, deadline: float) -> Optional[CollectiveMismatchError]:
     if checker is None or checker.off or broken is not None:
         return None
     seq = pg._seq
+    # A member whose operation on the group timed out never takes part: its
+    # progress record says so (GAVE_UP), and a rank waiting here looks at the
+    # others' records now and then to give up at once instead of at deadline.
+    board = pg._board
+    me = pg._ranks[pg._rank]
+    others = [r for r in pg._ranks if r != me]
+    look = time.monotonic() + LOOK_S
 
     def wait(request: Any) -> None:
+        nonlocal look
         while not request.Test():
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise _GaveUp
+            if now > look and board is not None and not board.closed:
+                if progress.gave_up(board, others, pg._uid, deadline):
+                    raise _GaveUp
+                look = time.monotonic() + LOOK_S
             time.sleep(1e-4)
 
     with checker.lock:

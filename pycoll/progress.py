@@ -266,6 +266,23 @@ def keep_alive(objects: List[Any]) -> None:
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
+def gave_up(board: Board, ranks: List[int], uid: int, deadline: float) -> bool:
+    """Whether an operation on the group ``uid`` timed out on one of ``ranks``
+    (its record has GAVE_UP in the group's word). Such a rank's group is
+    broken, and it takes no part in the group's last call check
+    (pycoll.crosscheck.final): the others need not wait for it. A record not
+    read by ``deadline`` (time.monotonic), or no longer following the group,
+    says nothing."""
+    for rank in ranks:
+        rec = board.read(rank, min(READ_TIMEOUT, max(0.0, deadline - time.monotonic())))
+        if rec is None:
+            continue
+        for i in np.flatnonzero(rec[HEADER : HEADER + 2 * SLOTS : 2] == uid):
+            if rec[HEADER + 2 * int(i) + 1] & GAVE_UP:
+                return True
+    return False
+
+
 def _op_of(word: int) -> str:
     code = (word >> 1) & OP_MASK
     return OPS[code] if code < len(OPS) else "?"

@@ -5,11 +5,14 @@ and the ranks; a short program is checked when its group is destroyed."""
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
+
 import numpy as np
 import pytest
 
 import pycoll
-from pycoll import CollectiveMismatchError, ReduceOp, crosscheck
+from pycoll import CollectiveMismatchError, DistTimeoutError, ReduceOp, crosscheck
 
 EVERY = crosscheck.DEFAULT_EVERY
 
@@ -164,6 +167,30 @@ def test_a_short_program_is_checked_when_the_group_is_destroyed(pg, rank, world_
         pycoll.destroy_process_group(g)
     assert info.value.calls[1] == "all_reduce(SUM, int32, 2 elements)"
     assert g not in pycoll.groups.STATE.groups.values()  # freed all the same
+
+
+def test_destroy_gives_up_at_once_on_a_rank_whose_call_timed_out(
+    pg, rank, world_size, debug_off, monkeypatch
+):
+    """A rank whose collective timed out takes no part in the group's last
+    check; the late rank, destroying the group, reads so in its progress
+    record and goes on at once, instead of waiting out FINAL_WAIT (here 90 s:
+    the late rank's group timeout is longer, so that is its deadline)."""
+    if world_size == 1:
+        pytest.skip("needs a rank to be late")
+    monkeypatch.setattr(crosscheck, "FINAL_WAIT", 90.0)
+    last = world_size - 1
+    g = pycoll.new_group(timeout=timedelta(seconds=600 if rank == last else 2))
+    pycoll.all_reduce(np.ones(2), group=g)  # seq 1, everyone
+    if rank != last:  # seq 2, without the last rank (a Work: waited for in both wait modes)
+        work = pycoll.all_reduce(np.ones(2), group=g, async_op=True)
+        with pytest.raises(DistTimeoutError, match=f"rank {last}: has not reached it"):
+            work.wait()
+    pycoll.barrier()  # (the default group: the late rank joins here)
+    started = time.monotonic()
+    pycoll.destroy_process_group(g)
+    assert time.monotonic() - started < 45  # (before this change: 90 s on the late rank)
+    assert g not in pycoll.groups.STATE.groups.values()
 
 
 def test_an_extra_last_call_shows_in_the_counts(pg, rank, world_size, debug_off):
