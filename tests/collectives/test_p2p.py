@@ -148,6 +148,17 @@ def test_batch_checks_every_op_before_sending(rank, peers):
     assert out[0] == 7.0
 
 
+def test_p2pop_takes_send_and_recv_as_isend_and_irecv():
+    x = np.zeros(1)
+    for given, taken in (
+        (pycoll.isend, pycoll.isend),
+        (pycoll.send, pycoll.isend),
+        (pycoll.irecv, pycoll.irecv),
+        (pycoll.recv, pycoll.irecv),
+    ):
+        assert pycoll.P2POp(given, x, 0).op is taken
+
+
 def test_p2pop_rejects_other_functions():
     with pytest.raises(ValueError, match="op must be pycoll.isend or pycoll.irecv"):
         pycoll.P2POp(pycoll.broadcast, np.zeros(1), 0)
