@@ -457,7 +457,9 @@ def final(pg: Any, deadline: float) -> Optional[CollectiveMismatchError]:
             if now > look and board is not None and not board.closed:
                 if progress.gave_up(board, others, pg._uid, deadline):
                     raise _GaveUp
-                look = time.monotonic() + LOOK_S
+                # (a look at many ranks' records takes a while: at most a tenth of the wait)
+                done = time.monotonic()
+                look = done + max(LOOK_S, 9 * (done - now))
             time.sleep(1e-4)
 
     with checker.lock:
