@@ -191,6 +191,7 @@ class Board:
             end = time.monotonic() + timeout
             while not req.Test():
                 if time.monotonic() > end:
+                    keep_alive([req, out])  # MPI may still write into it
                     return None
                 time.sleep(1e-4)
         except MPI.Exception:
