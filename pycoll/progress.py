@@ -278,9 +278,9 @@ def gave_up(board: Board, ranks: List[int], uid: int, deadline: float) -> bool:
         rec = board.read(rank, min(READ_TIMEOUT, max(0.0, deadline - time.monotonic())))
         if rec is None:
             continue
-        for i in np.flatnonzero(rec[HEADER : HEADER + 2 * SLOTS : 2] == uid):
-            if rec[HEADER + 2 * int(i) + 1] & GAVE_UP:
-                return True
+        word = _word_of(rec, uid)
+        if word >= 0 and word & GAVE_UP:
+            return True
     return False
 
 
@@ -312,10 +312,7 @@ def describe(
             missing.append(rank)
             lines[rank] = f"rank {rank}: its progress record could not be read (no answer)"
             continue
-        word_here = -1
-        for i in range(SLOTS):
-            if rec[HEADER + 2 * i] == uid:
-                word_here = int(rec[HEADER + 2 * i + 1])
+        word_here = _word_of(rec, uid)
         if word_here < 0:
             if uid in rec[LOST : LOST + LOST_KEPT]:  # its slot was taken: where it is, unknown
                 lines[rank] = f"rank {rank}: {UNFOLLOWED}"
@@ -362,12 +359,18 @@ def describe(
     return missing, sorted(other_op), stalled, [lines[r] for r in ranks]
 
 
-def _waiting_at(rec: np.ndarray, uid: int, seq: int) -> bool:
+def _word_of(rec: np.ndarray, uid: int) -> int:
+    """The state word of group ``uid`` in a record, or -1 where it follows no
+    such group (a slot holds one group: Board.claim forgets a same-named one)."""
     for i in range(SLOTS):
         if rec[HEADER + 2 * i] == uid:
-            word = int(rec[HEADER + 2 * i + 1])
-            return word >> 8 == seq and bool(word & BUSY) and not word & GAVE_UP
-    return False
+            return int(rec[HEADER + 2 * i + 1])
+    return -1
+
+
+def _waiting_at(rec: np.ndarray, uid: int, seq: int) -> bool:
+    word = _word_of(rec, uid)
+    return word >= 0 and word >> 8 == seq and bool(word & BUSY) and not word & GAVE_UP
 
 
 def _alive(pid: int) -> bool:
