@@ -25,14 +25,30 @@ RANKS = 3
 JOB_LIMIT_S = 120
 
 
+def _mapped() -> set:
+    """The files some live process has mapped (read from /proc/*/maps)."""
+    paths = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps) as f:
+                fields = [line.split(None, 5) for line in f]
+        except OSError:
+            continue  # (a process that ended, or one this user cannot read)
+        paths.update(line[5].rstrip("\n") for line in fields if len(line) == 6)
+    return paths
+
+
 @pytest.fixture(autouse=True)
 def no_stale_segments():
     """Open MPI leaves its shared-memory segments in /dev/shm when a job is
     killed (these jobs are, on purpose), and a later job that draws the same
-    job id was seen to crash on them: remove the ones these jobs left."""
+    job id was seen to crash on them: remove the ones these jobs left, and
+    only those no process maps (another job may be running beside this test's,
+    as scripts/test runs two at once)."""
     before = set(glob.glob("/dev/shm/sm_segment.*"))
     yield
-    for path in set(glob.glob("/dev/shm/sm_segment.*")) - before:
+    left = set(glob.glob("/dev/shm/sm_segment.*")) - before
+    for path in left - _mapped() if left else ():
         try:
             os.unlink(path)
         except OSError:
