@@ -213,11 +213,27 @@ def begin(
     if pg._broken is not None:
         raise broken(pg, op)
     seq = pg._seq + 1
+    rec = pg._rec
     if call is not None and debug.LEVEL >= DETAIL:
         text = call if isinstance(call, str) else call()
-        debug.check_fingerprint(pg._ranks, pg.group_name, op, seq, text, _exchanger(pg, op, seq))
+        # Published before the check: a rank waiting in it has reached the
+        # call (the others' diagnoses say so), and where it times out there
+        # its record says GAVE_UP, so the others' teardown need not wait for
+        # it (crosscheck.final). A mismatch runs nothing: the record is put back.
+        before = None
+        if rec is not None:
+            before = rec[pg._word], rec[progress.LAST]
+            rec[pg._word] = progress.pack(seq, op, busy=True)
+            rec[progress.LAST] = pg._word
+        try:
+            debug.check_fingerprint(
+                pg._ranks, pg.group_name, op, seq, text, _exchanger(pg, op, seq)
+            )
+        except CollectiveMismatchError:
+            if before is not None:
+                rec[pg._word], rec[progress.LAST] = before
+            raise
     pg._seq = seq
-    rec = pg._rec
     if rec is not None:
         rec[pg._word] = progress.pack(seq, op, busy=True)
         rec[progress.LAST] = pg._word

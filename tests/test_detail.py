@@ -1,12 +1,15 @@
 """PYCOLL_DEBUG=DETAIL: ranks that disagree on a collective get a
 CollectiveMismatchError naming what each called, and no data moves."""
 
+import time
+from datetime import timedelta
+
 import numpy as np
 import pytest
 
 import pycoll
-from pycoll import DebugLevel
-from pycoll.errors import CollectiveMismatchError
+from pycoll import DebugLevel, crosscheck, progress
+from pycoll.errors import CollectiveMismatchError, DistTimeoutError
 
 
 @pytest.fixture
@@ -77,6 +80,41 @@ def test_a_skipped_collective_is_caught_at_the_next(detail, rank, world_size):
             pycoll.all_reduce(x)  # ...and went on to the next collective
     assert "called barrier()" in str(info.value)
     usable_afterwards(world_size)
+
+
+def test_a_mismatch_leaves_the_progress_record_as_it_was(detail, rank, world_size):
+    """The record says what a rank waits in while the calls are compared; a
+    mismatch runs nothing, and the record is put back as it was."""
+    rec = pycoll.groups.STATE.board.rec
+    pycoll.broadcast(np.zeros(2), src=0)
+    before = rec[detail._word], rec[progress.LAST]
+    with pytest.raises(CollectiveMismatchError):
+        pycoll.all_reduce(np.zeros(3 if rank == 0 else 2))
+    assert (rec[detail._word], rec[progress.LAST]) == before
+    usable_afterwards(world_size)
+
+
+def test_a_timeout_in_the_check_marks_the_rank_for_the_others(
+    detail, rank, world_size, monkeypatch
+):
+    """Every rank but the last calls; they time out comparing their calls.
+    Each names the last rank alone (the others reached the call: they wait in
+    its check), and marks its record as timed out, so the last rank's
+    teardown of the group goes on at once instead of waiting out FINAL_WAIT
+    (here 90 s, its deadline: its own group timeout is longer)."""
+    monkeypatch.setattr(crosscheck, "FINAL_WAIT", 90.0)
+    last = world_size - 1
+    g = pycoll.new_group(timeout=timedelta(seconds=600 if rank == last else 2))
+    pycoll.all_reduce(np.ones(2), group=g)  # seq 1, everyone
+    if rank != last:  # seq 2, without the last rank
+        with pytest.raises(DistTimeoutError) as info:
+            pycoll.all_reduce(np.ones(2), group=g, async_op=True).wait()
+        assert info.value.seq == 2 and info.value.ranks == [last], str(info.value)
+        assert f"rank {last}: has not reached it (at seq 1)" in str(info.value)
+    pycoll.barrier()  # (the default group: the last rank joins here)
+    started = time.monotonic()
+    pycoll.destroy_process_group(g)
+    assert time.monotonic() - started < 45  # (before this change: 90 s on the last rank)
 
 
 def test_roots_and_ops_must_agree(detail, rank, world_size):
