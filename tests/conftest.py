@@ -69,6 +69,19 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"MPI: {MPI.Get_library_version().splitlines()[0].strip()}, {where}"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_stale_segments():
+    """Jobs the tests kill on purpose leave MPI's shared-memory segments in
+    /dev/shm (about 100 MB a run of scripts/test, held until reboot): what the
+    session's jobs left is removed at its end. A segment made in the last 5 s
+    and not mapped yet may be a job's beside this one, starting: it stays."""
+    from support import remove_stale_segments, shm_segments
+
+    before = shm_segments()
+    yield
+    remove_stale_segments(shm_segments() - before, min_age=5.0)
+
+
 @pytest.fixture(scope="session")
 def _session_group():
     import pycoll

@@ -9,6 +9,8 @@ Values are small integers, so sums and products are exact in every dtype
 from __future__ import annotations
 
 import functools
+import glob
+import os
 import signal
 import time
 from contextlib import contextmanager
@@ -335,3 +337,44 @@ def group_record(name: str) -> dict:
 
     (found,) = [g for g in recorder.snapshot()["groups"] if g["name"] == name]
     return found
+
+
+# MPICH's and Open MPI's shared-memory segments. A job killed on purpose (the
+# hang scenarios, the launcher's and the harness's timeouts) leaves its own in
+# /dev/shm, memory held until reboot: about 100 MB a run of scripts/test.
+SEGMENTS = ("/dev/shm/mpich_shm_*", "/dev/shm/sm_segment.*")
+
+
+def shm_segments() -> set:
+    """The MPI shared-memory segments in /dev/shm now."""
+    return {path for pattern in SEGMENTS for path in glob.glob(pattern)}
+
+
+def _mapped() -> set:
+    """The files some live process has mapped (read from /proc/*/maps)."""
+    paths = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps) as f:
+                fields = [line.split(None, 5) for line in f]
+        except OSError:
+            continue  # (a process that ended, or one this user cannot read)
+        paths.update(line[5].rstrip("\n") for line in fields if len(line) == 6)
+    return paths
+
+
+def remove_stale_segments(paths: set, min_age: float = 0.0) -> None:
+    """Remove those of ``paths`` that no live process maps and that were last
+    changed ``min_age`` seconds ago or more: another job may be running beside
+    the test's (scripts/test runs two at once), and its segments are mapped
+    from the moment it makes them on."""
+    if not paths:
+        return
+    mapped = _mapped()
+    now = time.time()
+    for path in paths - mapped:
+        try:
+            if now - os.stat(path).st_mtime >= min_age:
+                os.unlink(path)
+        except OSError:
+            pass  # (gone already, or another user's)

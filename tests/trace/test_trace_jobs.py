@@ -7,9 +7,7 @@ its limit."""
 
 from __future__ import annotations
 
-import glob
 import json
-import os
 import re
 import subprocess
 import sys
@@ -18,41 +16,22 @@ from pathlib import Path
 import pytest
 
 from pycoll.trace import flight
-from support import job_env, json_reports
+from support import job_env, json_reports, remove_stale_segments, shm_segments
 
 SCRIPT = Path(__file__).with_name("trace_scenarios.py")
 RANKS = 3
 JOB_LIMIT_S = 120
 
 
-def _mapped() -> set:
-    """The files some live process has mapped (read from /proc/*/maps)."""
-    paths = set()
-    for maps in glob.glob("/proc/[0-9]*/maps"):
-        try:
-            with open(maps) as f:
-                fields = [line.split(None, 5) for line in f]
-        except OSError:
-            continue  # (a process that ended, or one this user cannot read)
-        paths.update(line[5].rstrip("\n") for line in fields if len(line) == 6)
-    return paths
-
-
 @pytest.fixture(autouse=True)
 def no_stale_segments():
-    """Open MPI leaves its shared-memory segments in /dev/shm when a job is
-    killed (these jobs are, on purpose), and a later job that draws the same
-    job id was seen to crash on them: remove the ones these jobs left, and
-    only those no process maps (another job may be running beside this test's,
-    as scripts/test runs two at once)."""
-    before = set(glob.glob("/dev/shm/sm_segment.*"))
+    """A job killed (these are, on purpose) leaves its MPI's shared-memory
+    segments in /dev/shm, and a later Open MPI job that drew the same job id
+    was seen to crash on them: remove the ones each test's jobs left, at once
+    (those no process maps: a job beside this test's maps its own)."""
+    before = shm_segments()
     yield
-    left = set(glob.glob("/dev/shm/sm_segment.*")) - before
-    for path in left - _mapped() if left else ():
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+    remove_stale_segments(shm_segments() - before)
 
 
 def run(*argv, **env):
