@@ -15,7 +15,7 @@ from ..arrays import MPI_TYPES, check_input, check_output, mpi_datatype
 from ..dispatch import IN, OUT, Array, collective
 from ..groups import STATE, ProcessGroup, resolve
 from ..trace import recorder
-from ..trace.recorder import STARTED, clock
+from ..trace.recorder import clock
 from ..work import Work
 from ._common import MONITOR_TAG, check_tag, group_rank
 
@@ -38,56 +38,63 @@ def _source(pg: ProcessGroup, src: Any, func: str) -> int:
 
 # The call a pipeline stage makes every micro-batch (a plain contiguous array
 # of an MPI type, a peer of the group named by an int, an int tag in range)
-# is checked inline, as the collectives' common case is; anything else takes
-# the checks above, which name what is wrong.
+# is checked inline, in one condition, as the collectives' common case is;
+# anything else takes the checks that name what is wrong. (The three small
+# helpers this condition replaces cost 0.15-0.2 us a call: docs/benchmarks.md,
+# "Point-to-point's own steps".)
 
 
-def _plain_peer(pg: ProcessGroup, rank: Any, tag: Any) -> Optional[int]:
-    """The group rank of global rank ``rank`` where it is an int naming
-    another rank of ``pg`` and ``tag`` a user's int tag; else None."""
-    if type(rank) is not int or type(tag) is not int or not 0 <= tag < MONITOR_TAG:
-        return None
-    peer = pg._group_rank_of.get(rank)
-    return None if peer == pg._rank else peer
-
-
-def _plain(tensor: Any, writeable: bool = False) -> Any:
-    """The MPI datatype of a plain C-contiguous numpy array (writeable where
-    asked) of an MPI type known already; else None."""
-    if type(tensor) is not np.ndarray:
-        return None
-    flags = tensor.flags
-    if not flags.c_contiguous or (writeable and not flags.writeable):
-        return None
-    return MPI_TYPES.get(tensor.dtype)
+def _name(index: Optional[int]) -> str:
+    return "tensor" if index is None else f"[{index}].tensor"
 
 
 def _outgoing(
-    pg: ProcessGroup, tensor: Any, dst: Any, tag: Any, func: str
+    pg: ProcessGroup, tensor: Any, dst: Any, tag: Any, func: str, index: Optional[int] = None
 ) -> Tuple[np.ndarray, Any, int, int]:
     """send's and isend's arguments, checked: (the array, its MPI datatype,
-    the peer's group rank, the tag)."""
-    peer = _plain_peer(pg, dst, tag)
-    if peer is None or (datatype := _plain(tensor)) is None:
-        peer = _peer(pg, dst, "dst", func)
-        tensor = check_input(func, "tensor", tensor)
-        tag = check_tag(tag, func)
-        datatype = mpi_datatype(tensor.dtype)
-    return tensor, datatype, peer, tag
+    the peer's group rank, the tag). ``index``: the op's in a batch's list."""
+    if (
+        type(dst) is int
+        and type(tag) is int
+        and 0 <= tag < MONITOR_TAG
+        and type(tensor) is np.ndarray
+        and tensor.flags.c_contiguous
+        and (datatype := MPI_TYPES.get(tensor.dtype)) is not None
+        and (peer := pg._group_rank_of.get(dst)) is not None
+        and peer != pg._rank
+    ):
+        return tensor, datatype, peer, tag
+    peer = _peer(pg, dst, "dst", func)
+    tensor = check_input(func, _name(index), tensor)
+    return tensor, mpi_datatype(tensor.dtype), peer, check_tag(tag, func)
 
 
 def _incoming(
-    pg: ProcessGroup, tensor: Any, src: Any, tag: Any, func: str
+    pg: ProcessGroup,
+    tensor: Any,
+    src: Any,
+    tag: Any,
+    func: str,
+    index: Optional[int] = None,
 ) -> Tuple[np.ndarray, Any, int, int]:
     """recv's and irecv's arguments, checked: (the array, its MPI datatype,
-    the source's group rank or MPI.ANY_SOURCE, the tag)."""
-    source = _plain_peer(pg, src, tag)
-    if source is None or (datatype := _plain(tensor, writeable=True)) is None:
-        source = _source(pg, src, func)
-        tensor = check_output(func, "tensor", tensor)
-        tag = check_tag(tag, func)
-        datatype = mpi_datatype(tensor.dtype)
-    return tensor, datatype, source, tag
+    the source's group rank or MPI.ANY_SOURCE, the tag). ``index``: the op's
+    in a batch's list, where ``src`` must name a rank."""
+    if (
+        type(src) is int
+        and type(tag) is int
+        and 0 <= tag < MONITOR_TAG
+        and type(tensor) is np.ndarray
+        and (f := tensor.flags).c_contiguous
+        and f.writeable
+        and (datatype := MPI_TYPES.get(tensor.dtype)) is not None
+        and (source := pg._group_rank_of.get(src)) is not None
+        and source != pg._rank
+    ):
+        return tensor, datatype, source, tag
+    source = _source(pg, src, func) if index is None else _peer(pg, src, "src", func)
+    tensor = check_output(func, _name(index), tensor)
+    return tensor, mpi_datatype(tensor.dtype), source, check_tag(tag, func)
 
 
 def _p2p(
@@ -103,24 +110,31 @@ def _p2p(
     """Start one point-to-point operation (``start``: the group's Isend or
     Irecv, of the buffer ``spec``, [array, datatype] or [array, count,
     datatype], with group rank ``source``: ``peer``, or any rank when
-    ``peer`` is None) and wait for it within the group's timeout."""
+    ``peer`` is None) and wait for it within the group's timeout.
+
+    Its flight recorder entry: one done at its first test (a small send, a
+    receive whose message is here) is recorded once done, compact and
+    untimed (pycoll.trace.recorder.p2p_done), as the collectives' fast path
+    records its calls; one that waits gets a full entry before its wait, so
+    a timeout's record shows it under way. While a timeline is recorded,
+    every entry is a full, timed one."""
     if pg._broken is not None:
         raise watch.broken(pg, op)
-    # recorder.issue, inlined as _common.lean does: every send and receive
-    # of a pipeline's micro-batches makes one.
-    ring = pg._flight
-    entry = None
-    if ring is not None:
-        known = None if peer is None else pg._ranks[peer]
-        entry = [None, op, 0, known, spec[0].nbytes, clock(), None, STARTED, pg]
-        ring.append(entry)
+    issued = clock() if recorder.TRACING else None
     try:
         request = start(spec, source, tag)
         # A small send is done at once: no wait to set up.
         done = request.Test() if status is None else request.Test(status)
     except _mpi.MPI.Exception as exc:
+        entry = recorder.issue(pg, op, None, 0, _known(pg, peer), spec[0].nbytes, issued)
         recorder.complete(entry, recorder.FAILED)
         raise watch.backend_error(op, None, exc) from None
+    ring = pg._flight
+    if done and issued is None:
+        if ring is not None:
+            ring.append((op, None if peer is None else pg._ranks[peer], spec[0].nbytes))
+        return
+    entry = recorder.issue(pg, op, None, 0, _known(pg, peer), spec[0].nbytes, issued)
     if not done:
         try:
             watch.wait(pg, op, None, [request], None, None if status is None else [status], peer)
@@ -128,6 +142,11 @@ def _p2p(
             recorder.complete(entry, recorder.FAILED)  # (a timeout has marked it already)
             raise
     recorder.complete(entry)
+
+
+def _known(pg: ProcessGroup, peer: Optional[int]) -> Optional[int]:
+    """The global rank of group rank ``peer`` (None for any rank)."""
+    return None if peer is None else pg._ranks[peer]
 
 
 @collective(Array("tensor", IN), aware=True, synchronous=True)
@@ -306,15 +325,10 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
         if pg is None:
             continue
         sending = p.op is isend
-        tensor, tag = p.tensor, p.tag
-        # The common entry is checked inline, as isend's and irecv's are.
-        peer = _plain_peer(pg, p.peer, tag)
-        if peer is None or (datatype := _plain(tensor, not sending)) is None:
-            tag = check_tag(tag, func)
-            check = check_input if sending else check_output  # a receive writes its array
-            tensor = check(func, f"[{i}].tensor", tensor)
-            peer = _peer(pg, p.peer, "dst" if sending else "src", func)
-            datatype = mpi_datatype(tensor.dtype)
+        if sending:
+            tensor, datatype, peer, tag = _outgoing(pg, p.tensor, p.peer, p.tag, func, i)
+        else:  # (a receive writes its array)
+            tensor, datatype, peer, tag = _incoming(pg, p.tensor, p.peer, p.tag, func, i)
         planned.append((sending, pg, tensor, datatype, peer, tag))
     # A plain loop: a comprehension unpacking each entry into start(*args)
     # cost 0.8 us more an entry (CPython 3.11).

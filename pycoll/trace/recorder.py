@@ -16,7 +16,9 @@ counting back (each collective appends one entry, in seq order, and the
 full entries carry theirs). Such an entry is complete once a later
 collective was issued on the group, or the progress board says it ended; the
 one still running is timed by its wait (``pg._fwait``, set once a wait grows
-long) and marked when it times out.
+long) and marked when it times out. A synchronous send or receive done at
+its first test is recorded once done as a tuple ``(op, peer, nbytes)``,
+complete and untimed (:func:`p2p_done`; pycoll.collectives.p2p).
 
 The record is dumped, as a readable report and as JSON, one file pair per
 rank (:func:`dump`): when an operation times out (beside the diagnosis), on
@@ -41,7 +43,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from .. import crosscheck, progress
 
@@ -145,9 +147,16 @@ def _full(pg: Any, seq: int, key: int) -> List[Any]:
     return [seq, crosscheck.op_of(key), key, None, None, issued, None, state, pg]
 
 
+def p2p_done(pg: Any, compact: Tuple[str, Optional[int], int]) -> List[Any]:
+    """A send or receive recorded compact once done, ``(op, peer, nbytes)``,
+    as a full entry: complete, untimed."""
+    op, peer, nbytes = compact
+    return [None, op, 0, peer, nbytes, None, None, COMPLETED, pg]
+
+
 def _expanded(pg: Any, items: List[Any]) -> List[List[Any]]:
-    """The ring's entries (a copy, oldest first) as full ones. A fast-path
-    entry's seq is found by counting back from the group's: each collective
+    """The ring's entries (a copy, oldest first) as full ones. A collective's
+    fast-path entry's seq is found by counting back from the group's: each collective
     appends one entry, in seq order, and the full entries carry theirs."""
     out: List[List[Any]] = [[]] * len(items)
     expected = pg._seq
@@ -156,6 +165,8 @@ def _expanded(pg: Any, items: List[Any]) -> List[List[Any]]:
         if isinstance(entry, int):
             out[i] = _full(pg, expected, entry)
             expected -= 1
+        elif isinstance(entry, tuple):
+            out[i] = p2p_done(pg, entry)
         else:
             out[i] = entry
             if entry[SEQ] is not None:

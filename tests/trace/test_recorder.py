@@ -52,11 +52,38 @@ def test_every_kind_of_call_is_recorded_in_issue_order(rank, world_size):
     if world_size > 1:
         assert entries[4]["peer"] == source and entries[5]["peer"] == peer
         assert entries[4]["bytes"] == 24 and entries[5]["bytes"] == 24
+    timed = [e["issued_s_ago"] is not None for e in entries]
+    assert [e["duration_s"] is not None for e in entries] == timed
     # the synchronous fast path (all_reduce, broadcast; not under DETAIL) keeps no
-    # times; the others do
-    fast = [pycoll.debug.PLAIN] * 2 + [False] * (len(ops) - 2)
-    assert [e["duration_s"] is None for e in entries] == fast
-    assert [e["issued_s_ago"] is None for e in entries] == fast
+    # times; a Work's call and an object collective do
+    assert timed[:4] == [not pycoll.debug.PLAIN] * 2 + [True, True]
+    if world_size > 1:
+        # an irecv's Work is timed; a send done at its first test (a small one
+        # mostly is) is recorded once done, compact and untimed, and one that
+        # waits is timed (test_a_late_peer_is_named_in_the_record)
+        assert timed[4]
+    pycoll.destroy_process_group(group)
+
+
+def test_a_send_recorded_once_done_keeps_the_collectives_count(rank, world_size):
+    """A send or receive done at its first test is recorded compact, as
+    ``(op, peer, nbytes)``: the record shows it complete, untimed, and the
+    collectives around it keep their sequence numbers."""
+    group = pycoll.new_group(group_desc="compact")
+    x = np.ones(2, np.float32)
+    pycoll.all_reduce(x, group=group)
+    group._flight.append(("send", world_size - 1 - rank, 24))  # as pycoll.send records one
+    pycoll.all_reduce(x, group=group)
+    entries = group_record(group.group_name)["entries"]
+    assert [(e["op"], e["seq"]) for e in entries] == [
+        ("all_reduce", 1), ("send", None), ("all_reduce", 2)
+    ]  # fmt: skip
+    sent = entries[1]
+    assert (sent["peer"], sent["bytes"], sent["state"]) == (world_size - 1 - rank, 24, "completed")
+    assert sent["issued_s_ago"] is None and sent["duration_s"] is None
+    assert recorder.p2p_done(group, ("recv", 3, 8)) == [
+        None, "recv", 0, 3, 8, None, None, recorder.COMPLETED, group
+    ]  # fmt: skip
     pycoll.destroy_process_group(group)
 
 
