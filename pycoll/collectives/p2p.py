@@ -10,7 +10,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from .. import _mpi, watch
+from .. import _mpi, debug, watch
 from ..arrays import MPI_TYPES, check_input, check_output, mpi_datatype
 from ..dispatch import IN, OUT, Array, collective
 from ..groups import STATE, ProcessGroup, resolve
@@ -238,18 +238,19 @@ def irecv(
 def _start_send(pg: ProcessGroup, tensor: np.ndarray, datatype: Any, peer: int, tag: int) -> Work:
     if pg._broken is not None:
         raise watch.broken(pg, "isend")
+    issued = clock() if recorder.TRACING else None
     try:
         req = pg.comm.Isend([tensor, datatype], peer, tag)
         done = req.Test()  # a small send is done at once
     except _mpi.MPI.Exception as exc:
         raise watch.backend_error("isend", None, exc) from None
-    entry = recorder.issue(pg, "isend", None, 0, pg._ranks[peer], tensor.nbytes)
-    return Work.peer("isend", req, done, tensor, pg, None, peer, entry)
+    return _started(pg, "isend", req, done, tensor, None, peer, pg._ranks[peer], issued)
 
 
 def _start_recv(pg: ProcessGroup, tensor: np.ndarray, datatype: Any, source: int, tag: int) -> Work:
     if pg._broken is not None:
         raise watch.broken(pg, "irecv")
+    issued = clock() if recorder.TRACING else None
     # A receive from a named peer needs no status: its sender is known (Work.source_rank).
     status = None
     try:
@@ -263,8 +264,33 @@ def _start_recv(pg: ProcessGroup, tensor: np.ndarray, datatype: Any, source: int
             done = req.Test()  # the message may be here already
     except _mpi.MPI.Exception as exc:
         raise watch.backend_error("irecv", None, exc) from None
-    entry = recorder.issue(pg, "irecv", None, 0, known, tensor.nbytes)
-    return Work.peer("irecv", req, done, tensor, pg, status, peer, entry)
+    return _started(pg, "irecv", req, done, tensor, status, peer, known, issued)
+
+
+def _started(
+    pg: ProcessGroup,
+    op: str,
+    request: Any,
+    done: bool,
+    tensor: np.ndarray,
+    status: Any,
+    peer: Optional[int],
+    known: Optional[int],
+    issued: Optional[float],
+) -> Work:
+    """The Work of an isend or irecv just started and tested once (``done``,
+    that test's answer). One done there, which a small send and a receive
+    whose message has arrived are, is recorded compact, as :func:`_p2p`
+    records a send done at once, and comes back complete (Work.done), but
+    for a timeline's timed entries and a debug level's logged completion
+    (Work.peer)."""
+    if done and issued is None and not debug.LEVEL:
+        ring = pg._flight
+        if ring is not None:
+            ring.append((op, known, tensor.nbytes))
+        return Work.done(op, None, [tensor], pg, tensor.nbytes, None, status, peer)
+    entry = recorder.issue(pg, op, None, 0, known, tensor.nbytes, issued)
+    return Work.peer(op, request, done, tensor, pg, status, peer, entry)
 
 
 class P2POp:
