@@ -16,9 +16,10 @@ counting back (each collective appends one entry, in seq order, and the
 full entries carry theirs). Such an entry is complete once a later
 collective was issued on the group, or the progress board says it ended; the
 one still running is timed by its wait (``pg._fwait``, set once a wait grows
-long) and marked when it times out. A synchronous send or receive done at
-its first test is recorded once done as a tuple ``(op, peer, nbytes)``,
-complete and untimed (:func:`p2p_done`; pycoll.collectives.p2p).
+long) and marked when it times out. A send or receive done at its first
+test (``send``/``recv``, and ``isend``/``irecv`` whose Work comes back
+complete) is recorded once done as a tuple ``(op, peer, nbytes)``, complete
+and untimed (:func:`p2p_done`; pycoll.collectives.p2p).
 
 The record is dumped, as a readable report and as JSON, one file pair per
 rank (:func:`dump`): when an operation times out (beside the diagnosis), on
