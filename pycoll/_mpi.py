@@ -39,6 +39,15 @@ REDUCE_SCATTER_PAIRWISE = False
 # pycoll's reduce is that nonblocking call in the default wait mode. Open MPI
 # reads the variable from the environment at MPI_Init; MPICH ignores it.
 REDUCE_MCA = "OMPI_MCA_coll_libnbc_ireduce_algorithm"
+# Open MPI's nonblocking all_reduce, in libnbc's default choice, takes its
+# binomial tree (a reduce to one rank, then a broadcast back) for every call
+# made in place, as pycoll's all_reduce always is: 1.6-2.7x Open MPI's
+# blocking all_reduce's time from 32 KiB on 2 ranks (docs/benchmarks.md).
+# pycoll leaves this variable as it finds it (pycoll-run sets it: the ring);
+# True once loaded where it names an algorithm, which pycoll's choice of path
+# (pycoll.collectives.reduce) then leaves to MPI.
+ALL_REDUCE_MCA = "OMPI_MCA_coll_libnbc_iallreduce_algorithm"
+ALL_REDUCE_CHOSEN = False
 STARTED_MPI = False  # whether load() was the import that started MPI (its variables counted)
 # From this size of each rank's part the v-form is taken: there pairwise
 # measured 0.1-0.7x the block form's time on 2 and 4 ranks; below it (4 ranks,
@@ -68,7 +77,7 @@ def load() -> Any:
     nonblocking reduce to take its binomial tree (``REDUCE_MCA``), each
     unless set already.
     """
-    global MPI, IN_PLACE, VENDOR, REDUCE_SCATTER_PAIRWISE, STARTED_MPI
+    global MPI, IN_PLACE, VENDOR, REDUCE_SCATTER_PAIRWISE, STARTED_MPI, ALL_REDUCE_CHOSEN
     if MPI is None:
         if os.environ.get("PYCOLL_ASYNC_PROGRESS", "").strip() == "1":
             os.environ.setdefault("MPIR_CVAR_ASYNC_PROGRESS", "1")
@@ -84,6 +93,7 @@ def load() -> Any:
         REDUCE_SCATTER_PAIRWISE = (
             VENDOR == "MPICH" and os.environ.get(REDUCE_SCATTER_CVAR) == "sched_pairwise"
         )
+        ALL_REDUCE_CHOSEN = os.environ.get(ALL_REDUCE_MCA, "").strip() not in ("", "0")
     return MPI
 
 

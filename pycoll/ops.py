@@ -153,13 +153,14 @@ class Plan(NamedTuple):
         split: a large all_reduce goes faster through pycoll's ring
             (pycoll.collectives.ring: a reduce-scatter, then an all-gather,
             over point-to-point messages; from :data:`SPLIT_BYTES`, or
-            :data:`SPLIT_BYTES_TWO_RANKS` on two ranks). On MPICH, for
-            pycoll's user ops (MPICH reduces a user op by recursive doubling,
-            every rank reducing the whole buffer, and on one node its
-            collectives on large buffers measured 2-4x slower than the same
-            bytes exchanged point to point) and for AVG of real floats (the
-            division then runs on this rank's 1/n of the result). MPI's own ops
-            take the ring too, from :data:`RING_BYTES`.
+            :data:`SPLIT_BYTES_TWO_RANKS` on two ranks). For pycoll's user
+            ops (MPICH reduces a user op by recursive doubling, every rank
+            reducing the whole buffer, Open MPI's nonblocking all_reduce by
+            a binomial tree, and on one node their collectives on large
+            buffers measured 2-4x slower than the same bytes exchanged point
+            to point) and for AVG of real floats (the division then runs on
+            this rank's 1/n of the result). MPI's own ops take the ring too,
+            from :data:`RING_BYTES`.
         key: the reduction's and dtype's part of a call's key for the call
             check (pycoll.crosscheck.reduction_bits).
         builtin: ``mpi_op`` is MPI's own op, not one of pycoll's user ops
@@ -238,14 +239,17 @@ def env_bytes(name: str, zero: str) -> Optional[int]:
 _SET = env_bytes("PYCOLL_SPLIT_BYTES", "never split")
 SPLIT_BYTES = 4 << 20 if _SET is None else _SET
 SPLIT_BYTES_TWO_RANKS = 8 << 20 if _SET is None else _SET
-# And MPI's own ops (float32 SUM...) on MPICH from this many bytes, on any
-# number of ranks: at 8-16 MiB the ring measured 0.63-0.90x MPICH's time on
-# 2-8 ranks of a 16-core machine and 0.88-1.10x on the 2-core CI VM (level,
-# within its noise), where above 16 MiB MPICH's all_reduce of a large buffer
-# on one node falls to 0.7-3.2 GB/s and the ring keeps 3.3-11.7 (0.24-0.5x its
-# time); at 4 MiB the ring was 1.0-1.15x MPICH's time on 2 ranks of the
-# 16-core machine and 1.07-1.24x on 4 of the VM (docs/benchmarks.md). An AVG of
-# complex numbers, whose division the kernels do not do, stays with MPI.
+# And MPI's own ops (float32 SUM...) from this many bytes, on any number of
+# ranks: at 8-16 MiB the ring measured 0.63-0.90x MPICH's time on 2-8 ranks
+# of a 16-core machine and 0.88-1.10x on the 2-core CI VM (level, within its
+# noise), where above 16 MiB MPICH's all_reduce of a large buffer on one node
+# falls to 0.7-3.2 GB/s and the ring keeps 3.3-11.7 (0.24-0.5x its time); at
+# 4 MiB the ring was 1.0-1.15x MPICH's time on 2 ranks of the 16-core machine
+# and 1.07-1.24x on 4 of the VM. On Open MPI (2-4 ranks of the VM) it took
+# 0.58-0.98x the time of Open MPI's nonblocking call at 8-16 MiB and
+# 0.16-0.43x at 32-64 MiB, where the shared window took 0.58-0.92x
+# (docs/benchmarks.md). An AVG of complex numbers, whose division the kernels
+# do not do, stays with MPI.
 # PYCOLL_SPLIT_BYTES, where set, is this size too.
 RING_BYTES = 8 << 20 if _SET is None else _SET
 
@@ -303,9 +307,7 @@ def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
             f"dtype {dtype}; use a real scale or complex arrays"
         )
     average = name == "AVG"
-    split = (
-        SPLIT_BYTES > 0 and _mpi.VENDOR == "MPICH" and (user_op or (average and kind == "float"))
-    )
+    split = SPLIT_BYTES > 0 and (user_op or (average and kind == "float"))
     key = crosscheck.reduction_bits(name, dtype)
     result = Plan(
         mpi_op,

@@ -8,9 +8,13 @@ The thresholds of pycoll.collectives.reduce are set per case for the call
 case's result is checked first on every rank; then rounds of a block of
 calls each, the order rotated every round; each round's figure is the
 case's time over MPI's in that round, and rank 0 prints the median over
-rounds with MPI's algbw. (The timed calls reduce their own results again:
-values grow to infinity, which costs the kernels no more.) A measurement for
-docs/benchmarks.md, not part of pycoll:
+rounds with MPI's algbw. For float32 and float64 SUM a last column is raw
+mpi4py's blocking ``Allreduce`` in place, which a caller without pycoll
+makes. Each case has arrays of its own: on one array a call the compiled
+path keeps (pycoll.native, up to 2 MiB) would be made again that way
+whatever the case's thresholds. (The timed calls reduce their own results
+again: values grow to infinity, which costs the kernels no more.) A
+measurement for docs/benchmarks.md, not part of pycoll:
 
     mpiexec -n 2 python docs/measurements/all_reduce_paths.py            # float32 SUM
     mpiexec -n 3 python docs/measurements/all_reduce_paths.py 5 1M,4M,16M,64M float16 avg
@@ -43,7 +47,7 @@ sizes = [parse_size(s) for s in (sys.argv[2] if len(sys.argv) > 2 else SIZES).sp
 name = sys.argv[3] if len(sys.argv) > 3 else "float32"
 dtype = BFLOAT16 if name == "bfloat16" else np.dtype(name)
 op = pycoll.ReduceOp.AVG if len(sys.argv) > 4 and sys.argv[4] == "avg" else pycoll.ReduceOp.SUM
-KNOBS = ("SHM_BYTES", "SHM_BYTES_MPICH", "RING_BYTES", "SPLIT_BYTES",
+KNOBS = ("SHM_BYTES", "SHM_BYTES_MPICH", "SHM_BYTES_PAIR", "RING_BYTES", "SPLIT_BYTES",
          "SPLIT_BYTES_TWO_RANKS")  # fmt: skip
 DEFAULT = {k: getattr(R, k) for k in KNOBS}
 NEVER = 1 << 62
@@ -56,15 +60,21 @@ FORCED = {
 }  # fmt: skip
 
 
+RING_FROM = R._ring_from
+
+
 def case(knobs):
     def call(x, group=None):
         for k, v in knobs.items():
             setattr(R, k, v)
+        if knobs["RING_BYTES"] == 1:  # (the ring for MPI's own ops on any MPI, not MPICH's only)
+            R._ring_from = lambda: 1
         try:
             pycoll.all_reduce(x, op=op, group=group)
         finally:
             for k, v in DEFAULT.items():
                 setattr(R, k, v)
+            R._ring_from = RING_FROM
 
     return call
 
@@ -78,14 +88,17 @@ for text in filter(None, os.environ.get("WINDOW_CHUNKS", "").split(",")):
     shm.CHUNK = made
     window = case(FORCED["window"])
     cases[f"win@{text}"] = lambda x, window=window, group=group: window(x, group)
+if op == pycoll.ReduceOp.SUM and dtype in (np.float32, np.float64):
+    raw = comm.Dup()
+    cases["mpi4py"] = lambda x, group=None: raw.Allreduce(MPI.IN_PLACE, x, MPI.SUM)
 want = 1 if op == pycoll.ReduceOp.AVG else n  # every rank gives ones: exact in any order
 if me == 0:
     print(f"# {n} ranks, {name} {op.name}, {rounds} rounds: a case's time over MPI's (median)")
     print(f"{'':>8s} {'MPI GB/s':>9s}" + "".join(f"{k:>9s}" for k in cases if k != "mpi"))
 for nbytes in sizes:
-    x = np.ones(nbytes // dtype.itemsize, dtype)
+    arrays = {k: np.ones(nbytes // dtype.itemsize, dtype) for k in cases}
     for k, call in cases.items():
-        x[...] = 1
+        x = arrays[k]
         call(x)
         if comm.allreduce(not np.all(x.astype(np.float32) == want), MPI.LOR):
             raise SystemExit(f"{k} gave a wrong result on some rank at {nbytes} bytes")
@@ -95,11 +108,12 @@ for nbytes in sizes:
         k = r % len(blocks)
         for key, call in blocks[k:] + blocks[:k]:
             iters = max(3, (64 << 20) // nbytes)
-            t = time_block(lambda call=call, x=x: call(x), iters, 1, comm)
+            t = time_block(lambda call=call, x=arrays[key]: call(x), iters, 1, comm)
             times[key].append(comm.allreduce(t, MPI.MAX))
     if me == 0:
         ref = times["mpi"]
-        row = f"{nbytes >> 20:6d}M {nbytes / np.median(ref) / 1e9:9.2f}"
+        size = f"{nbytes >> 20}M" if nbytes >= 1 << 20 else f"{nbytes >> 10}K"
+        row = f"{size:>7s} {nbytes / np.median(ref) / 1e9:9.2f}"
         for k in cases:
             if k != "mpi":
                 row += f"{np.median([b / a for a, b in zip(ref, times[k])]):9.2f}"

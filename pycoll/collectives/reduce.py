@@ -12,7 +12,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from .. import _mpi, crosscheck, debug, kernels, native, persistent, tuning
+from .. import _mpi, crosscheck, debug, kernels, native, persistent, tuning, watch
 from ..arrays import (
     MPI_TYPES,
     check_input,
@@ -66,8 +66,8 @@ _REDUCE_SCATTER_TENSOR = OP_BITS["reduce_scatter_tensor"]
 # Up to this size a two-rank AVG of float32/float64 runs as one user op; above
 # it MPI's builtin SUM (Rabenseifner: each rank reduces half the buffer, where
 # a user op gets recursive doubling and reduces all of it) plus a division
-# measured faster. float16/bfloat16 are user ops anyway: always. On MPICH a
-# large AVG takes pycoll's ring before this applies. (docs/benchmarks.md)
+# measured faster. float16/bfloat16 are user ops anyway: always. A large
+# AVG takes pycoll's ring before this applies. (docs/benchmarks.md)
 MEAN_OF_TWO_BYTES = 32 << 20
 
 
@@ -78,8 +78,8 @@ def _split_from(ranks: int) -> int:
 
 def _ring_from() -> int:
     """The size from which an all_reduce with one of MPI's own ops takes
-    pycoll's ring: on MPICH only (0: never)."""
-    return RING_BYTES if _mpi.VENDOR == "MPICH" else 0
+    pycoll's ring (0: never)."""
+    return RING_BYTES
 
 
 def _mean_of_two(x: np.ndarray) -> bool:
@@ -203,7 +203,9 @@ def all_reduce(
         or (nbytes >= RING_BYTES and not how.average and _ring_from() > 0)
     ) and _ring_carries(pg, how, tensor.dtype):
         return _all_reduce_ring(pg, tensor, op, how, async_op, key)
-    if (nbytes >= SHM_BYTES_MPICH or nbytes >= SHM_BYTES) and _takes_window(pg._size, nbytes):
+    if (
+        nbytes >= SHM_BYTES_PAIR or nbytes >= SHM_BYTES_MPICH or nbytes >= SHM_BYTES
+    ) and _takes_window(pg._size, nbytes):
         win = shm.usable(pg, how, tensor.dtype, "all_reduce")  # (made on its first call)
         if win is not None:
             return _all_reduce_shm(pg, win, tensor, op, how, async_op, key)
@@ -259,8 +261,8 @@ def all_reduce(
 # From this size an all_reduce whose ranks share one node goes through the
 # node's shared memory (pycoll.collectives.shm): on 2-4 ranks it measured
 # 2.2-3.5x MPICH's own from 32 MiB, where MPICH's falls to 0.5-2 GB/s, and
-# 0.7-1.3x below (docs/benchmarks.md). On MPICH pycoll's ring comes first
-# (from RING_BYTES, or SPLIT_BYTES for its ops), faster still. 0 turns the
+# 0.7-1.3x below (docs/benchmarks.md). pycoll's ring comes first (from
+# RING_BYTES, or SPLIT_BYTES for its ops), faster still. 0 turns the
 # window off. PYCOLL_SHM_BYTES, where set, is this size and SHM_BYTES_MPICH,
 # for any number of ranks and any MPI.
 _SHM_SET = shm.SHM_SET
@@ -275,12 +277,35 @@ SHM_BYTES = 32 << 20 if _SHM_SET is None else _SHM_SET
 # barriers, which the window waits on, made it slower there at 16 MiB: Open
 # MPI keeps SHM_BYTES.
 SHM_BYTES_MPICH = 1 << 20 if _SHM_SET is None else _SHM_SET
+# On Open MPI a group of two ranks takes the window from SHM_BYTES_PAIR up
+# to PAIR_BELOW already, where libnbc's nonblocking all_reduce is left to its
+# default choice (_mpi.ALL_REDUCE_CHOSEN) and the wait mode is the default
+# one: libnbc then takes its binomial tree for every call in place, about
+# twice Open MPI's blocking all_reduce's time from 32 KiB on 2 ranks of the CI
+# VM, where the window took 0.58-0.68x the binomial tree's time at 256 KiB-4
+# MiB, level with the blocking call; 0.68-0.83x at 64-128 KiB, and 0.81-0.93x
+# at 8 MiB and 1.16-1.39x at 16 MiB (docs/benchmarks.md). An algorithm
+# chosen for libnbc (pycoll-run's ring: about the blocking call's time)
+# keeps MPI's call, and so does blocking mode, whose call is Open MPI's
+# blocking one. On 3 and 4 ranks the window was no faster than the binomial
+# tree below 16 MiB.
+SHM_BYTES_PAIR = 256 << 10 if _SHM_SET is None else _SHM_SET
+PAIR_BELOW = 8 << 20
 
 
 def _shm_least() -> int:
     """The least size at which an all_reduce may take the window (its group's
     window is made, or found, from this size)."""
-    return min(SHM_BYTES, SHM_BYTES_MPICH) if _mpi.VENDOR == "MPICH" else SHM_BYTES
+    if _mpi.VENDOR == "MPICH":
+        return min(SHM_BYTES, SHM_BYTES_MPICH)
+    return min(SHM_BYTES, SHM_BYTES_PAIR) if _binomial_in_place() else SHM_BYTES
+
+
+def _binomial_in_place() -> bool:
+    """Whether MPI's nonblocking all_reduce, in place, is Open MPI's binomial
+    tree (libnbc's default choice, none made for it) and the calls that
+    would take the window are nonblocking ones (the default wait mode)."""
+    return _mpi.VENDOR == "Open MPI" and not _mpi.ALL_REDUCE_CHOSEN and not watch.BLOCKING
 
 
 def _takes_window(ranks: int, nbytes: int) -> bool:
@@ -290,7 +315,9 @@ def _takes_window(ranks: int, nbytes: int) -> bool:
         return False
     if nbytes >= SHM_BYTES:
         return True
-    return _mpi.VENDOR == "MPICH" and SHM_BYTES_MPICH <= nbytes and ranks & (ranks - 1) != 0
+    if _mpi.VENDOR == "MPICH":
+        return SHM_BYTES_MPICH <= nbytes and ranks & (ranks - 1) != 0
+    return ranks == 2 and SHM_BYTES_PAIR <= nbytes < PAIR_BELOW and _binomial_in_place()
 
 
 # From this many bytes of input a reduce_scatter_tensor whose ranks share one

@@ -5,11 +5,12 @@ neighbour, receive one from the left, combine it into this rank's copy) and
 an all-gather (n - 1 steps passing the reduced parts on). Each rank moves
 2 (n - 1) / n of the array, as MPI's own large-message algorithms do, but
 over point-to-point messages, which on one node measured 2-4x faster than
-MPICH's collectives on large buffers (docs/benchmarks.md); and the combine is
-pycoll's kernel (pycoll.kernels), not MPI's call of a user op.
+MPICH's collectives on large buffers, and than Open MPI's nonblocking
+all_reduce (docs/benchmarks.md); and the combine is pycoll's kernel
+(pycoll.kernels), not MPI's call of a user op.
 
-Two callers: large host all_reduce with pycoll's user ops or a float AVG on
-MPICH (pycoll.collectives.reduce, synchronous or async), and device arrays
+Two callers: large host all_reduce, with pycoll's user ops or a float AVG
+and with MPI's own ops (pycoll.collectives.reduce, synchronous or async), and device arrays
 under CUDA-aware MPI (pycoll.gpu.ring), whose combine runs on the GPU. The
 caller supplies the combine step and runs the Ring through
 pycoll.collectives._common.run, which counts it and bounds its waits.

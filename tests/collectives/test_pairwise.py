@@ -233,7 +233,7 @@ def test_not_for_arrays_that_alias_device_memory(group, forced, monkeypatch, ran
     assert_equal(out, want)
     assert_equal(y, np.full(K, n * (n + 1) / 2, np.float32))
     assert forced == [] and rings == []
-    pycoll.all_reduce(y, group=group)  # outside: the ring again (on MPICH)
+    pycoll.all_reduce(y, group=group)  # outside: the ring again
     assert len(rings) == (reduce_mod._ring_from() > 0)
 
 

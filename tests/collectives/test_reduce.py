@@ -303,6 +303,29 @@ def test_reduce_takes_the_binomial_tree_on_open_mpi(pg, set_to):
     assert done.stdout.split()[-1] == (set_to or "2")
 
 
+@pytest.mark.parametrize("set_to", [None, "0", "1", "3"])
+def test_all_reduce_notes_an_algorithm_chosen_for_libnbc(pg, set_to):
+    """pycoll leaves Open MPI's nonblocking all_reduce algorithm as it finds
+    it, and notes whether one was chosen (its choice of path,
+    pycoll.collectives.reduce._binomial_in_place): unset, or 0, is libnbc's
+    own choice."""
+    if _mpi.VENDOR != "Open MPI":
+        pytest.skip("a variable of Open MPI's libnbc")
+    keep = ("PATH", "HOME", "PYTHONPATH")
+    env = {k: v for k, v in os.environ.items() if k in keep or k.startswith("OMPI_ALLOW")}
+    env["OMPI_MCA_osc"] = "^ucx"  # (scripts/mpi.env: no bogus UCX message)
+    if set_to is not None:
+        env[_mpi.ALL_REDUCE_MCA] = set_to
+    code = (
+        "import os\nfrom pycoll import _mpi\n_mpi.load()\n"
+        "print(_mpi.ALL_REDUCE_CHOSEN, os.environ.get(_mpi.ALL_REDUCE_MCA))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-2:] == [str(set_to in ("1", "3")), str(set_to)]
+
+
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 def test_zero_size(dtype, pg):
     x = np.zeros((0, 3), dtype)

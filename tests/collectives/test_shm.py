@@ -6,6 +6,7 @@ checks every rank's result against numpy's own reduction."""
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 
@@ -142,34 +143,52 @@ def test_a_rank_that_never_comes_to_make_the_window_is_named(tiny, rank, world_s
 
 
 @pytest.mark.parametrize("vendor", ["MPICH", "Open MPI"])
-def test_the_thresholds_by_mpi_and_group_size(monkeypatch, vendor):
+@pytest.mark.parametrize("libnbc", ["default", "chosen", "blocking"])
+def test_the_thresholds_by_mpi_and_group_size(monkeypatch, vendor, libnbc):
     """From SHM_BYTES anywhere; on MPICH from SHM_BYTES_MPICH already in a
     group whose size is not a power of two (below RING_BYTES the ring has
-    not taken the call first); 0 turns the window off."""
-    from pycoll import _mpi
+    not taken the call first); on Open MPI from SHM_BYTES_PAIR up to
+    PAIR_BELOW already in a group of two ranks, where libnbc's all_reduce is
+    left to its own choice (its binomial tree for a call in place) and the
+    wait mode is the default one; 0 turns the window off."""
+    from pycoll import _mpi, watch
 
     monkeypatch.setattr(_mpi, "VENDOR", vendor)
-    low, ring, high = reduce_mod.SHM_BYTES_MPICH, reduce_mod.RING_BYTES, reduce_mod.SHM_BYTES
-    assert low < ring < high
+    monkeypatch.setattr(_mpi, "ALL_REDUCE_CHOSEN", libnbc == "chosen")
+    monkeypatch.setattr(watch, "BLOCKING", libnbc == "blocking")
+    pair, low = reduce_mod.SHM_BYTES_PAIR, reduce_mod.SHM_BYTES_MPICH
+    ring, high = reduce_mod.RING_BYTES, reduce_mod.SHM_BYTES
+    below = reduce_mod.PAIR_BELOW
+    assert pair < low < ring <= below < high
     mpich = vendor == "MPICH"
-    assert reduce_mod._shm_least() == (low if mpich else high)
-    assert reduce_mod._ring_from() == (ring if mpich else 0)
+    paired = not mpich and libnbc == "default"
+    assert reduce_mod._shm_least() == (low if mpich else pair if paired else high)
+    assert reduce_mod._ring_from() == ring
     for ranks in (2, 3, 4, 5, 6, 7, 8, 12, 16):
         band = mpich and ranks not in (2, 4, 8, 16)
-        assert reduce_mod._takes_window(ranks, low - 1) is False
-        assert reduce_mod._takes_window(ranks, low) is band, ranks
-        assert reduce_mod._takes_window(ranks, ring - 1) is band, ranks
+        two = paired and ranks == 2
+        assert reduce_mod._takes_window(ranks, pair - 1) is False
+        assert reduce_mod._takes_window(ranks, pair) is two, ranks
+        assert reduce_mod._takes_window(ranks, low - 1) is two, ranks
+        assert reduce_mod._takes_window(ranks, low) is (band or two), ranks
+        assert reduce_mod._takes_window(ranks, ring - 1) is (band or two), ranks
+        assert reduce_mod._takes_window(ranks, below - 1) is (band or two), ranks
+        assert reduce_mod._takes_window(ranks, below) is band, ranks
+        assert reduce_mod._takes_window(ranks, high - 1) is band, ranks
         assert reduce_mod._takes_window(ranks, high) is True
     monkeypatch.setattr(reduce_mod, "SHM_BYTES", 0)
     assert reduce_mod._shm_least() == 0
     assert reduce_mod._takes_window(3, high) is False
+    assert reduce_mod._takes_window(2, high) is False
 
 
 def test_a_1_mib_all_reduce_takes_the_window_where_it_should(monkeypatch, rank, world_size):
     """At the default thresholds, a 1 MiB all_reduce: through the window on
-    MPICH where the group's size is not a power of two, else MPI's own, and
-    then no window is made; right either way."""
-    from pycoll import _mpi
+    MPICH where the group's size is not a power of two, and on Open MPI in a
+    group of two ranks where no algorithm is chosen for libnbc's all_reduce
+    in the default wait mode; else MPI's own, and then no window is made;
+    right either way."""
+    from pycoll import _mpi, watch
 
     taken = []
     real = reduce_mod._all_reduce_shm
@@ -180,7 +199,10 @@ def test_a_1_mib_all_reduce_takes_the_window_where_it_should(monkeypatch, rank, 
         pycoll.all_reduce(x, group=g)
         assert_equal(x, np.full(x.size, world_size * (world_size + 1) / 2, np.float32))
         uneven = world_size & (world_size - 1) != 0
-        want = _mpi.VENDOR == "MPICH" and uneven  # (one node: every rank shares it)
+        libnbc_default = os.environ.get(_mpi.ALL_REDUCE_MCA, "0").strip() in ("", "0")
+        pair = world_size == 2 and libnbc_default and not watch.BLOCKING
+        # (one node: every rank shares it)
+        want = uneven if _mpi.VENDOR == "MPICH" else pair
         assert bool(taken) == want
         assert (g.attached("shm.window") is not None) == want
     finally:

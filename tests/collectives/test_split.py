@@ -1,8 +1,8 @@
-"""Large all_reduce on MPICH through pycoll's ring (a reduce-scatter, an AVG's
-division of this rank's part, an all-gather): with one of pycoll's user ops
-or a float AVG from SPLIT_BYTES, with MPI's own ops from RING_BYTES. Same
-answers as numpy's, on every rank, for sizes that do not divide by the
-number of ranks (on 1 rank, and on Open MPI, the same tests check the usual
+"""Large all_reduce through pycoll's ring (a reduce-scatter, an AVG's
+division of this rank's part, an all-gather), on every MPI: with one of
+pycoll's user ops or a float AVG from SPLIT_BYTES, with MPI's own ops from
+RING_BYTES. Same answers as numpy's, on every rank, for sizes that do not
+divide by the number of ranks (on 1 rank the same tests check the usual
 path)."""
 
 import numpy as np
@@ -56,18 +56,16 @@ def test_split_all_reduce_matches_numpy(op, dtype, async_op, threshold, rank, wo
 
 
 def test_the_path_is_taken_where_it_should_be(pg):
-    from pycoll import _mpi
     from pycoll.ops import plan
 
     half = plan(ReduceOp.AVG, np.dtype(np.float16), "t")
     nan_max = plan(ReduceOp.MAX, np.dtype(np.float32), "t")
-    mpich = _mpi.VENDOR == "MPICH"
-    assert half.split == mpich and nan_max.split == mpich
+    assert half.split is True and nan_max.split is True
     # MPI's builtin ops are not split ops (they take the ring from RING_BYTES,
     # below); a float AVG is (its division then covers 1/n of the data), a
     # complex one is not.
     assert plan(ReduceOp.SUM, np.dtype(np.float32), "t").split is False
-    assert plan(ReduceOp.AVG, np.dtype(np.float32), "t").split == mpich
+    assert plan(ReduceOp.AVG, np.dtype(np.float32), "t").split is True
     assert plan(ReduceOp.AVG, np.dtype(np.complex64), "t").split is False
 
 
@@ -77,8 +75,6 @@ def forced(monkeypatch):
 
 
 def test_the_ring_carries_the_call(pg, monkeypatch, rank, world_size):
-    from pycoll import _mpi
-
     forced(monkeypatch)
     rings = count_rings(monkeypatch)
     x = data(rank, np.dtype(np.float32), (10,))
@@ -87,8 +83,7 @@ def test_the_ring_carries_the_call(pg, monkeypatch, rank, world_size):
         "AVG", [data(r, np.dtype(np.float32), (10,)) for r in range(world_size)], world_size
     )
     assert_equal(x, expected)
-    ring_used = _mpi.VENDOR == "MPICH" and world_size > 1
-    assert len(rings) == ring_used
+    assert len(rings) == (world_size > 1)
 
 
 def test_rings_in_flight_together_keep_their_messages_apart(monkeypatch, rank, world_size):
@@ -128,9 +123,7 @@ OWN_OPS = [(op, dtype) for op, dtype in valid_pairs() if op != "AVG"]
 
 
 def ring_expected(world_size):
-    from pycoll import _mpi
-
-    return _mpi.VENDOR == "MPICH" and world_size > 1
+    return world_size > 1
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
@@ -151,8 +144,7 @@ def test_mpis_own_ops_take_the_ring_from_ring_bytes(
 
 def test_a_float32_sum_of_ring_bytes_takes_the_ring(monkeypatch, rank, world_size):
     """At the default threshold: one element under it stays with MPI (or the
-    shared-memory path), the threshold itself takes the ring (on MPICH; on
-    other MPIs neither does)."""
+    shared-memory path), the threshold itself takes the ring."""
     rings = count_rings(monkeypatch)
     count = reduce_module.RING_BYTES // 4
     for size in (count - 1, count):
