@@ -170,12 +170,12 @@ def test_shm_bytes_must_be_a_number_of_bytes():
 
 
 @pytest.mark.parametrize(
-    "value,expected", [(None, (1 << 20, 2 << 20)), ("0", (0, 0)), ("65536", (65536, 65536))]
+    "value,expected", [(None, (1 << 20, 256 << 10)), ("0", (0, 0)), ("65536", (65536, 65536))]
 )
 def test_pairwise_bytes_default_and_override(value, expected):
     """PYCOLL_PAIRWISE_BYTES, where set, is where a two-rank reduce-scatter
     takes pycoll's pairwise exchange on every MPI (0: never; unset, 1 MiB on
-    MPICH and 2 MiB on Open MPI); a size that is not a number
+    MPICH and 256 KiB on Open MPI); a size that is not a number
     of bytes stops the import with the fix. Read at import: a fresh
     interpreter each."""
     code = (

@@ -13,8 +13,8 @@ the default with no table. Every case's result is checked first on every
 rank; then rounds of a block of calls each, the order rotated every round
 (pycoll.bench.table.rotated); each round's figure is the case's time over
 mpi4py's of the same form in that round, and rank 0 prints the median over
-rounds with mpi4py's GB/s of input. A measurement for docs/benchmarks.md,
-not part of pycoll:
+rounds with mpi4py's GB/s of input. Each case times arrays of its own. A
+measurement for docs/benchmarks.md, not part of pycoll:
 
     mpiexec -n 2 python docs/measurements/rs_paths.py                 # 5 rounds, 1M-64M
     mpiexec -n 4 python docs/measurements/rs_paths.py 7 1M,4M,16M
@@ -70,6 +70,11 @@ def raw(in_place):
     return call
 
 
+def repeated(call, x, out):
+    """A block of ``calls`` calls of ``call`` on these arrays (rotated's run)."""
+    return lambda calls: [call(x, out) for _ in range(calls)]
+
+
 forms = {"out of place": False, "in place": True}
 if me == 0:
     print(f"# {n} ranks, float32 SUM, {rounds} rounds: a case's time over mpi4py's (median)")
@@ -92,9 +97,10 @@ for form, in_place in forms.items():
             got = x[mine] if in_place else out
             if comm.allreduce(not np.array_equal(got, want[mine]), MPI.LOR):
                 raise SystemExit(f"{k} ({form}) gave a wrong result on some rank at {nbytes} B")
-        x = base.copy()
-        runs = {k: lambda calls, call=call, x=x, out=out: [call(x, out) for _ in range(calls)]
-                for k, call in cases.items()}  # fmt: skip
+        # Arrays of each case's own: on shared ones a call the compiled path
+        # keeps (pycoll.native, up to 2 MiB) would be made again that way
+        # whatever the case's table.
+        runs = {k: repeated(call, base.copy(), out.copy()) for k, call in cases.items()}
         times = rotated(runs, max(3, (64 << 20) // nbytes), rounds, comm, warmup=1)
         if me == 0:
             ref = times["mpi4py"]

@@ -338,13 +338,15 @@ SCATTER_SHM_BYTES_OPEN_MPI = 1 << 20
 # (docs/benchmarks.md) it took 0.58-0.76x mpi4py's time at 2-16 MiB on MPICH,
 # 0.97-1.04x at 1 MiB where pycoll's MPI call took 1.07-1.16x (1.10-1.22x on a
 # 16-core machine, against 0.97-1.04x), and 0.07-0.68x at 2-64 MiB on Open MPI,
-# where the window took 0.19-0.95x; at 1 MiB Open MPI's window was ahead
-# (0.52-0.56x against 0.58-0.61x), so there it starts at 2 MiB. On 4 ranks it was
+# where the window took 0.19-0.95x. On Open MPI it starts at 256 KiB: there it
+# took 0.26-0.86x mpi4py's time at 256 KiB and 0.14-0.64x at 512 KiB-1 MiB,
+# both forms, where Open MPI's call took 0.74-1.03x and the window 0.42-1.12x
+# (at 128 KiB 0.79-1.91x, and Open MPI's call 1.23-1.59x). On 4 ranks it was
 # no faster than MPI's call or the window, so larger groups keep the rule above.
 # PYCOLL_PAIRWISE_BYTES, where set, is this size on every MPI (0: never).
 _PAIRWISE_SET = env_bytes("PYCOLL_PAIRWISE_BYTES", "never")
 PAIRWISE_BYTES = 1 << 20 if _PAIRWISE_SET is None else _PAIRWISE_SET
-PAIRWISE_BYTES_OPEN_MPI = 2 << 20 if _PAIRWISE_SET is None else _PAIRWISE_SET
+PAIRWISE_BYTES_OPEN_MPI = 256 << 10 if _PAIRWISE_SET is None else _PAIRWISE_SET
 
 
 def _pairwise_from() -> int:
@@ -1016,6 +1018,7 @@ def reduce_scatter_tensor(
     if (  # (the sizes first: small calls, the hot path, make no call)
         nbytes >= SCATTER_SHM_BYTES_OPEN_MPI
         or 0 < PAIRWISE_BYTES <= nbytes
+        or 0 < PAIRWISE_BYTES_OPEN_MPI <= nbytes
         or nbytes >= pg._tuned_rs_from
     ):
         way, win = _scatter_way(pg, how, dtype, func, nbytes)

@@ -247,7 +247,7 @@ def test_the_built_in_rule(monkeypatch, rank, world_size):
     f32 = np.dtype(np.float32)
     least = reduce_mod._pairwise_from()
     vendor = reduce_mod._mpi.VENDOR
-    assert least == (2 << 20 if vendor == "Open MPI" else 1 << 20)
+    assert least == (256 << 10 if vendor == "Open MPI" else 1 << 20)
     count = least // 4 // world_size
     for size in (count - 1, count):
         x = np.full(size * world_size, rank + 1.0, np.float32)
