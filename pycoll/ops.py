@@ -246,8 +246,8 @@ SPLIT_BYTES_TWO_RANKS = 8 << 20 if _SET is None else _SET
 # falls to 0.7-3.2 GB/s and the ring keeps 3.3-11.7 (0.24-0.5x its time); at
 # 4 MiB the ring was 1.0-1.15x MPICH's time on 2 ranks of the 16-core machine
 # and 1.07-1.24x on 4 of the VM. On Open MPI (2-4 ranks of the VM) it took
-# 0.58-0.98x the time of Open MPI's nonblocking call at 8-16 MiB and
-# 0.16-0.43x at 32-64 MiB, where the shared window took 0.58-0.92x
+# 0.41-0.98x the time of Open MPI's nonblocking call at 8-16 MiB and
+# 0.16-0.43x at 32-64 MiB, where the shared window took 0.55-0.92x
 # (docs/benchmarks.md). An AVG of complex numbers, whose division the kernels
 # do not do, stays with MPI.
 # PYCOLL_SPLIT_BYTES, where set, is this size too.

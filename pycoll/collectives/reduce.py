@@ -283,7 +283,7 @@ SHM_BYTES_MPICH = 1 << 20 if _SHM_SET is None else _SHM_SET
 # one: libnbc then takes its binomial tree for every call in place, about
 # twice Open MPI's blocking all_reduce's time from 32 KiB on 2 ranks of the CI
 # VM, where the window took 0.58-0.68x the binomial tree's time at 256 KiB-4
-# MiB, level with the blocking call; 0.68-0.83x at 64-128 KiB, and 0.81-0.93x
+# MiB, level with the blocking call; 0.67-0.88x at 64-128 KiB, and 0.81-0.93x
 # at 8 MiB and 1.16-1.39x at 16 MiB (docs/benchmarks.md). An algorithm
 # chosen for libnbc (pycoll-run's ring: about the blocking call's time)
 # keeps MPI's call, and so does blocking mode, whose call is Open MPI's

@@ -10,9 +10,9 @@ all_reduce (docs/benchmarks.md); and the combine is pycoll's kernel
 (pycoll.kernels), not MPI's call of a user op.
 
 Two callers: large host all_reduce, with pycoll's user ops or a float AVG
-and with MPI's own ops (pycoll.collectives.reduce, synchronous or async), and device arrays
-under CUDA-aware MPI (pycoll.gpu.ring), whose combine runs on the GPU. The
-caller supplies the combine step and runs the Ring through
+and with MPI's own ops (pycoll.collectives.reduce, synchronous or async),
+and device arrays under CUDA-aware MPI (pycoll.gpu.ring), whose combine runs
+on the GPU. The caller supplies the combine step and runs the Ring through
 pycoll.collectives._common.run, which counts it and bounds its waits.
 
 Messages go over the group's side communicator (pycoll.watch.side_comm, made
