@@ -4,6 +4,7 @@ every valid (op, dtype) pair, sync and async, against numpy's own reduction."""
 import os
 import subprocess
 import sys
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -285,22 +286,31 @@ print(value.value)
 """
 
 
-@pytest.mark.parametrize("set_to", [None, "1"], ids=["unset", "set"])
-def test_reduce_takes_the_binomial_tree_on_open_mpi(pg, set_to):
-    """Where pycoll starts MPI, Open MPI's nonblocking reduce takes libnbc's
-    binomial tree (2): its default choice took 4.5-5.9x the blocking reduce's
-    time (docs/benchmarks.md). A value the user set stays."""
+def _singleton(code: str, name: str, value: Optional[str]) -> str:
+    """What ``code`` prints, run by a fresh process that starts MPI through
+    pycoll as a singleton (no launcher's environment, which would name
+    libnbc's variables) with the variable ``name`` set to ``value``, or unset
+    where it is None. Open MPI only."""
     if _mpi.VENDOR != "Open MPI":
         pytest.skip("a variable of Open MPI's libnbc")
     keep = ("PATH", "HOME", "PYTHONPATH")
     env = {k: v for k, v in os.environ.items() if k in keep or k.startswith("OMPI_ALLOW")}
     env["OMPI_MCA_osc"] = "^ucx"  # (scripts/mpi.env: no bogus UCX message)
-    if set_to is not None:
-        env[_mpi.REDUCE_MCA] = set_to
-    done = subprocess.run([sys.executable, "-c", _READ_BACK], env=env, capture_output=True,
+    if value is not None:
+        env[name] = value
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split()[-1] == (set_to or "2")
+    return done.stdout
+
+
+@pytest.mark.parametrize("set_to", [None, "1"], ids=["unset", "set"])
+def test_reduce_takes_the_binomial_tree_on_open_mpi(pg, set_to):
+    """Where pycoll starts MPI, Open MPI's nonblocking reduce takes libnbc's
+    binomial tree (2): its default choice took 4.5-5.9x the blocking reduce's
+    time (docs/benchmarks.md). A value the user set stays."""
+    out = _singleton(_READ_BACK, _mpi.REDUCE_MCA, set_to)
+    assert out.split()[-1] == (set_to or "2")
 
 
 @pytest.mark.parametrize("set_to", [None, "0", "1", "3"])
@@ -309,21 +319,12 @@ def test_all_reduce_notes_an_algorithm_chosen_for_libnbc(pg, set_to):
     it, and notes whether one was chosen (its choice of path,
     pycoll.collectives.reduce._binomial_in_place): unset, or 0, is libnbc's
     own choice."""
-    if _mpi.VENDOR != "Open MPI":
-        pytest.skip("a variable of Open MPI's libnbc")
-    keep = ("PATH", "HOME", "PYTHONPATH")
-    env = {k: v for k, v in os.environ.items() if k in keep or k.startswith("OMPI_ALLOW")}
-    env["OMPI_MCA_osc"] = "^ucx"  # (scripts/mpi.env: no bogus UCX message)
-    if set_to is not None:
-        env[_mpi.ALL_REDUCE_MCA] = set_to
     code = (
         "import os\nfrom pycoll import _mpi\n_mpi.load()\n"
         "print(_mpi.ALL_REDUCE_CHOSEN, os.environ.get(_mpi.ALL_REDUCE_MCA))"
     )
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split()[-2:] == [str(set_to in ("1", "3")), str(set_to)]
+    out = _singleton(code, _mpi.ALL_REDUCE_MCA, set_to)
+    assert out.split()[-2:] == [str(set_to in ("1", "3")), str(set_to)]
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
