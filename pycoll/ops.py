@@ -159,8 +159,8 @@ class Plan(NamedTuple):
             a binomial tree, and on one node their collectives on large
             buffers measured 2-4x slower than the same bytes exchanged point
             to point) and for AVG of real floats (the division then runs on
-            this rank's 1/n of the result). MPI's own ops take the ring too,
-            from :data:`RING_BYTES`.
+            this rank's 1/n of the result), on the MPIs of :data:`RING_MPIS`.
+            MPI's own ops take the ring too, from :data:`RING_BYTES`.
         key: the reduction's and dtype's part of a call's key for the call
             check (pycoll.crosscheck.reduction_bits).
         builtin: ``mpi_op`` is MPI's own op, not one of pycoll's user ops
@@ -252,6 +252,9 @@ SPLIT_BYTES_TWO_RANKS = 8 << 20 if _SET is None else _SET
 # do not do, stays with MPI.
 # PYCOLL_SPLIT_BYTES, where set, is this size too.
 RING_BYTES = 8 << 20 if _SET is None else _SET
+# The MPIs whose own all_reduce the ring was measured against, which take it
+# by these rules; others (Intel MPI, MVAPICH...) keep their own call.
+RING_MPIS = ("MPICH", "Open MPI")
 
 _WHY = {
     "bool": "AVG and PREMUL_SUM have no boolean result; cast to a floating dtype",
@@ -307,7 +310,9 @@ def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
             f"dtype {dtype}; use a real scale or complex arrays"
         )
     average = name == "AVG"
-    split = SPLIT_BYTES > 0 and (user_op or (average and kind == "float"))
+    split = (
+        SPLIT_BYTES > 0 and _mpi.VENDOR in RING_MPIS and (user_op or (average and kind == "float"))
+    )
     key = crosscheck.reduction_bits(name, dtype)
     result = Plan(
         mpi_op,

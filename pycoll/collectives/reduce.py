@@ -30,6 +30,7 @@ from ..fusion import FusedAllReduce
 from ..groups import STATE, ProcessGroup, resolve
 from ..ops import (
     RING_BYTES,
+    RING_MPIS,
     SPLIT_BYTES,
     SPLIT_BYTES_TWO_RANKS,
     Plan,
@@ -78,8 +79,8 @@ def _split_from(ranks: int) -> int:
 
 def _ring_from() -> int:
     """The size from which an all_reduce with one of MPI's own ops takes
-    pycoll's ring (0: never)."""
-    return RING_BYTES
+    pycoll's ring: on the MPIs it was measured against (0: never)."""
+    return RING_BYTES if _mpi.VENDOR in RING_MPIS else 0
 
 
 def _mean_of_two(x: np.ndarray) -> bool:

@@ -182,6 +182,25 @@ def test_the_thresholds_by_mpi_and_group_size(monkeypatch, vendor, libnbc):
     assert reduce_mod._takes_window(2, high) is False
 
 
+def test_an_mpi_the_ring_was_not_measured_against_keeps_its_own_call(monkeypatch):
+    """The ring's thresholds hold on MPICH and Open MPI, whose all_reduce it
+    was measured against; another MPI keeps its own call (and the window from
+    SHM_BYTES only)."""
+    from pycoll import _mpi
+    from pycoll.ops import plan
+
+    monkeypatch.setattr(_mpi, "VENDOR", "Intel(R) MPI")
+    assert reduce_mod._ring_from() == 0
+    kept = dict(ReduceOp.AVG._plans)  # (plan() caches its answer: put the real one back)
+    try:
+        assert plan(ReduceOp.AVG, np.dtype(np.float16), "t").split is False
+    finally:
+        ReduceOp.AVG._plans.clear()
+        ReduceOp.AVG._plans.update(kept)
+    assert reduce_mod._shm_least() == reduce_mod.SHM_BYTES
+    assert reduce_mod._takes_window(2, reduce_mod.SHM_BYTES_PAIR) is False
+
+
 def test_a_1_mib_all_reduce_takes_the_window_where_it_should(monkeypatch, rank, world_size):
     """At the default thresholds, a 1 MiB all_reduce: through the window on
     MPICH where the group's size is not a power of two, and on Open MPI in a
