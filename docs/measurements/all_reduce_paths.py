@@ -67,7 +67,7 @@ def case(knobs):
     def call(x, group=None):
         for k, v in knobs.items():
             setattr(R, k, v)
-        if knobs["RING_BYTES"] == 1:  # (the ring for MPI's own ops on any MPI, not MPICH's only)
+        if knobs["RING_BYTES"] == 1:  # (forced on any MPI, not those of ops.RING_MPIS only)
             R._ring_from = lambda: 1
         try:
             pycoll.all_reduce(x, op=op, group=group)

@@ -1,9 +1,9 @@
 """Large all_reduce through pycoll's ring (a reduce-scatter, an AVG's
-division of this rank's part, an all-gather), on every MPI: with one of
-pycoll's user ops or a float AVG from SPLIT_BYTES, with MPI's own ops from
-RING_BYTES. Same answers as numpy's, on every rank, for sizes that do not
-divide by the number of ranks (on 1 rank the same tests check the usual
-path)."""
+division of this rank's part, an all-gather), on MPICH and Open MPI
+(ops.RING_MPIS): with one of pycoll's user ops or a float AVG from
+SPLIT_BYTES, with MPI's own ops from RING_BYTES. Same answers as numpy's, on
+every rank, for sizes that do not divide by the number of ranks (on 1 rank
+the same tests check the usual path)."""
 
 import numpy as np
 import pytest
