@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
 
 import numpy as np
 
@@ -41,7 +41,9 @@ from ..arrays import (
 from ..ops import ReduceOp, check_pair
 from . import threads
 
-__all__ = ["reduce", "scale", "divide", "divides", "mpi_op", "warmup", "f16c", "num_threads"]
+__all__ = [
+    "reduce", "folder", "scale", "divide", "divides", "mpi_op", "warmup", "f16c", "num_threads",
+]  # fmt: skip
 
 _OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
 _F16C: Optional[bool] = None
@@ -143,31 +145,76 @@ def reduce(
             f"{func}: src and dst must have one dtype and shape, got {src.dtype}{src.shape} "
             f"and {dst.dtype}{dst.shape}"
         )
-    _check_pair(name, dst.dtype, func)
+    folder(name, dst.dtype, divide_by)(src, dst)
+
+
+_FOLDERS: Dict[Tuple[Any, Any, Any], Callable[[np.ndarray, np.ndarray], None]] = {}
+
+
+def folder(
+    op: Any, dtype: Any, divide_by: Optional[Union[int, float]] = None
+) -> Callable[[np.ndarray, np.ndarray], None]:
+    """:func:`reduce` for one op, dtype and ``divide_by``, with their checks
+    made once: ``fold(src, dst)`` on arrays the caller has checked (both
+    C-contiguous, of ``dtype`` and one shape, ``dst`` writeable).
+
+    For paths that fold small arrays on every call (pycoll.collectives.
+    doubling): each fold goes straight to the compiled kernel, serial below
+    threads.PARALLEL_BYTES, where :func:`reduce`'s checks and lookups cost
+    several microseconds a call.
+    """
+    key = (op, dtype, divide_by)  # (as the caller names them)
+    try:
+        made = _FOLDERS.get(key)
+        hashable = True
+    except TypeError:  # (something unhashable: refused below)
+        made, hashable = None, False
+    if made is not None:
+        return made
+    func = "pycoll.kernels.reduce"
+    name = _op_name(op, func)
+    _check_pair(name, np.dtype(dtype), func)
+    made = _fold(name, np.dtype(dtype), divide_by)
+    if hashable:
+        _FOLDERS[key] = made
+    return made
+
+
+def _fold(
+    name: str, dtype: np.dtype, divide_by: Optional[Union[int, float]]
+) -> Callable[[np.ndarray, np.ndarray], None]:
+    """:func:`folder`'s function, made."""
+    func = "pycoll.kernels.reduce"
     from .elementwise import mean_of_two_kernel, reduce_kernel, sum_divide_kernel
 
-    storage, hw = _storage(dst.dtype), f16c()
+    storage, hw = _storage(dtype), f16c()
+    extra: Tuple[Any, ...] = ()
+    build: Callable[[bool], Callable]
     if divide_by is None:
-        threads.run(
-            lambda p: reduce_kernel(name, storage, hw, p), dst.nbytes, _words(src), _words(dst)
-        )
-        return
-    if name != "SUM" or not divides(dst.dtype):
+        build = lambda p: reduce_kernel(name, storage, hw, p)  # noqa: E731
+    elif name != "SUM" or not divides(dtype):
         raise ValueError(
             f"{func}: divide_by applies to SUM of real floating arrays, got "
-            f"ReduceOp.{name} on {dst.dtype}"
+            f"ReduceOp.{name} on {dtype}"
         )
-    divisor = _factor(divide_by, dst.dtype, func)
-    if divisor == 2:
+    elif (divisor := _factor(divide_by, dtype, func)) == 2:
         # Two ranks: the mean of two rounds once, not twice, to the same result
         # (elementwise._mean_of_two), 20-30% faster for the 16-bit types.
-        threads.run(
-            lambda p: mean_of_two_kernel(storage, hw, p), dst.nbytes, _words(src), _words(dst)
-        )
-        return
-    threads.run(
-        lambda p: sum_divide_kernel(storage, hw, p), dst.nbytes, _words(src), _words(dst), divisor
-    )
+        build = lambda p: mean_of_two_kernel(storage, hw, p)  # noqa: E731
+    else:
+        build = lambda p: sum_divide_kernel(storage, hw, p)  # noqa: E731
+        extra = (divisor,)
+    serial = build(False)
+    words = np.uint16 if dtype_kind(dtype) == "half" else dtype
+
+    def fold(src: np.ndarray, dst: np.ndarray) -> None:
+        a, b = src.reshape(-1).view(words), dst.reshape(-1).view(words)
+        if b.nbytes < threads.PARALLEL_BYTES:
+            serial(a, b, *extra)
+        else:
+            threads.run(build, b.nbytes, a, b, *extra)
+
+    return fold
 
 
 def _factor(value: Any, dtype: np.dtype, func: str) -> Any:

@@ -282,3 +282,57 @@ def test_divide_by_is_refused_where_it_has_no_meaning(op, dtype):
     x = np.ones(4, dtype)
     with pytest.raises(ValueError, match="divide_by applies to SUM of real floating arrays"):
         kernels.reduce(op, x.copy(), x, divide_by=2)
+
+
+@pytest.mark.parametrize("op,dtype", list(cases()), ids=str)
+def test_folder_matches_numpy(op, dtype):
+    """kernels.folder: reduce's function for one op and dtype, checked once."""
+    a, b = random_array(dtype, seed=11), random_array(dtype, seed=12)
+    got = b.copy()
+    fold = kernels.folder(op, dtype)
+    fold(a, got)
+    assert_bits_equal(got, expected(op, a, b))
+    assert kernels.folder(op, dtype) is fold  # (made once)
+
+
+@pytest.mark.parametrize("dtype", ["float16", BF16, "float32", "float64"], ids=str)
+def test_folder_divides_as_reduce_does(dtype):
+    dtype = np.dtype(dtype)
+    a, b = random_array(dtype, seed=13), random_array(dtype, seed=14)
+    for n in (2, 4):
+        with np.errstate(all="ignore"):
+            want = ((a + b).astype(dtype) / dtype.type(n)).astype(dtype)
+        got = b.copy()
+        kernels.folder(ReduceOp.SUM, dtype, n)(a, got)
+        assert_bits_equal(got, want)
+
+
+def test_folder_refuses_what_reduce_refuses():
+    with pytest.raises(ValueError, match="bitwise ops apply to integers"):
+        kernels.folder("BAND", np.dtype(np.float32))
+    with pytest.raises(ValueError, match="divide_by applies to SUM of real floating arrays"):
+        kernels.folder("SUM", np.dtype(np.int32), 2)
+    with pytest.raises((ValueError, TypeError), match="op"):
+        kernels.folder(["SUM"], np.dtype(np.float32))
+
+
+@pytest.mark.parametrize("op,dtype", [c for c in cases() if c[0] in ("SUM", "PRODUCT")], ids=str)
+def test_sum_and_product_give_the_same_bits_in_either_order(op, dtype):
+    """What pycoll's recursive doubling (pycoll.collectives.doubling) relies
+    on: the two ranks of a pair fold the same two values in opposite orders.
+    (MIN and MAX of floats do not: there each pair folds in rank order.)"""
+    a, b = random_array(dtype, seed=15), random_array(dtype, seed=16)
+    ab, ba = b.copy(), a.copy()
+    kernels.reduce(op, a, ab)
+    kernels.reduce(op, b, ba)
+    assert_bits_equal(ab, ba)
+
+
+def test_min_of_signed_zeros_depends_on_the_order():
+    """Why the doubling folds MIN and MAX of floats in rank order."""
+    zero, minus = np.zeros(1, np.float32), -np.zeros(1, np.float32)
+    one = zero.copy()
+    kernels.reduce("MIN", minus, one)  # min(-0.0, 0.0)
+    other = minus.copy()
+    kernels.reduce("MIN", zero, other)  # min(0.0, -0.0)
+    assert np.signbit(one[0]) != np.signbit(other[0])
