@@ -187,3 +187,22 @@ def test_pairwise_bytes_default_and_override(value, expected):
     out = _fresh(code, "PYCOLL_PAIRWISE_BYTES", "4M", check=False)
     assert out.returncode != 0
     assert "PYCOLL_PAIRWISE_BYTES='4M': set it to a number of bytes (0: never)" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "value,expected", [(None, (16 << 10, 0)), ("0", (0, 1)), ("4096", (4096, 1))]
+)
+def test_doubling_bytes_default_and_override(value, expected):
+    """PYCOLL_DOUBLING_BYTES, where set, is where an all_reduce on two ranks
+    takes pycoll's recursive doubling on every MPI and in either wait mode
+    (0: never; unset, 16 KiB where Open MPI's binomial tree would run); a
+    size that is not a number of bytes stops the import with the fix."""
+    code = (
+        "from pycoll.collectives import reduce as r; "
+        "print(r.DOUBLING_BYTES, int(r._DOUBLING_SET is not None))"
+    )
+    out = _fresh(code, "PYCOLL_DOUBLING_BYTES", value)
+    assert tuple(map(int, out.stdout.split())) == expected
+    out = _fresh(code, "PYCOLL_DOUBLING_BYTES", "16K", check=False)
+    assert out.returncode != 0
+    assert "PYCOLL_DOUBLING_BYTES='16K': set it to a number of bytes (0: never)" in out.stderr

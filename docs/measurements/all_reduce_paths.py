@@ -34,8 +34,8 @@ from pycoll import _mpi
 from pycoll.arrays import BFLOAT16
 from pycoll.bench import parse_size
 from pycoll.bench.table import time_block
+from pycoll.collectives import doubling, shm
 from pycoll.collectives import reduce as R
-from pycoll.collectives import shm
 
 pycoll.init_process_group()
 MPI = _mpi.MPI
@@ -48,7 +48,7 @@ name = sys.argv[3] if len(sys.argv) > 3 else "float32"
 dtype = BFLOAT16 if name == "bfloat16" else np.dtype(name)
 op = pycoll.ReduceOp.AVG if len(sys.argv) > 4 and sys.argv[4] == "avg" else pycoll.ReduceOp.SUM
 KNOBS = ("SHM_BYTES", "SHM_BYTES_MPICH", "SHM_BYTES_PAIR", "RING_BYTES", "SPLIT_BYTES",
-         "SPLIT_BYTES_TWO_RANKS")  # fmt: skip
+         "SPLIT_BYTES_TWO_RANKS", "DOUBLING_BYTES")  # fmt: skip
 DEFAULT = {k: getattr(R, k) for k in KNOBS}
 NEVER = 1 << 62
 FORCED = {
@@ -56,11 +56,12 @@ FORCED = {
     "ring": {**dict.fromkeys(KNOBS, NEVER), "RING_BYTES": 1, "SPLIT_BYTES": 1,
              "SPLIT_BYTES_TWO_RANKS": 1},
     "window": {**dict.fromkeys(KNOBS, NEVER), "SHM_BYTES": 1},
+    "doubling": {**dict.fromkeys(KNOBS, NEVER), "DOUBLING_BYTES": 1},
     "default": DEFAULT,
 }  # fmt: skip
 
 
-RING_FROM = R._ring_from
+RING_FROM, DOUBLES = R._ring_from, R._doubles
 
 
 def case(knobs):
@@ -69,12 +70,14 @@ def case(knobs):
             setattr(R, k, v)
         if knobs["RING_BYTES"] == 1:  # (forced on any MPI, not those of ops.RING_MPIS only)
             R._ring_from = lambda: 1
+        if knobs["DOUBLING_BYTES"] == 1:  # (forced on any MPI and wait mode)
+            R._doubles = doubling.applies
         try:
             pycoll.all_reduce(x, op=op, group=group)
         finally:
             for k, v in DEFAULT.items():
                 setattr(R, k, v)
-            R._ring_from = RING_FROM
+            R._ring_from, R._doubles = RING_FROM, DOUBLES
 
     return call
 
@@ -107,12 +110,13 @@ for nbytes in sizes:
     for r in range(rounds):
         k = r % len(blocks)
         for key, call in blocks[k:] + blocks[:k]:
-            iters = max(3, (64 << 20) // nbytes)
+            iters = max(3, min(20000, (64 << 20) // nbytes))
             t = time_block(lambda call=call, x=arrays[key]: call(x), iters, 1, comm)
             times[key].append(comm.allreduce(t, MPI.MAX))
     if me == 0:
         ref = times["mpi"]
         size = f"{nbytes >> 20}M" if nbytes >= 1 << 20 else f"{nbytes >> 10}K"
+        size = size if nbytes >= 1024 else f"{nbytes}B"
         row = f"{size:>7s} {nbytes / np.median(ref) / 1e9:9.2f}"
         for k in cases:
             if k != "mpi":

@@ -21,6 +21,7 @@ from ..arrays import (
     check_same_dtype,
     check_same_shape,
     check_size,
+    dtype_kind,
     may_alias,
     plain_arrays,
 )
@@ -42,6 +43,7 @@ from ..persistent import LIMIT as PLAN_LIMIT
 from ..work import Work
 from . import scratch, shm
 from ._common import lean, plain, root_of, run, sig
+from .doubling import Doubling
 from .pairwise import Pairwise
 from .ring import Ring
 
@@ -210,6 +212,8 @@ def all_reduce(
         win = shm.usable(pg, how, tensor.dtype, "all_reduce")  # (made on its first call)
         if win is not None:
             return _all_reduce_shm(pg, win, tensor, op, how, async_op, key)
+    if 0 < DOUBLING_BYTES <= nbytes and _doubles(pg._size) and _ring_carries(pg, how, tensor.dtype):
+        return _all_reduce_doubling(pg, tensor, op, how, async_op, key)
     mpi_op, plainly, average = how.mpi_op, how.plain, how.average
     if average and pg._size == 2 and _mean_of_two(tensor):
         # Two ranks: each element is combined exactly once, so AVG is one user
@@ -292,6 +296,27 @@ SHM_BYTES_MPICH = 1 << 20 if _SHM_SET is None else _SHM_SET
 # tree below 16 MiB.
 SHM_BYTES_PAIR = 256 << 10 if _SHM_SET is None else _SHM_SET
 PAIR_BELOW = 8 << 20
+
+
+# From this size an all_reduce on a group of two ranks that neither the ring
+# nor the window took goes by pycoll's recursive doubling (pycoll.collectives.
+# doubling: one exchange, each rank folding the other's copy in) where MPI's
+# nonblocking all_reduce in place is Open MPI's binomial tree
+# (_binomial_in_place): on 2 ranks of the CI VM it took 0.75-0.91x the
+# tree's time at 16-128 KiB and 0.72-0.74x at 256-512 KiB (the window,
+# which takes over at SHM_BYTES_PAIR, 0.68-0.70x), and 1.07-2.6x below 16 KiB,
+# where its steps in Python cost more than the tree's second message; on 4
+# ranks sharing 2 cores it took 1.1-2.3x the tree's time at every size
+# (docs/benchmarks.md), so larger groups keep MPI's call. PYCOLL_DOUBLING_BYTES,
+# where set, is this size on every MPI and in either wait mode (0: never).
+_DOUBLING_SET = env_bytes("PYCOLL_DOUBLING_BYTES", "never")
+DOUBLING_BYTES = 16 << 10 if _DOUBLING_SET is None else _DOUBLING_SET
+
+
+def _doubles(ranks: int) -> bool:
+    """Whether an all_reduce on a group of ``ranks`` takes pycoll's recursive
+    doubling from DOUBLING_BYTES (where neither the ring nor the window did)."""
+    return ranks == 2 and (_DOUBLING_SET is not None or _binomial_in_place())
 
 
 def _shm_least() -> int:
@@ -519,6 +544,47 @@ def _all_reduce_shm(
         [tensor],
         _desc(op, tensor),
         _prescaler(tensor, how.prescale),
+        key,
+    )
+
+
+def _all_reduce_doubling(
+    pg: ProcessGroup, tensor: np.ndarray, op: ReduceOp, how: Plan, async_op: bool, key: int
+) -> Optional[Work]:
+    """all_reduce by pycoll's recursive doubling (pycoll.collectives.
+    doubling), folding with pycoll's kernels (an AVG dividing in the last
+    fold)."""
+    flat = tensor.reshape(-1)
+    n = pg._size
+    name = "SUM" if how.average or how.prescale is not None else op.name
+    peer = scratch.take(pg, tensor.nbytes, tensor.dtype, scratch.KEEP_FROM_LEAST)
+    fold_in = kernels.folder(name, tensor.dtype)
+    average = kernels.folder(name, tensor.dtype, n) if how.average else fold_in
+
+    def fold(src: np.ndarray, dst: np.ndarray, last: bool) -> None:
+        (average if last else fold_in)(src, dst)
+
+    ordered = name in ("MIN", "MAX") and dtype_kind(tensor.dtype) in ("float", "half")
+    steps = Doubling(pg, flat, peer, fold, ordered)
+
+    def finish() -> None:
+        try:
+            steps.finish()
+        finally:
+            scratch.give(pg, peer)
+
+    return run(
+        pg,
+        "all_reduce",
+        tensor.nbytes,
+        steps.start,
+        (),
+        async_op,
+        finish,
+        [tensor],
+        _desc(op, tensor),
+        _prescaler(tensor, how.prescale),
+        steps.stages or None,  # (two ranks: one step, run's lean path)
         key,
     )
 
