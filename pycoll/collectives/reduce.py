@@ -282,7 +282,7 @@ SHM_BYTES = 32 << 20 if _SHM_SET is None else _SHM_SET
 # barriers, which the window waits on, made it slower there at 16 MiB: Open
 # MPI keeps SHM_BYTES.
 SHM_BYTES_MPICH = 1 << 20 if _SHM_SET is None else _SHM_SET
-# On Open MPI a group of two ranks takes the window from SHM_BYTES_PAIR up
+# On Open MPI a group of two or four ranks takes the window from SHM_BYTES_PAIR up
 # to PAIR_BELOW already, where libnbc's nonblocking all_reduce is left to its
 # default choice (_mpi.ALL_REDUCE_CHOSEN) and the wait mode is the default
 # one: libnbc then takes its binomial tree for every call in place, about
@@ -292,8 +292,9 @@ SHM_BYTES_MPICH = 1 << 20 if _SHM_SET is None else _SHM_SET
 # at 8 MiB and 1.16-1.39x at 16 MiB (docs/benchmarks.md). An algorithm
 # chosen for libnbc (pycoll-run's ring: about the blocking call's time)
 # keeps MPI's call, and so does blocking mode, whose call is Open MPI's
-# blocking one. On 3 and 4 ranks the window was no faster than the binomial
-# tree below 16 MiB.
+# blocking one. On 4 ranks (sharing the VM's 2 cores) it took 0.51-0.78x the
+# tree's time at 256 KiB-4 MiB in three runs, 1.19-1.43x at 8 MiB; on 3 ranks
+# 0.74-1.96x at 128 KiB-4 MiB, so a group of three keeps MPI's call.
 SHM_BYTES_PAIR = 256 << 10 if _SHM_SET is None else _SHM_SET
 PAIR_BELOW = 8 << 20
 
@@ -302,15 +303,16 @@ PAIR_BELOW = 8 << 20
 # nor the window took goes by pycoll's recursive doubling (pycoll.collectives.
 # doubling: one exchange, each rank folding the other's copy in) where MPI's
 # nonblocking all_reduce in place is Open MPI's binomial tree
-# (_binomial_in_place): on 2 ranks of the CI VM it took 0.75-0.91x the
-# tree's time at 16-128 KiB and 0.72-0.74x at 256-512 KiB (the window,
-# which takes over at SHM_BYTES_PAIR, 0.68-0.70x), and 1.07-2.6x below 16 KiB,
-# where its steps in Python cost more than the tree's second message; on 4
-# ranks sharing 2 cores it took 1.1-2.3x the tree's time at every size
-# (docs/benchmarks.md), so larger groups keep MPI's call. PYCOLL_DOUBLING_BYTES,
-# where set, is this size on every MPI and in either wait mode (0: never).
+# (_binomial_in_place): on 2 ranks of the CI VM it took 0.76-1.04x the
+# tree's time at 32 KiB, 0.62-0.91x at 64-128 KiB and 0.56-0.73x at
+# 256-512 KiB (the window, which takes over at SHM_BYTES_PAIR, 0.51-0.68x);
+# at 16 KiB 0.91-1.25x and below 1.1-2.6x, where its steps in Python cost more
+# than the tree's second message. On 4 ranks sharing 2 cores it took 1.1-2.3x
+# the tree's time at every size (docs/benchmarks.md), so larger groups keep
+# MPI's call. PYCOLL_DOUBLING_BYTES, where set, is this size on every MPI and
+# in either wait mode (0: never).
 _DOUBLING_SET = env_bytes("PYCOLL_DOUBLING_BYTES", "never")
-DOUBLING_BYTES = 16 << 10 if _DOUBLING_SET is None else _DOUBLING_SET
+DOUBLING_BYTES = 32 << 10 if _DOUBLING_SET is None else _DOUBLING_SET
 
 
 def _doubles(ranks: int) -> bool:
@@ -343,7 +345,7 @@ def _takes_window(ranks: int, nbytes: int) -> bool:
         return True
     if _mpi.VENDOR == "MPICH":
         return SHM_BYTES_MPICH <= nbytes and ranks & (ranks - 1) != 0
-    return ranks == 2 and SHM_BYTES_PAIR <= nbytes < PAIR_BELOW and _binomial_in_place()
+    return ranks in (2, 4) and SHM_BYTES_PAIR <= nbytes < PAIR_BELOW and _binomial_in_place()
 
 
 # From this many bytes of input a reduce_scatter_tensor whose ranks share one

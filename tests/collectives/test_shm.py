@@ -148,7 +148,7 @@ def test_the_thresholds_by_mpi_and_group_size(monkeypatch, vendor, libnbc):
     """From SHM_BYTES anywhere; on MPICH from SHM_BYTES_MPICH already in a
     group whose size is not a power of two (below RING_BYTES the ring has
     not taken the call first); on Open MPI from SHM_BYTES_PAIR up to
-    PAIR_BELOW already in a group of two ranks, where libnbc's all_reduce is
+    PAIR_BELOW already in a group of two or four ranks, where libnbc's all_reduce is
     left to its own choice (its binomial tree for a call in place) and the
     wait mode is the default one; 0 turns the window off."""
     from pycoll import _mpi, watch
@@ -166,7 +166,7 @@ def test_the_thresholds_by_mpi_and_group_size(monkeypatch, vendor, libnbc):
     assert reduce_mod._ring_from() == ring
     for ranks in (2, 3, 4, 5, 6, 7, 8, 12, 16):
         band = mpich and ranks not in (2, 4, 8, 16)
-        two = paired and ranks == 2
+        two = paired and ranks in (2, 4)
         assert reduce_mod._takes_window(ranks, pair - 1) is False
         assert reduce_mod._takes_window(ranks, pair) is two, ranks
         assert reduce_mod._takes_window(ranks, low - 1) is two, ranks
@@ -204,7 +204,7 @@ def test_an_mpi_the_ring_was_not_measured_against_keeps_its_own_call(monkeypatch
 def test_a_1_mib_all_reduce_takes_the_window_where_it_should(monkeypatch, rank, world_size):
     """At the default thresholds, a 1 MiB all_reduce: through the window on
     MPICH where the group's size is not a power of two, and on Open MPI in a
-    group of two ranks where no algorithm is chosen for libnbc's all_reduce
+    group of two or four ranks where no algorithm is chosen for libnbc's all_reduce
     in the default wait mode; else MPI's own, and then no window is made;
     right either way."""
     from pycoll import _mpi, watch
@@ -219,7 +219,7 @@ def test_a_1_mib_all_reduce_takes_the_window_where_it_should(monkeypatch, rank, 
         assert_equal(x, np.full(x.size, world_size * (world_size + 1) / 2, np.float32))
         uneven = world_size & (world_size - 1) != 0
         libnbc_default = os.environ.get(_mpi.ALL_REDUCE_MCA, "0").strip() in ("", "0")
-        pair = world_size == 2 and libnbc_default and not watch.BLOCKING
+        pair = world_size in (2, 4) and libnbc_default and not watch.BLOCKING
         # (one node: every rank shares it)
         want = uneven if _mpi.VENDOR == "MPICH" else pair
         assert bool(taken) == want
