@@ -292,8 +292,8 @@ SHM_BYTES_MPICH = 1 << 20 if _SHM_SET is None else _SHM_SET
 # at 8 MiB and 1.16-1.39x at 16 MiB (docs/benchmarks.md). An algorithm
 # chosen for libnbc (pycoll-run's ring: about the blocking call's time)
 # keeps MPI's call, and so does blocking mode, whose call is Open MPI's
-# blocking one. On 4 ranks (sharing the VM's 2 cores) it took 0.51-0.78x the
-# tree's time at 256 KiB-4 MiB in three runs, 1.19-1.43x at 8 MiB; on 3 ranks
+# blocking one. On 4 ranks (sharing the VM's 2 cores) it took 0.51-0.86x the
+# tree's time at 256 KiB-4 MiB in four runs, 1.06-1.43x at 8 MiB; on 3 ranks
 # 0.74-1.96x at 128 KiB-4 MiB, so a group of three keeps MPI's call.
 SHM_BYTES_PAIR = 256 << 10 if _SHM_SET is None else _SHM_SET
 PAIR_BELOW = 8 << 20
@@ -306,11 +306,12 @@ PAIR_BELOW = 8 << 20
 # (_binomial_in_place): on 2 ranks of the CI VM it took 0.76-1.04x the
 # tree's time at 32 KiB, 0.62-0.91x at 64-128 KiB and 0.56-0.73x at
 # 256-512 KiB (the window, which takes over at SHM_BYTES_PAIR, 0.51-0.68x);
-# at 16 KiB 0.91-1.25x and below 1.1-2.6x, where its steps in Python cost more
-# than the tree's second message. On 4 ranks sharing 2 cores it took 1.1-2.3x
-# the tree's time at every size (docs/benchmarks.md), so larger groups keep
-# MPI's call. PYCOLL_DOUBLING_BYTES, where set, is this size on every MPI and
-# in either wait mode (0: never).
+# at 16 KiB 0.93-1.25x and below 1.1-1.6x, where its steps in Python cost more
+# than the tree's second message. On 4 ranks sharing 2 cores it took 1.2-2.6x
+# the tree's time at 8-128 KiB and 0.83-1.44x at 256 KiB-4 MiB, where the
+# window was faster (docs/benchmarks.md), so larger groups keep MPI's call.
+# PYCOLL_DOUBLING_BYTES, where set, is this size on every MPI and in either
+# wait mode (0: never).
 _DOUBLING_SET = env_bytes("PYCOLL_DOUBLING_BYTES", "never")
 DOUBLING_BYTES = 32 << 10 if _DOUBLING_SET is None else _DOUBLING_SET
 
