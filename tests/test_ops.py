@@ -206,3 +206,22 @@ def test_doubling_bytes_default_and_override(value, expected):
     out = _fresh(code, "PYCOLL_DOUBLING_BYTES", "16K", check=False)
     assert out.returncode != 0
     assert "PYCOLL_DOUBLING_BYTES='16K': set it to a number of bytes (0: never)" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "value,expected", [(None, (64 << 10, 8 << 20)), ("0", (0, 0)), ("4096", (4096, 4096))]
+)
+def test_to_root_bytes_default_and_override(value, expected):
+    """PYCOLL_TO_ROOT_BYTES, where set, is where a reduce on two ranks takes
+    pycoll's own path on every MPI (0: never; unset, 64 KiB on MPICH and
+    8 MiB on Open MPI); a size that is not a number of bytes stops the
+    import with the fix."""
+    code = (
+        "from pycoll.collectives import reduce as r; "
+        "print(r.TO_ROOT_BYTES, r.TO_ROOT_BYTES_OPEN_MPI)"
+    )
+    out = _fresh(code, "PYCOLL_TO_ROOT_BYTES", value)
+    assert tuple(map(int, out.stdout.split())) == expected
+    out = _fresh(code, "PYCOLL_TO_ROOT_BYTES", "1M", check=False)
+    assert out.returncode != 0
+    assert "PYCOLL_TO_ROOT_BYTES='1M': set it to a number of bytes (0: never)" in out.stderr

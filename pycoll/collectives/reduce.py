@@ -46,6 +46,7 @@ from ._common import lean, plain, root_of, run, sig
 from .doubling import Doubling
 from .pairwise import Pairwise
 from .ring import Ring
+from .to_root import ToRoot
 
 __all__ = [
     "all_reduce",
@@ -828,6 +829,12 @@ def reduce(
     mpitype = how.datatype
     comm = pg.comm
     key = crosscheck.key(func, tensor.dtype, tensor.size, root, op.name)
+    if (
+        pg._size == 2
+        and 0 < _to_root_from() <= tensor.nbytes
+        and _ring_carries(pg, how, tensor.dtype)
+    ):
+        return _reduce_to_root(pg, tensor, dst, root, op, how, async_op, key)
     if pg._plans is not None and how.plain and tensor.nbytes <= PLAN_LIMIT:  # repeated?
         made = persistent.for_reduce(pg, key, tensor, mpitype, how.mpi_op, root)
         if made is not None:
@@ -875,6 +882,80 @@ def reduce(
         lambda: _reduce_desc(op, dst, tensor),
         prepare,
         key=key,
+    )
+
+
+# From this size a reduce on a group of two ranks goes by pycoll's own path
+# (pycoll.collectives.to_root: the other rank sends its array in pieces, the
+# root folds each in with pycoll's kernels). On 2 ranks of the CI VM
+# (docs/benchmarks.md), float32 SUM against mpi4py's blocking reduce: on MPICH
+# 0.80-0.86x its time at 64 KiB, 0.56-0.73x at 128 KiB-8 MiB, 0.43x at 16 MiB
+# and 0.12-0.16x at 32-64 MiB, where MPICH's falls to 1-1.4 GB/s (1.0-1.6x at
+# 16-32 KiB, where pycoll's MPI call took 1.03-1.12x); on Open MPI, whose own
+# reduce is faster below 8 MiB (there the path took 1.15-3.7x its time in the
+# VM's faster state), 0.65-0.97x at 8 MiB, where pycoll's MPI call took
+# 0.85-1.06x, and 0.17x at 64 MiB. Larger groups keep MPI's call (not
+# measured); other MPIs too, the path was not measured against them.
+# PYCOLL_TO_ROOT_BYTES, where set, is this size on every MPI (0: never).
+_TO_ROOT_SET = env_bytes("PYCOLL_TO_ROOT_BYTES", "never")
+TO_ROOT_BYTES = 64 << 10 if _TO_ROOT_SET is None else _TO_ROOT_SET
+TO_ROOT_BYTES_OPEN_MPI = 8 << 20 if _TO_ROOT_SET is None else _TO_ROOT_SET
+
+
+def _to_root_from() -> int:
+    """The least bytes from which a reduce on two ranks takes pycoll's own
+    path (0: never)."""
+    if _mpi.VENDOR == "Open MPI":
+        return TO_ROOT_BYTES_OPEN_MPI
+    if _mpi.VENDOR == "MPICH" or _TO_ROOT_SET is not None:
+        return TO_ROOT_BYTES
+    return 0
+
+
+def _reduce_to_root(
+    pg: ProcessGroup,
+    tensor: np.ndarray,
+    dst: int,
+    root: int,
+    op: ReduceOp,
+    how: Plan,
+    async_op: bool,
+    key: int,
+) -> Optional[Work]:
+    """reduce on two ranks by pycoll's own path (pycoll.collectives.
+    to_root). The root's array is scaled first for a PREMUL_SUM (once the
+    call check has passed) and each piece is folded into it (an AVG's
+    division in the same pass: each element is folded once); the other
+    rank sends its array, or a PREMUL_SUM's scaled copy, and keeps it."""
+    flat = tensor.reshape(-1)
+    name = "SUM" if how.average or how.prescale is not None else op.name
+    if root == pg._rank:
+        fold = kernels.folder(name, tensor.dtype, 2 if how.average else None)
+        room = scratch.take(pg, ToRoot.needs(flat) * tensor.dtype.itemsize, tensor.dtype)
+        steps = ToRoot(pg, flat, root, room, fold)
+        prepare = _prescaler(tensor, how.prescale)
+
+        def finish() -> None:
+            steps.finish()
+            scratch.give(pg, room)
+
+    else:
+        send = flat if how.prescale is None else _scaled(flat, how.prescale)
+        steps = ToRoot(pg, send, root, None, kernels.folder(name, tensor.dtype))
+        prepare, finish = None, steps.finish
+    return run(
+        pg,
+        "reduce",
+        tensor.nbytes,
+        steps.start,
+        (),
+        async_op,
+        finish,
+        [tensor],
+        lambda: _reduce_desc(op, dst, tensor),
+        prepare,
+        steps.stages or None,
+        key,
     )
 
 
