@@ -225,3 +225,22 @@ def test_to_root_bytes_default_and_override(value, expected):
     out = _fresh(code, "PYCOLL_TO_ROOT_BYTES", "1M", check=False)
     assert out.returncode != 0
     assert "PYCOLL_TO_ROOT_BYTES='1M': set it to a number of bytes (0: never)" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "value,expected", [(None, (256 << 10, 0)), ("0", (0, 1)), ("4096", (4096, 1))]
+)
+def test_scattered_bytes_default_and_override(value, expected):
+    """PYCOLL_SCATTERED_BYTES, where set, is where a reduce on three ranks or
+    more becomes a reduce-scatter, then a gather, on every MPI (0: never;
+    unset, 256 KiB where MPICH runs its reduce-scatter pairwise); a size
+    that is not a number of bytes stops the import with the fix."""
+    code = (
+        "from pycoll.collectives import reduce as r; "
+        "print(r.SCATTERED_BYTES, int(r._SCATTERED_SET is not None))"
+    )
+    out = _fresh(code, "PYCOLL_SCATTERED_BYTES", value)
+    assert tuple(map(int, out.stdout.split())) == expected
+    out = _fresh(code, "PYCOLL_SCATTERED_BYTES", "1M", check=False)
+    assert out.returncode != 0
+    assert "PYCOLL_SCATTERED_BYTES='1M': set it to a number of bytes (0: never)" in out.stderr

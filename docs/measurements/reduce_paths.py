@@ -37,17 +37,17 @@ n, me = comm.size, comm.rank
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 SIZES = "256K,1M,4M,16M,64M"
 sizes = [parse_size(s) for s in (sys.argv[2] if len(sys.argv) > 2 else SIZES).split(",")]
-DEFAULT = R._to_root_from
+DEFAULT = R._to_root_from, R._scattered_from
 
 
 def case(threshold):
     def call(x):
         if threshold is not None:
-            R._to_root_from = lambda: threshold
+            R._to_root_from = R._scattered_from = lambda: threshold
         try:
             pycoll.reduce(x, dst=0)
         finally:
-            R._to_root_from = DEFAULT
+            R._to_root_from, R._scattered_from = DEFAULT
 
     return call
 
@@ -61,10 +61,11 @@ def raw(x):
     comm.Reduce(MPI.IN_PLACE if me == 0 else x, x if me == 0 else None, MPI.SUM, 0)
 
 
-cases = {"mpi4py": raw, "mpi": case(0), "to_root": case(1), "default": case(None)}
+own = "to_root" if n == 2 else "scattered"
+cases = {"mpi4py": raw, "mpi": case(0), own: case(1), "default": case(None)}
 if me == 0:
     print(f"# {n} ranks, float32 SUM to rank 0, {rounds} rounds: a case's time over mpi4py's")
-    print(f"{'':>8s} {'mpi4py GB/s':>12s}" + "".join(f"{k:>9s}" for k in cases if k != "mpi4py"))
+    print(f"{'':>8s} {'mpi4py GB/s':>12s}" + "".join(f"{k:>10s}" for k in cases if k != "mpi4py"))
 for nbytes in sizes:
     base = (np.arange(nbytes // 4) % 7 + me).astype(np.float32)
     want = (np.arange(nbytes // 4) % 7 * n + n * (n - 1) // 2).astype(np.float32)
@@ -83,6 +84,6 @@ for nbytes in sizes:
         row = f"{size:>7s} {nbytes / np.median(ref) / 1e9:12.2f}"
         for k in cases:
             if k != "mpi4py":
-                row += f"{np.median([b / a for a, b in zip(ref, times[k])]):9.2f}"
+                row += f"{np.median([b / a for a, b in zip(ref, times[k])]):10.2f}"
         print(row, flush=True)
 pycoll.destroy_process_group()

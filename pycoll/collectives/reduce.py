@@ -46,6 +46,7 @@ from ._common import lean, plain, root_of, run, sig
 from .doubling import Doubling
 from .pairwise import Pairwise
 from .ring import Ring
+from .ring import parts as ring_parts
 from .to_root import ToRoot
 
 __all__ = [
@@ -835,6 +836,8 @@ def reduce(
         and _ring_carries(pg, how, tensor.dtype)
     ):
         return _reduce_to_root(pg, tensor, dst, root, op, how, async_op, key)
+    if pg._size > 2 and 0 < _scattered_from() <= tensor.nbytes and not pg._aliases:
+        return _reduce_scattered(pg, tensor, dst, root, op, how, async_op, key)
     if pg._plans is not None and how.plain and tensor.nbytes <= PLAN_LIMIT:  # repeated?
         made = persistent.for_reduce(pg, key, tensor, mpitype, how.mpi_op, root)
         if made is not None:
@@ -955,6 +958,78 @@ def _reduce_to_root(
         lambda: _reduce_desc(op, dst, tensor),
         prepare,
         steps.stages or None,
+        key,
+    )
+
+
+# From this size a reduce on a group of three ranks or more goes, on MPICH
+# running its nonblocking v-form reduce-scatter pairwise (what pycoll asks
+# of it when pycoll starts MPI: _mpi.REDUCE_SCATTER_PAIRWISE), as that
+# reduce-scatter and then a gather of the parts to the root. MPICH's own
+# reduce ran at 0.4-1.4 GB/s on 3-4 ranks of the CI VM, where this took
+# 0.57-0.91x mpi4py's time at 256 KiB-8 MiB and 0.22-0.69x at 16-32 MiB
+# (0.89-1.20x at 128 KiB; docs/benchmarks.md). On Open MPI the same two calls
+# took 1.0-1.7x its reduce's time, so it keeps its own. PYCOLL_SCATTERED_BYTES,
+# where set, is this size on every MPI (0: never).
+_SCATTERED_SET = env_bytes("PYCOLL_SCATTERED_BYTES", "never")
+SCATTERED_BYTES = 256 << 10 if _SCATTERED_SET is None else _SCATTERED_SET
+
+
+def _scattered_from() -> int:
+    """The least bytes from which a reduce on three ranks or more is a
+    reduce-scatter, then a gather (0: never)."""
+    if _SCATTERED_SET is not None:
+        return _SCATTERED_SET
+    return SCATTERED_BYTES if _mpi.REDUCE_SCATTER_PAIRWISE else 0
+
+
+def _reduce_scattered(
+    pg: ProcessGroup,
+    tensor: np.ndarray,
+    dst: int,
+    root: int,
+    op: ReduceOp,
+    how: Plan,
+    async_op: bool,
+    key: int,
+) -> Optional[Work]:
+    """reduce as MPI's reduce-scatter into a part of pycoll's scratch on
+    every rank (counts as even as the size allows), then MPI's gather of the
+    parts into the root's array. The root's array is scaled first for a
+    PREMUL_SUM and divided at the end for an AVG, as MPI's own reduce's; the
+    other ranks send their arrays, or a PREMUL_SUM's scaled copy, and keep
+    them."""
+    flat = tensor.reshape(-1)
+    n, me, dtype = pg._size, pg._rank, tensor.dtype
+    counts, starts = ring_parts(flat.size, n)
+    part = scratch.take(pg, counts[me] * dtype.itemsize, dtype)
+    is_root = root == me
+    send = flat if is_root or how.prescale is None else _scaled(flat, how.prescale)
+    comm, datatype = pg.comm, how.datatype
+
+    def gather() -> List[Any]:
+        into = [flat, counts, starts, datatype] if is_root else None
+        return [comm.Igatherv([part, datatype], into, root)]
+
+    average = _averager(tensor, n) if is_root and how.average else None
+
+    def finish() -> None:
+        scratch.give(pg, part)
+        if average is not None:
+            average()
+
+    return run(
+        pg,
+        "reduce",
+        tensor.nbytes,
+        comm.Ireduce_scatter,
+        ([send, datatype], [part, datatype], counts, how.mpi_op),
+        async_op,
+        finish,
+        [tensor],
+        lambda: _reduce_desc(op, dst, tensor),
+        _prescaler(tensor, how.prescale) if is_root else None,
+        [gather],
         key,
     )
 
