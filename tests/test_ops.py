@@ -228,12 +228,12 @@ def test_to_root_bytes_default_and_override(value, expected):
 
 
 @pytest.mark.parametrize(
-    "value,expected", [(None, (256 << 10, 0)), ("0", (0, 1)), ("4096", (4096, 1))]
+    "value,expected", [(None, (16 << 20, 0)), ("0", (0, 1)), ("4096", (4096, 1))]
 )
 def test_scattered_bytes_default_and_override(value, expected):
     """PYCOLL_SCATTERED_BYTES, where set, is where a reduce on three ranks or
     more becomes a reduce-scatter, then a gather, on every MPI (0: never;
-    unset, 256 KiB where MPICH runs its reduce-scatter pairwise); a size
+    unset, 16 MiB where MPICH runs its reduce-scatter pairwise); a size
     that is not a number of bytes stops the import with the fix."""
     code = (
         "from pycoll.collectives import reduce as r; "

@@ -965,14 +965,16 @@ def _reduce_to_root(
 # From this size a reduce on a group of three ranks or more goes, on MPICH
 # running its nonblocking v-form reduce-scatter pairwise (what pycoll asks
 # of it when pycoll starts MPI: _mpi.REDUCE_SCATTER_PAIRWISE), as that
-# reduce-scatter and then a gather of the parts to the root. MPICH's own
-# reduce ran at 0.4-1.4 GB/s on 3-4 ranks of the CI VM, where this took
-# 0.57-0.91x mpi4py's time at 256 KiB-8 MiB and 0.22-0.69x at 16-32 MiB
-# (0.89-1.20x at 128 KiB; docs/benchmarks.md). On Open MPI the same two calls
-# took 1.0-1.7x its reduce's time, so it keeps its own. PYCOLL_SCATTERED_BYTES,
-# where set, is this size on every MPI (0: never).
+# reduce-scatter and then a gather of the parts to the root. On 3-4 ranks of
+# the CI VM it took 0.22-0.79x mpi4py's time at 16-32 MiB in every run, where
+# MPICH's reduce falls to 0.5-1.3 GB/s; below, its figure moved with the VM's
+# state: 0.59-1.16x at 2-8 MiB (most runs faster than MPICH's call, some not),
+# 0.57-0.91x at 256 KiB-1 MiB in the slower state and 1.10-1.57x in the
+# faster (docs/benchmarks.md). On Open MPI the same two calls took 1.0-1.7x
+# its reduce's time, so it keeps its own. PYCOLL_SCATTERED_BYTES, where set,
+# is this size on every MPI (0: never).
 _SCATTERED_SET = env_bytes("PYCOLL_SCATTERED_BYTES", "never")
-SCATTERED_BYTES = 256 << 10 if _SCATTERED_SET is None else _SCATTERED_SET
+SCATTERED_BYTES = 16 << 20 if _SCATTERED_SET is None else _SCATTERED_SET
 
 
 def _scattered_from() -> int:

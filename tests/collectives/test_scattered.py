@@ -143,14 +143,14 @@ def test_not_for_arrays_that_alias_device_memory(group, forced, rank, world_size
 
 
 def test_the_built_in_rule(monkeypatch, rank, world_size):
-    """By default from 256 KiB on MPICH where pycoll asked for its pairwise
+    """By default from 16 MiB on MPICH where pycoll asked for its pairwise
     reduce-scatter (pycoll started MPI, as here), never elsewhere; one element
     less stays with MPI's call; 0 (PYCOLL_SCATTERED_BYTES=0) turns it off."""
     from pycoll import _mpi
 
     taken = count_scattered(monkeypatch)
     least = reduce_mod._scattered_from()
-    assert least == (256 << 10 if _mpi.VENDOR == "MPICH" else 0)
+    assert least == (16 << 20 if _mpi.VENDOR == "MPICH" else 0)
     if least == 0:
         return
     g = pycoll.new_group()
