@@ -190,12 +190,12 @@ def test_pairwise_bytes_default_and_override(value, expected):
 
 
 @pytest.mark.parametrize(
-    "value,expected", [(None, (32 << 10, 0)), ("0", (0, 1)), ("4096", (4096, 1))]
+    "value,expected", [(None, (64 << 10, 0)), ("0", (0, 1)), ("4096", (4096, 1))]
 )
 def test_doubling_bytes_default_and_override(value, expected):
     """PYCOLL_DOUBLING_BYTES, where set, is where an all_reduce on two ranks
     takes pycoll's recursive doubling on every MPI and in either wait mode
-    (0: never; unset, 32 KiB where Open MPI's binomial tree would run); a
+    (0: never; unset, 64 KiB where Open MPI's binomial tree would run); a
     size that is not a number of bytes stops the import with the fix."""
     code = (
         "from pycoll.collectives import reduce as r; "

@@ -305,17 +305,18 @@ PAIR_BELOW = 8 << 20
 # nor the window took goes by pycoll's recursive doubling (pycoll.collectives.
 # doubling: one exchange, each rank folding the other's copy in) where MPI's
 # nonblocking all_reduce in place is Open MPI's binomial tree
-# (_binomial_in_place): on 2 ranks of the CI VM it took 0.76-1.04x the
-# tree's time at 32 KiB, 0.62-0.91x at 64-128 KiB and 0.56-0.73x at
-# 256-512 KiB (the window, which takes over at SHM_BYTES_PAIR, 0.51-0.68x);
-# at 16 KiB 0.93-1.25x and below 1.1-1.6x, where its steps in Python cost more
+# (_binomial_in_place). On 2 ranks of the CI VM it took 0.78x the tree's time
+# or less at 128-512 KiB in every run (the window, which takes over at
+# SHM_BYTES_PAIR, 0.51-0.68x at 256-512 KiB); at 64 KiB 0.67-0.70x in the
+# VM's slower state and 0.91-1.02x in its faster, at 32 KiB 0.76-0.78x and
+# 1.04-1.07x, so it starts at 64 KiB; below, its steps in Python cost more
 # than the tree's second message. On 4 ranks sharing 2 cores it took 1.2-2.6x
 # the tree's time at 8-128 KiB and 0.83-1.44x at 256 KiB-4 MiB, where the
 # window was faster (docs/benchmarks.md), so larger groups keep MPI's call.
 # PYCOLL_DOUBLING_BYTES, where set, is this size on every MPI and in either
 # wait mode (0: never).
 _DOUBLING_SET = env_bytes("PYCOLL_DOUBLING_BYTES", "never")
-DOUBLING_BYTES = 32 << 10 if _DOUBLING_SET is None else _DOUBLING_SET
+DOUBLING_BYTES = 64 << 10 if _DOUBLING_SET is None else _DOUBLING_SET
 
 
 def _doubles(ranks: int) -> bool:

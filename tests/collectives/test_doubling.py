@@ -211,7 +211,7 @@ def test_the_built_in_rule(monkeypatch, rank, world_size):
 
     started = count_doubling(monkeypatch)
     g = pycoll.new_group()
-    assert reduce_mod.DOUBLING_BYTES == 32 << 10
+    assert reduce_mod.DOUBLING_BYTES == 64 << 10
     libnbc_default = os.environ.get(_mpi.ALL_REDUCE_MCA, "0").strip() in ("", "0")
     takes = world_size == 2 and _mpi.VENDOR == "Open MPI" and libnbc_default
     takes = takes and not watch.BLOCKING
