@@ -311,6 +311,42 @@ def at_detail() -> Iterator[None]:
         pycoll.set_debug_level(before)
 
 
+def late_rank_named(call: Any, func: str, rank: int, late: int) -> None:
+    """A collective one rank never joins: on every other rank ``call()`` (the
+    first call on a group whose timeout is a few seconds) raises
+    DistTimeoutError well within a minute, naming the call and the late rank;
+    then every rank meets at the world's barrier."""
+    import pycoll
+    from pycoll.errors import DistTimeoutError
+
+    if rank != late:
+        started = time.monotonic()
+        try:
+            call()
+        except DistTimeoutError as exc:
+            message = str(exc)
+        else:
+            raise AssertionError(f"{func} returned without rank {late}")
+        assert time.monotonic() - started < 60  # bounded by the group's timeout
+        assert f"{func} (seq 1)" in message, message
+        assert f"rank {late}: has not reached it" in message, message
+    pycoll.barrier()
+
+
+def reduce_around(least: int, rank: int, world_size: int, group: Any) -> None:
+    """A float32 SUM reduce to rank 0 one element below ``least`` bytes and one
+    at it, each checked on every rank (the root's sum, the others' arrays as
+    they were)."""
+    import pycoll
+
+    count = least // 4
+    for size in (count - 1, count):
+        x = np.full(size, rank + 1.0, np.float32)
+        pycoll.reduce(x, dst=0, group=group)
+        want = world_size * (world_size + 1) / 2 if rank == 0 else rank + 1.0
+        assert_equal(x, np.full(size, want, np.float32))
+
+
 def fresh_group() -> Iterator[Any]:
     """For a fixture (``yield from fresh_group()``): a new group of every
     rank, destroyed after the test unless a fault broke it (a broken group's

@@ -169,78 +169,37 @@ def test_shm_bytes_must_be_a_number_of_bytes():
     )
 
 
-@pytest.mark.parametrize(
-    "value,expected", [(None, (1 << 20, 256 << 10)), ("0", (0, 0)), ("65536", (65536, 65536))]
-)
-def test_pairwise_bytes_default_and_override(value, expected):
-    """PYCOLL_PAIRWISE_BYTES, where set, is where a two-rank reduce-scatter
-    takes pycoll's pairwise exchange on every MPI (0: never; unset, 1 MiB on
-    MPICH and 256 KiB on Open MPI); a size that is not a number
-    of bytes stops the import with the fix. Read at import: a fresh
-    interpreter each."""
-    code = (
-        "from pycoll.collectives import reduce as r; "
-        "print(r.PAIRWISE_BYTES, r.PAIRWISE_BYTES_OPEN_MPI)"
-    )
-    out = _fresh(code, "PYCOLL_PAIRWISE_BYTES", value)
-    assert tuple(map(int, out.stdout.split())) == expected
-    out = _fresh(code, "PYCOLL_PAIRWISE_BYTES", "4M", check=False)
+# The size variables of pycoll's own paths (pycoll.collectives.reduce), each
+# with what the import leaves in two of its names, unset and set:
+# PAIRWISE_BYTES (MPICH, 1 MiB) and _OPEN_MPI (256 KiB); DOUBLING_BYTES (64
+# KiB where Open MPI's binomial tree would run) and whether it was set (then
+# on any MPI and wait mode); TO_ROOT_BYTES (MPICH, 64 KiB) and _OPEN_MPI
+# (8 MiB); SCATTERED_BYTES (16 MiB where MPICH runs its reduce-scatter
+# pairwise) and whether it was set (then on any MPI).
+SIZE_VARIABLES = {
+    "PYCOLL_PAIRWISE_BYTES": ("PAIRWISE_BYTES, r.PAIRWISE_BYTES_OPEN_MPI", (1 << 20, 256 << 10)),
+    "PYCOLL_DOUBLING_BYTES": ("DOUBLING_BYTES, int(r._DOUBLING_SET is not None)", (64 << 10, 0)),
+    "PYCOLL_TO_ROOT_BYTES": ("TO_ROOT_BYTES, r.TO_ROOT_BYTES_OPEN_MPI", (64 << 10, 8 << 20)),
+    "PYCOLL_SCATTERED_BYTES": ("SCATTERED_BYTES, int(r._SCATTERED_SET is not None)", (16 << 20, 0)),
+}
+
+
+@pytest.mark.parametrize("value", [None, "0", "4096"], ids=["unset", "0", "4096"])
+@pytest.mark.parametrize("name", list(SIZE_VARIABLES))
+def test_a_path_size_default_and_override(name, value):
+    """Each variable, where set, is its path's size on every MPI (0: never),
+    the second name following it (the Open MPI size, or the flag that it was
+    set); unset, the measured defaults; a size that is not a number of bytes
+    stops the import with the fix. Read at import: a fresh interpreter each."""
+    names, default = SIZE_VARIABLES[name]
+    code = f"from pycoll.collectives import reduce as r; print(r.{names})"
+    out = _fresh(code, name, value)
+    got = tuple(map(int, out.stdout.split()))
+    if value is None:
+        assert got == default
+    else:
+        flag = "_SET" in names
+        assert got == (int(value), 1 if flag else int(value))
+    out = _fresh(code, name, "4M", check=False)
     assert out.returncode != 0
-    assert "PYCOLL_PAIRWISE_BYTES='4M': set it to a number of bytes (0: never)" in out.stderr
-
-
-@pytest.mark.parametrize(
-    "value,expected", [(None, (64 << 10, 0)), ("0", (0, 1)), ("4096", (4096, 1))]
-)
-def test_doubling_bytes_default_and_override(value, expected):
-    """PYCOLL_DOUBLING_BYTES, where set, is where an all_reduce on two ranks
-    takes pycoll's recursive doubling on every MPI and in either wait mode
-    (0: never; unset, 64 KiB where Open MPI's binomial tree would run); a
-    size that is not a number of bytes stops the import with the fix."""
-    code = (
-        "from pycoll.collectives import reduce as r; "
-        "print(r.DOUBLING_BYTES, int(r._DOUBLING_SET is not None))"
-    )
-    out = _fresh(code, "PYCOLL_DOUBLING_BYTES", value)
-    assert tuple(map(int, out.stdout.split())) == expected
-    out = _fresh(code, "PYCOLL_DOUBLING_BYTES", "16K", check=False)
-    assert out.returncode != 0
-    assert "PYCOLL_DOUBLING_BYTES='16K': set it to a number of bytes (0: never)" in out.stderr
-
-
-@pytest.mark.parametrize(
-    "value,expected", [(None, (64 << 10, 8 << 20)), ("0", (0, 0)), ("4096", (4096, 4096))]
-)
-def test_to_root_bytes_default_and_override(value, expected):
-    """PYCOLL_TO_ROOT_BYTES, where set, is where a reduce on two ranks takes
-    pycoll's own path on every MPI (0: never; unset, 64 KiB on MPICH and
-    8 MiB on Open MPI); a size that is not a number of bytes stops the
-    import with the fix."""
-    code = (
-        "from pycoll.collectives import reduce as r; "
-        "print(r.TO_ROOT_BYTES, r.TO_ROOT_BYTES_OPEN_MPI)"
-    )
-    out = _fresh(code, "PYCOLL_TO_ROOT_BYTES", value)
-    assert tuple(map(int, out.stdout.split())) == expected
-    out = _fresh(code, "PYCOLL_TO_ROOT_BYTES", "1M", check=False)
-    assert out.returncode != 0
-    assert "PYCOLL_TO_ROOT_BYTES='1M': set it to a number of bytes (0: never)" in out.stderr
-
-
-@pytest.mark.parametrize(
-    "value,expected", [(None, (16 << 20, 0)), ("0", (0, 1)), ("4096", (4096, 1))]
-)
-def test_scattered_bytes_default_and_override(value, expected):
-    """PYCOLL_SCATTERED_BYTES, where set, is where a reduce on three ranks or
-    more becomes a reduce-scatter, then a gather, on every MPI (0: never;
-    unset, 16 MiB where MPICH runs its reduce-scatter pairwise); a size
-    that is not a number of bytes stops the import with the fix."""
-    code = (
-        "from pycoll.collectives import reduce as r; "
-        "print(r.SCATTERED_BYTES, int(r._SCATTERED_SET is not None))"
-    )
-    out = _fresh(code, "PYCOLL_SCATTERED_BYTES", value)
-    assert tuple(map(int, out.stdout.split())) == expected
-    out = _fresh(code, "PYCOLL_SCATTERED_BYTES", "1M", check=False)
-    assert out.returncode != 0
-    assert "PYCOLL_SCATTERED_BYTES='1M': set it to a number of bytes (0: never)" in out.stderr
+    assert f"{name}='4M': set it to a number of bytes (0: never)" in out.stderr

@@ -36,8 +36,8 @@ from typing import Any, Callable, List
 
 import numpy as np
 
-from .. import _mpi, watch
-from .ring import TAGS
+from .. import _mpi
+from .ring import side
 
 __all__ = ["Doubling", "applies"]
 
@@ -90,8 +90,7 @@ class Doubling:
         pg = self.pg
         if not self._peers:  # one rank: nothing to send
             return _mpi.MPI.REQUEST_NULL
-        self.tag = pg._seq % TAGS
-        self.comm = watch.side_comm(pg, "all_reduce", pg._seq)
+        self.comm, self.tag = side(pg, "all_reduce")
         return self._exchange()
 
     def _exchange(self) -> Any:

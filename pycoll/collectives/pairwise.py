@@ -33,8 +33,8 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from .. import _mpi, watch
-from .ring import TAGS
+from .. import _mpi
+from .ring import side
 
 __all__ = ["Pairwise", "CHUNK"]
 
@@ -121,8 +121,7 @@ class Pairwise:
             if not self.in_place:
                 self.output[...] = self.parts[self.me]
             return _mpi.MPI.REQUEST_NULL
-        self.tag = pg._seq % TAGS
-        self.comm = watch.side_comm(pg, self.func, pg._seq)
+        self.comm, self.tag = side(pg, self.func)
         return self._exchange(0)
 
     def _exchange(self, i: int) -> Any:

@@ -32,9 +32,17 @@ import numpy as np
 
 from .. import _mpi, watch
 
-__all__ = ["Ring", "parts"]
+__all__ = ["Ring", "parts", "side"]
 
 TAGS = 1 << 15  # MPI guarantees tags below 32768
+
+
+def side(pg: Any, func: str) -> Tuple[Any, int]:
+    """The group's side communicator and this call's tag, from its sequence
+    number: for the first step of a collective made of point-to-point
+    messages (the ring, the pairwise exchange, the doubling, the reduce to
+    a root), called under the group's lock once the call is counted."""
+    return watch.side_comm(pg, func, pg._seq), pg._seq % TAGS
 
 
 def parts(count: int, n: int) -> Tuple[List[int], List[int]]:
@@ -96,8 +104,7 @@ class Ring:
         pg = self.pg
         if not self._plan:  # one rank: nothing to send
             return _mpi.MPI.REQUEST_NULL
-        self.tag = pg._seq % TAGS
-        self.comm = watch.side_comm(pg, "all_reduce", pg._seq)
+        self.comm, self.tag = side(pg, "all_reduce")
         return self._exchange()
 
     def _exchange(self) -> Any:

@@ -23,8 +23,8 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from .. import _mpi, watch
-from .ring import TAGS
+from .. import _mpi
+from .ring import side
 
 __all__ = ["ToRoot", "CHUNK"]
 
@@ -85,8 +85,7 @@ class ToRoot:
         pg = self.pg
         if not self._pieces:  # nothing to send
             return _mpi.MPI.REQUEST_NULL
-        self.tag = pg._seq % TAGS
-        self.comm = watch.side_comm(pg, "reduce", pg._seq)
+        self.comm, self.tag = side(pg, "reduce")
         return self._move(0)
 
     def _slot(self, i: int) -> np.ndarray:
