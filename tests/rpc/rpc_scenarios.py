@@ -23,6 +23,12 @@ from pycoll import DistTimeoutError
 STOPPED_RANK = 1
 
 
+# The stopped peer's heartbeat: 2 s without a word, far below the calls' 60 s
+# timeout. (0.2 s x 3 once named a live rank, starved for 0.6 s of the 2-core
+# CI machine while the other CI worker ran, instead of the stopped one.)
+HEARTBEAT, MISSES = 0.5, 4
+
+
 def report(rank: int, **facts: object) -> None:
     print(json.dumps({"rank": rank, **facts}), flush=True)
 
@@ -44,7 +50,7 @@ def stopped_peer(rank: int) -> None:
     """Rank 1 stops (SIGSTOP); rank 0's call to it fails by the heartbeat,
     naming it, long before the call's own 60 s timeout; rank 0 then resumes
     it and everyone shuts down cleanly."""
-    options = rpc.RpcBackendOptions(heartbeat=0.2, heartbeat_misses=3)
+    options = rpc.RpcBackendOptions(heartbeat=HEARTBEAT, heartbeat_misses=MISSES)
     rpc.init_rpc(f"worker{rank}", rpc_backend_options=options)
     pids = MPI.COMM_WORLD.allgather(os.getpid())
     if rank == STOPPED_RANK:
@@ -107,7 +113,7 @@ def backward_stopped(rank: int) -> None:
 
     import pycoll.rpc.autograd as dist_autograd
 
-    options = rpc.RpcBackendOptions(heartbeat=0.2, heartbeat_misses=3)
+    options = rpc.RpcBackendOptions(heartbeat=HEARTBEAT, heartbeat_misses=MISSES)
     rpc.init_rpc(f"worker{rank}", rpc_backend_options=options)
     pids = MPI.COMM_WORLD.allgather(os.getpid())
     stopped = 2
