@@ -177,6 +177,13 @@ class Plan(NamedTuple):
     key: int
     builtin: bool
 
+    def kernel_op(self, op: ReduceOp) -> str:
+        """The op pycoll's own kernels fold with where they carry the call
+        (the ring, the window, the pairwise exchange, the doubling, the
+        reduce to a root): SUM for an AVG (divided in the last fold) and a
+        PREMUL_SUM (its inputs scaled first), else ``op``'s own."""
+        return "SUM" if self.average or self.prescale is not None else op.name
+
 
 # MPI's op for each (op, dtype kind); a missing entry means the pair has no
 # meaning. Logical ops serve bool as torch does: SUM and MAX are "any",

@@ -495,7 +495,7 @@ def _reduce_scatter_pairwise(
     mine, aside, then = _aside(pg, output, flats)
     into = (output if aside is None else aside).reshape(-1)
     in_place = mine and aside is None
-    name = "SUM" if how.average or how.prescale is not None else op.name
+    name = how.kernel_op(op)
     divisor = n if how.average else None
 
     def fold(src: np.ndarray, dst: np.ndarray, last: bool) -> None:
@@ -562,7 +562,7 @@ def _all_reduce_doubling(
     fold)."""
     flat = tensor.reshape(-1)
     n = pg._size
-    name = "SUM" if how.average or how.prescale is not None else op.name
+    name = how.kernel_op(op)
     peer = scratch.take(pg, tensor.nbytes, tensor.dtype, scratch.KEEP_FROM_LEAST)
     fold_in = kernels.folder(name, tensor.dtype)
     average = kernels.folder(name, tensor.dtype, n) if how.average else fold_in
@@ -608,7 +608,7 @@ def _all_reduce_ring(
     then an all-gather."""
     flat = tensor.reshape(-1)
     n = pg._size
-    name = "SUM" if how.average or how.prescale is not None else op.name
+    name = how.kernel_op(op)
     part = scratch.take(pg, (flat.size // n + 1) * tensor.dtype.itemsize, tensor.dtype)
 
     def combine(start: int, count: int) -> None:
@@ -932,9 +932,8 @@ def _reduce_to_root(
     division in the same pass: each element is folded once); the other
     rank sends its array, or a PREMUL_SUM's scaled copy, and keeps it."""
     flat = tensor.reshape(-1)
-    name = "SUM" if how.average or how.prescale is not None else op.name
     if root == pg._rank:
-        fold = kernels.folder(name, tensor.dtype, 2 if how.average else None)
+        fold = kernels.folder(how.kernel_op(op), tensor.dtype, 2 if how.average else None)
         room = scratch.take(pg, ToRoot.needs(flat) * tensor.dtype.itemsize, tensor.dtype)
         steps = ToRoot(pg, flat, root, room, fold)
         prepare = _prescaler(tensor, how.prescale)
@@ -945,7 +944,7 @@ def _reduce_to_root(
 
     else:
         send = flat if how.prescale is None else _scaled(flat, how.prescale)
-        steps = ToRoot(pg, send, root, None, kernels.folder(name, tensor.dtype))
+        steps = ToRoot(pg, send, root, None, None)  # (it only sends: nothing to fold)
         prepare, finish = None, steps.finish
     return run(
         pg,

@@ -206,7 +206,7 @@ def all_reduce(
     through ``win`` as the collective ``func``, by pycoll's pipeline
     (pycoll.collectives._common.run). One call at a time uses the window: an
     earlier async one is finished first, on every rank alike."""
-    name = "SUM" if how.average or how.prescale is not None else op.name
+    name = how.kernel_op(op)
     job = ShmAllReduce(win, data, dtype.itemsize, name, how.average, dtype)
     return _alone(pg, win, func, data.nbytes, job, async_op, result, desc, prepare, key)
 
@@ -542,7 +542,7 @@ def reduce_scatter(
     runs once every input has been read and every result written (to copy
     results received aside into outputs that overlap the inputs). One call
     at a time uses the window, as in :func:`all_reduce`."""
-    name = "SUM" if how.average or how.prescale is not None else op.name
+    name = how.kernel_op(op)
     job = ShmReduceScatter(win, data, name, how.average, recv, then)
     return _alone(pg, win, func, job.n * data.nbytes, job, async_op, result, desc, None, key)
 

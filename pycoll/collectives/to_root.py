@@ -45,8 +45,8 @@ class ToRoot:
         root: the root's rank in the group.
         scratch: on the root, room for :meth:`needs` elements of the array's
             dtype; None elsewhere.
-        fold: ``fold(src, dst)`` combines ``src`` into ``dst`` in place
-            (``dst = op(src, dst)``), on the root.
+        fold: on the root, ``fold(src, dst)`` combines ``src`` into ``dst``
+            in place (``dst = op(src, dst)``); None elsewhere.
     """
 
     def __init__(
@@ -55,7 +55,7 @@ class ToRoot:
         data: np.ndarray,
         root: int,
         scratch: Optional[np.ndarray],
-        fold: Callable[[np.ndarray, np.ndarray], None],
+        fold: Optional[Callable[[np.ndarray, np.ndarray], None]],
     ) -> None:
         self.pg, self.data, self.scratch, self.fold = pg, data, scratch, fold
         self.is_root = pg.rank() == root
@@ -104,6 +104,7 @@ class ToRoot:
         return self.comm.Isend([self.data[a:b].view(np.uint8), byte], self.peer, self.tag)
 
     def _fold(self, i: int) -> None:
+        assert self.fold is not None
         a, b = self._pieces[i]
         self.fold(self._slot(i), self.data[a:b])
 
