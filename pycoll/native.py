@@ -63,7 +63,7 @@ from .work import Work
 
 __all__ = [
     "ENV", "NOTHING", "Refused", "configure", "attach", "detach", "again", "again_list", "call",
-    "call_plan", "call_scatter", "loaded",
+    "call_pair", "call_plan", "call_scatter", "loaded",
 ]  # fmt: skip
 
 # What a call starts (call's ``what``).
@@ -78,6 +78,13 @@ GATHER = 10  # MPI_Igather (torch's list form on the root: received into a buffe
 # MPI_Iscatter of bytes, each part behind its root's 8-byte status word
 # (pycoll.collectives.scatter): see call_scatter.
 SCATTER = 11
+# MPI_Isendrecv over the group's side communicator, tagged with the call's
+# sequence number, then MPI_Reduce_local where OP is not 0
+# (pycoll.collectives.pair): ROOT is the rank sent to, SOURCE the rank
+# received from (either MPI_PROC_NULL), COUNT elements of DATATYPE each way,
+# and the fold's operands are at FOLD_IN and FOLD_INOUT; the copy once done
+# (COPY_TO...) comes after the fold.
+PAIR = 12
 
 # A call's words, as the compiled code reads them: what it starts, the send
 # buffer's address (MPI_IN_PLACE's value, or 0), the receive buffer's (or 0),
@@ -98,7 +105,8 @@ COPY_TO, COPY_FROM, COPY_BYTES, COUNTS = range(8, 12)
 PLAN, IN_TO, IN_FROM, IN_BYTES, IN_SKIP, IN_SKIP_BYTES = range(12, 18)
 IN_TABLE, IN_ROWS, OUT_TABLE, OUT_ROWS = range(18, 22)
 STATUS_AT = 22
-CALL_WORDS = 23
+SOURCE, FOLD_IN, FOLD_INOUT = 23, 24, 25
+CALL_WORDS = 26
 # What the compiled code returns for a call done whose status word (STATUS_AT)
 # said its root refused: nothing was copied out. (0 is done, -1 under way,
 # anything else MPI's error code.)
@@ -685,6 +693,52 @@ def call_scatter(
     )
 
 
+def call_pair(
+    pg: ProcessGroup,
+    op: str,
+    key: int,
+    main: Any,
+    other: Any,
+    extra: Any,
+    exchange: Tuple[Any, int, Any, int, Any],
+    fold: Optional[Tuple[Any, Any, Any]],
+    back: Any,
+) -> bool:
+    """:func:`call` for a call of two ranks made as one exchange
+    (pycoll.collectives.pair): ``exchange`` is (send, dest, recv, source,
+    datatype), a side's rank MPI_PROC_NULL where it has none; ``fold``, (op,
+    in, inout) for MPI_Reduce_local once the exchange is done, or None;
+    ``back`` an array ``inout`` is copied to after the fold, or None. The
+    messages go over the group's side communicator, which the plain path
+    made at the call's first sighting (none yet: not kept). ``main``,
+    ``other`` and ``extra`` as for :func:`call`."""
+    state = pg._native
+    side = pg._side
+    if state is None or pg._aliases or side is None or isinstance(side, tuple):
+        return False
+    found = _found(pg, state, main, other, extra, None, op, None)
+    if found is None:
+        return False
+    extra, held = found
+    send, dest, recv, source, datatype = exchange
+    if fold is not None:  # (the peer's copy, received into a buffer of the call's own)
+        held += recv.nbytes
+    if not may_keep(held) or not _room(pg, state, main, held):
+        return False
+    mask = _handle_mask
+    mpi_op = 0 if fold is None else fold[0].handle & mask
+    folded = None if fold is None else fold[2]  # (copied to ``back``, where given)
+    words = _words(PAIR, send, recv, main.size, datatype.handle & mask, mpi_op, dest,
+                   state.address, back, folded if back is not None else None, None)  # fmt: skip
+    words[SOURCE] = source
+    if fold is not None:
+        words[FOLD_IN], words[FOLD_INOUT] = _address(fold[1]), _address(folded)
+    state.st[_starts.SIDE] = side.handle & mask
+    holds = (recv,)
+    return _keep(pg, state, op, key, main, other, extra, words, holds, held, None, None,
+                 fold is not None)  # fmt: skip
+
+
 def _found(
     pg: ProcessGroup,
     state: _State,
@@ -917,3 +971,5 @@ def _unfinished(
         rec[word] = busy - 1
     if code == REFUSED:
         raise Refused(op)
+    if code:  # (MPI's error from a fold once done: pycoll.collectives.pair)
+        raise watch.backend_error(op, seq, _mpi.MPI.Exception(code))

@@ -181,6 +181,7 @@ SIZE_VARIABLES = {
     "PYCOLL_DOUBLING_BYTES": ("DOUBLING_BYTES, int(r._DOUBLING_SET is not None)", (64 << 10, 0)),
     "PYCOLL_TO_ROOT_BYTES": ("TO_ROOT_BYTES, r.TO_ROOT_BYTES_OPEN_MPI", (64 << 10, 8 << 20)),
     "PYCOLL_SCATTERED_BYTES": ("SCATTERED_BYTES, int(r._SCATTERED_SET is not None)", (16 << 20, 0)),
+    "PYCOLL_PAIR_BYTES": ("pair.BYTES, int(r.pair._SET is not None)", (64 << 10, 0)),
 }
 
 

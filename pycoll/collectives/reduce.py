@@ -41,7 +41,7 @@ from ..ops import (
 )
 from ..persistent import LIMIT as PLAN_LIMIT
 from ..work import Work
-from . import scratch, shm
+from . import pair, scratch, shm
 from ._common import lean, plain, root_of, run, sig
 from .doubling import Doubling
 from .pairwise import Pairwise
@@ -221,6 +221,17 @@ def all_reduce(
         # Two ranks: each element is combined exactly once, so AVG is one user
         # op, (a + b) / 2, and no second pass over the result.
         mpi_op, plainly, average = kernels.mean_of_two_op(tensor.dtype), True, False
+    if (
+        plainly
+        and nbytes == tensor.nbytes
+        and pair.applies("all_reduce", pg._size, nbytes)
+        and not pg._aliases
+    ):
+        ordered = op.name in ("MIN", "MAX") and dtype_kind(tensor.dtype) in ("float", "half")
+        desc = lambda: f"all_reduce({op.name}, {sig(tensor)})"  # noqa: E731
+        return pair.all_reduce(
+            pg, tensor, mpi_op, how.datatype, ordered, async_op, key, desc, op, kept
+        )
     comm = pg.comm
     if plainly and not async_op and debug.PLAIN:
         if kept is False and native.call(
@@ -850,6 +861,9 @@ def reduce(
             ):
                 return None
             return made.call(pg, func, tensor, out, async_op, lambda: _reduce_desc(op, dst, tensor))
+    if how.plain and pair.applies("reduce", pg._size, tensor.nbytes) and not pg._aliases:
+        return pair.reduce(pg, func, tensor, root, how.mpi_op, mpitype, async_op, key,
+                           lambda: _reduce_desc(op, dst, tensor), (op, dst), kept)  # fmt: skip
     if how.plain and not async_op and debug.PLAIN:  # the common case, straight to MPI
         if kept is False and native.call(
             pg, func, key, native.REDUCE, tensor if into is None else into,

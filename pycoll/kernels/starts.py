@@ -20,6 +20,11 @@ cache written under one is right under the other. Buffers and pointers are
 passed as 64-bit integers, as the C calling conventions of the 64-bit
 platforms pycoll runs on pass a pointer.
 
+A two-rank call that pycoll.collectives.pair makes as one exchange is
+started here too: ``MPI_Isendrecv`` over the group's side communicator,
+tagged with the call's sequence number, then, once done,
+``MPI_Reduce_local`` folds the peer's copy in before the call's copy back.
+
 numba is imported with this module, which pycoll imports on first use of the
 compiled path.
 """
@@ -35,6 +40,7 @@ from numba import carray, njit, types
 from numba.extending import intrinsic
 
 from .. import _mpi
+from ..collectives.ring import TAGS  # (a PAIR call's tag: its seq % TAGS, as ring.side's)
 from ..native import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -48,6 +54,8 @@ from ..native import (
     COUNT,
     COUNTS,
     DATATYPE,
+    FOLD_IN,
+    FOLD_INOUT,
     GATHER,
     IN_BYTES,
     IN_FROM,
@@ -59,6 +67,7 @@ from ..native import (
     OP,
     OUT_ROWS,
     OUT_TABLE,
+    PAIR,
     PLAN,
     RECV,
     REDUCE,
@@ -68,6 +77,7 @@ from ..native import (
     ROOT,
     SCATTER,
     SEND,
+    SOURCE,
     START,
     STATE,
     STATUS_AT,
@@ -87,7 +97,9 @@ SPINS = 3  # tests before start gives the wait back to Python
 REQUEST = 4  # the request of a call whose tests ran out
 FLAG = 5  # MPI_Test's flag
 STATUS = 6  # MPI_Test's status (up to 10 words: larger than any MPI's MPI_Status)
-STATE_WORDS = 16
+SIDE = 16  # the group's side communicator (a PAIR call's messages)
+TAG = 17  # the tag of the call under way (a PAIR call's: from its sequence number)
+STATE_WORDS = 18
 
 
 # The C functions, as (name, parameters): "p" a pointer, "i" an int, "h" a
@@ -105,6 +117,8 @@ _FUNCTIONS = {
     "MPI_Igather": "pihpihihp",
     "MPI_Iscatter": "pihpihihp",
     "MPI_Ibarrier": "hp",
+    "MPI_Isendrecv": "pihiipihiihp",
+    "MPI_Reduce_local": "ppihh",
     "MPI_Test": "ppp",
     "MPI_Start": "p",
     "MPI_Wait": "pp",
@@ -155,6 +169,8 @@ n_ialltoallv, w_ialltoallv = _N["MPI_Ialltoallv"], _W["MPI_Ialltoallv"]
 n_igather, w_igather = _N["MPI_Igather"], _W["MPI_Igather"]
 n_iscatter, w_iscatter = _N["MPI_Iscatter"], _W["MPI_Iscatter"]
 n_ibarrier, w_ibarrier = _N["MPI_Ibarrier"], _W["MPI_Ibarrier"]
+n_isendrecv, w_isendrecv = _N["MPI_Isendrecv"], _W["MPI_Isendrecv"]
+n_reduce_local, w_reduce_local = _N["MPI_Reduce_local"], _W["MPI_Reduce_local"]
 mpi_test = _N["MPI_Test"]  # (no handle among its parameters: one width serves)
 mpi_start, mpi_wait = _N["MPI_Start"], _N["MPI_Wait"]
 n_allreduce, w_allreduce = _N["MPI_Allreduce"], _W["MPI_Allreduce"]
@@ -190,10 +206,26 @@ def _rows(table, rows):
 
 
 @njit(cache=True)
+def _fold(call):
+    """A PAIR call's fold once done (MPI_Reduce_local, at the handle width of
+    its group's state): 0, or MPI's error code."""
+    st = carray(_words(call[STATE]), (STATE_WORDS,))
+    a, b, count = call[FOLD_IN], call[FOLD_INOUT], call[COUNT]
+    if st[WIDE]:
+        return w_reduce_local(a, b, count, call[DATATYPE], call[OP])
+    return n_reduce_local(a, b, count, call[DATATYPE], call[OP])
+
+
+@njit(cache=True)
 def _copy(call):
     """The copies a call makes once done (its words COPY_TO to COPY_BYTES,
     and OUT_TABLE's rows), if any, unless its status word (STATUS_AT, where
-    it has one) is not 0: then REFUSED, else 0."""
+    it has one) is not 0: then REFUSED, else 0; a PAIR call's fold first
+    (MPI's error code where it fails)."""
+    if call[WHAT] == PAIR and call[OP]:
+        err = _fold(call)
+        if err:
+            return err
     status = call[STATUS_AT]
     if status and carray(_words(status), (1,))[0]:
         return REFUSED
@@ -262,6 +294,15 @@ def _call(st, p, call, blocking):
     wide, comm, req = st[WIDE], st[COMM], p + REQUEST * 8
     what, send, recv, count = call[WHAT], call[SEND], call[RECV], call[COUNT]
     dt, op, root = call[DATATYPE], call[OP], call[ROOT]
+    if what == PAIR:  # (root: the rank sent to)
+        side, tag, source = st[SIDE], st[TAG], call[SOURCE]
+        if wide:
+            err = w_isendrecv(send, count, dt, root, tag, recv, count, dt, source, tag, side, req)
+        else:
+            err = n_isendrecv(send, count, dt, root, tag, recv, count, dt, source, tag, side, req)
+        if blocking and not err:
+            err = mpi_wait(req, p + STATUS * 8)
+        return err
     if what == ALL_REDUCE:
         if blocking:
             if wide:
@@ -374,6 +415,7 @@ def start(address, busy, word):
     """
     call, p, st, record = _open(address, busy, word)
     st[REQUEST] = 0
+    st[TAG] = (busy >> 8) % TAGS
     err = _call(st, p, call, False)
     if err:
         return err
@@ -393,6 +435,7 @@ def block(address, busy, word):
     the GIL released so that the watchdog thread can end a call that outlives
     its timeout (pycoll.watch). Returns 0, REFUSED, or MPI's error code."""
     call, p, st, record = _open(address, busy, word)
+    st[TAG] = (busy >> 8) % TAGS
     err = _call(st, p, call, True)
     if err == 0:
         return _close(call, record, word, busy)

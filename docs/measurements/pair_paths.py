@@ -1,0 +1,133 @@
+"""Small all_reduce and reduce on two ranks: pycoll's exchange
+(pycoll.collectives.pair) against MPI's nonblocking call through pycoll,
+each forced, and raw mpi4py's blocking call, in one run.
+
+For each size and collective the cases are: ``mpi`` and ``pair`` on an
+array made once and given again (kept and made by the compiled code from
+its second call: pycoll.native), ``mpi:new`` and ``pair:new`` on an array
+made afresh for each call (the plain Python path; the array's making is in
+the time), and ``mpi4py``, a blocking ``Allreduce``/``Reduce`` in place on
+an array given again. Every case's result is checked on every rank first;
+then rounds of a block of calls each (pycoll.bench.table.rotated: the order
+rotated every round, a block's time the slowest rank's mean per call); each
+round's figure is the case's time over mpi4py's in that round, and rank 0
+prints the median over rounds, with mpi4py's time in microseconds; the last
+two columns are the exchange's time over MPI's call through pycoll, given
+again and made afresh (medians of the per-round ratios). A
+measurement for docs/benchmarks.md, not part of pycoll:
+
+    mpiexec -n 2 python docs/measurements/pair_paths.py 7 8,512,4K,32K
+    PAIR_BELOW=4M mpiexec -n 2 python docs/measurements/pair_paths.py 5 64K,256K,1M
+
+(``mpi`` is pycoll's default path with the exchange off: from 64 KiB that
+may be another of pycoll's paths, such as its reduce to a root on MPICH.)
+"""
+
+import os
+import sys
+
+import numpy as np
+
+import pycoll
+from pycoll import _mpi
+from pycoll.bench import parse_size
+from pycoll.bench.table import rotated
+from pycoll.collectives import pair
+
+pycoll.init_process_group()
+MPI = _mpi.MPI
+comm = MPI.COMM_WORLD
+n, me = comm.size, comm.rank
+if n != 2:
+    raise SystemExit("run it on two ranks")
+rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+sizes = [parse_size(s) for s in (sys.argv[2] if len(sys.argv) > 2 else "8,512,4K,32K").split(",")]
+BELOW = parse_size(os.environ.get("PAIR_BELOW", "64K"))  # the path forced below this size
+ON = lambda func, ranks, nbytes: ranks == 2 and nbytes < BELOW  # noqa: E731
+OFF = lambda func, ranks, nbytes: False  # noqa: E731
+raw = comm.Dup()
+
+
+def pycoll_call(func, x):
+    if func == "all_reduce":
+        pycoll.all_reduce(x)
+    else:
+        pycoll.reduce(x, dst=0)
+
+
+def raw_call(func, x):
+    if func == "all_reduce":
+        raw.Allreduce(MPI.IN_PLACE, x, MPI.SUM)
+    elif me == 0:
+        raw.Reduce(MPI.IN_PLACE, x, MPI.SUM, 0)
+    else:
+        raw.Reduce(x, None, MPI.SUM, 0)
+
+
+def cases(func, count):
+    """name -> run(iters), each with arrays of its own."""
+    made = {}
+
+    def kept(rule):
+        x = np.ones(count, np.float32)
+
+        def run(iters):
+            pair.applies = rule
+            for _ in range(iters):
+                pycoll_call(func, x)
+
+        return run
+
+    def new(rule):
+        def run(iters):
+            pair.applies = rule
+            for _ in range(iters):
+                pycoll_call(func, np.ones(count, np.float32))
+
+        return run
+
+    def mpi4py(iters):
+        for _ in range(iters):
+            raw_call(func, y)
+
+    y = np.ones(count, np.float32)
+    made["mpi4py"] = mpi4py
+    made["mpi"], made["pair"] = kept(OFF), kept(ON)
+    made["mpi:new"], made["pair:new"] = new(OFF), new(ON)
+    return made
+
+
+def check(func, count, rule):
+    """One call on ones: 2 everywhere (all_reduce; reduce's root), 1 on the other rank."""
+    pair.applies = rule
+    x = np.ones(count, np.float32)
+    pycoll_call(func, x)
+    want = 2.0 if func == "all_reduce" or me == 0 else 1.0
+    if comm.allreduce(not np.all(x == want), MPI.LOR):
+        raise SystemExit(f"{func} gave a wrong result on some rank at {count * 4} bytes")
+
+
+if me == 0:
+    print(f"# 2 ranks, float32 SUM, {rounds} rounds: a case's time over mpi4py's blocking call")
+for func in ("all_reduce", "reduce"):
+    for nbytes in sizes:
+        count = nbytes // 4
+        for rule in (ON, OFF):
+            check(func, count, rule)
+        runs = cases(func, count)
+        iters = max(20, min(2000, (16 << 20) // max(nbytes, 1) // 8))
+        for run in runs.values():  # (warm: the compiled path keeps its calls from the second)
+            run(200)
+        times = rotated(runs, iters, rounds, comm)
+        if me == 0:
+            ref = times["mpi4py"]
+            row = f"{func:>10s} {nbytes:>6d} B  mpi4py {np.median(ref) * 1e6:6.2f} us"
+            for k in runs:
+                if k != "mpi4py":
+                    ratios = [b / a for a, b in zip(ref, times[k])]
+                    row += f"  {k} {np.median(ratios):.2f}"
+            for k, base in (("pair", "mpi"), ("pair:new", "mpi:new")):
+                ratios = [b / a for a, b in zip(times[base], times[k])]
+                row += f"  {k}/{base} {np.median(ratios):.2f}"
+            print(row, flush=True)
+pycoll.destroy_process_group()

@@ -1,0 +1,212 @@
+"""Small collectives of two ranks as one exchange: all_reduce and reduce.
+
+On two ranks a small all_reduce is one message each way and a fold, and a
+reduce one message and a fold on the root. MPI's nonblocking collectives,
+which pycoll's default wait mode makes, can cost several times that: in a C
+loop on 2 ranks of the CI VM an 8-byte ``MPI_Iallreduce`` and its tests took
+1.2 us on Open MPI (libnbc), ``MPI_Isendrecv`` and ``MPI_Reduce_local`` 0.5;
+on MPICH a 16-32 KiB ``MPI_Ireduce`` took 3-4x the one message and the fold
+(docs/benchmarks.md). Where :func:`applies` says so, such a call is made here
+instead: one ``Isendrecv`` over the group's side communicator (a side left
+empty with ``MPI_PROC_NULL``: the reduce's root sends nothing, its other rank
+receives nothing), tagged with the call's sequence number as the ring's
+messages are (pycoll.collectives.ring.side), then MPI's own op folds the
+peer's copy in (``MPI_Reduce_local``). A kept call (pycoll.native) makes the
+same messages and the same fold from compiled code, so ranks may mix the two;
+that is where the exchange gains most. On an array made afresh for each call
+the plain path's fold and copy in Python cost about what MPI's call saves.
+
+The result is the same on every rank, bit for bit. Most ops give the same
+bits in either order (SUM and PRODUCT of integers and IEEE floats, but for
+which NaN's payload comes out; the logical and bitwise ops): each rank folds
+the copy it received into its own array. MIN and MAX of floats do not
+(min(0.0, -0.0) is -0.0, min(-0.0, 0.0) is 0.0): for those both ranks fold
+rank 0's array into rank 1's (``Reduce_local(in=rank 0's, inout=rank 1's)``),
+rank 0 into the copy it received, which it then copies back. Only the calls MPI
+does alone (no pre-scaling, no division after: :attr:`pycoll.ops.Plan.plain`)
+come here, with the op MPI would have been given (a builtin, or one of
+pycoll's user ops).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Tuple
+
+import numpy as np
+
+from .. import _mpi, debug, native, watch
+from ..groups import ProcessGroup
+from ..ops import env_bytes
+from ..work import Work
+from ._common import lean, plain, run
+from .ring import side
+
+__all__ = ["BYTES", "REDUCE_FROM", "applies", "all_reduce", "reduce"]
+
+# Which calls are made here, by measured crossovers (docs/benchmarks.md;
+# docs/measurements/pair_paths.py), in the default wait mode. On Open MPI an
+# all_reduce below BYTES: on an array given again (the compiled path) it took
+# 0.55-0.86x the time of Open MPI's nonblocking all_reduce through pycoll at
+# 8 B-32 KiB, on an array made afresh 0.82-0.89x from 4 KiB and 1.03-1.09x
+# below (the fold and copy in Python); from BYTES the doubling takes over.
+# Open MPI's reduce is cheap to start (the root's loop of Python is what a
+# reduce costs there): the exchange gained 2-6% given again and lost 5-30%
+# made afresh, so it keeps MPI's call. On MPICH a reduce from REDUCE_FROM: its
+# nonblocking reduce took 1.0x mpi4py's blocking one at 16-32 KiB, the
+# exchange 0.26-0.32x given again and 0.70-0.77x made afresh (below 16 KiB it
+# lost on arrays made afresh); from 64 KiB pycoll's reduce to a root takes
+# over. MPICH's all_reduce gained 0.1-0.3 us given again and lost 0.4-1.2 us
+# made afresh: it keeps MPI's call. In blocking mode the MPIs' blocking calls
+# stay (not measured against the exchange). PYCOLL_PAIR_BYTES, where set, is
+# the size below which every all_reduce and reduce on two ranks is made here,
+# on every MPI and in either wait mode (0: never).
+_SET = env_bytes("PYCOLL_PAIR_BYTES", "never")
+BYTES = 64 << 10 if _SET is None else _SET
+REDUCE_FROM = 16 << 10
+_NOTHING = np.empty(0, np.uint8)
+
+
+def applies(func: str, ranks: int, nbytes: int) -> bool:
+    """Whether a call of collective ``func`` (``all_reduce`` or ``reduce``)
+    of ``nbytes`` on a group of ``ranks`` is made here."""
+    if ranks != 2 or nbytes >= BYTES:
+        return False
+    if _SET is not None:
+        return True
+    if watch.BLOCKING:
+        return False
+    if func == "all_reduce":
+        return _mpi.VENDOR == "Open MPI"
+    return _mpi.VENDOR == "MPICH" and nbytes >= REDUCE_FROM
+
+
+def _exchange(
+    pg: ProcessGroup, func: str, send: Any, dest: int, recv: Any, source: int, datatype: Any
+) -> Any:
+    """Start the exchange (called once the call is counted: its tag comes
+    from the sequence number)."""
+    comm, tag = side(pg, func)
+    return comm.Isendrecv([send, datatype], dest, tag, [recv, datatype], source, tag)
+
+
+def _exchanged(
+    pg: ProcessGroup, func: str, send: Any, dest: int, recv: Any, source: int, datatype: Any
+) -> None:
+    """:func:`_exchange` under ``PYCOLL_WAIT=blocking``: waited for with the
+    GIL released, watched by the watchdog thread as MPI's blocking calls are."""
+    _exchange(pg, func, send, dest, recv, source, datatype).Wait()
+
+
+def _folder(
+    fold: Tuple[Any, Any, Any], datatype: Any, back: Optional[np.ndarray]
+) -> Callable[[], None]:
+    """The step after the exchange, for a Work or a checked call: the fold,
+    then the copy back, if any."""
+
+    def finish() -> None:
+        fold[0].Reduce_local([fold[1], datatype], [fold[2], datatype])
+        if back is not None:
+            np.copyto(back, fold[2])
+
+    return finish
+
+
+def _call(
+    pg: ProcessGroup,
+    func: str,
+    key: int,
+    async_op: bool,
+    desc: Callable[[], str],
+    main: np.ndarray,
+    other: Any,
+    extra: Any,
+    kept: Any,
+    exchange: Tuple[Any, int, Any, int, Any],
+    fold: Optional[Tuple[Any, Any, Any]],
+    back: Optional[np.ndarray],
+) -> Optional[Work]:
+    """Make one call: kept and compiled (pycoll.native) where it may be,
+    else counted and waited for as MPI's own calls are (pycoll.collectives.
+    _common), its fold and copy back after. ``exchange`` is
+    :func:`_exchange`'s (send, dest, recv, source, datatype); ``fold`` is
+    (op, in, inout) or None; ``back``, where not None, gets ``inout`` once
+    folded."""
+    if not async_op and debug.PLAIN:
+        if kept is False and native.call_pair(
+            pg, func, key, main, other, extra, exchange, fold, back
+        ):
+            return None
+        plain(pg, func, key, _exchange, _exchanged, pg, func, *exchange)
+        if fold is not None:  # (inline: a closure costs what this does)
+            datatype = exchange[4]
+            fold[0].Reduce_local([fold[1], datatype], [fold[2], datatype])
+            if back is not None:
+                np.copyto(back, fold[2])
+        return None
+    finish = None if fold is None else _folder(fold, exchange[4], back)
+    args = (pg, func, *exchange)
+    if async_op is True and debug.PLAIN:
+        return lean(pg, func, main.nbytes, _exchange, args, True, finish, [main], key)
+    return run(pg, func, main.nbytes, _exchange, args, async_op, finish, [main], desc, key=key)
+
+
+def all_reduce(
+    pg: ProcessGroup,
+    tensor: np.ndarray,
+    mpi_op: Any,
+    datatype: Any,
+    ordered: bool,
+    async_op: bool,
+    key: int,
+    desc: Callable[[], str],
+    extra: Any,
+    kept: Any,
+) -> Optional[Work]:
+    """all_reduce ``tensor`` in place on a group of two ranks with MPI's op
+    ``mpi_op`` (``extra`` is the ReduceOp a kept call is known by; ``kept``
+    what native.again answered). Where the op's bits depend on its
+    operands' order (``ordered``: MIN and MAX of floats), rank 0 folds its
+    array into the copy it received, then copies the result back, so that
+    both ranks fold rank 0's array into rank 1's; for the others each rank
+    folds the copy it received into its own array, which gives the same
+    bits."""
+    theirs = np.empty(tensor.shape, tensor.dtype)
+    peer = 1 - pg._rank
+    back = None
+    if pg._rank == 0 and ordered:
+        fold, back = (mpi_op, tensor, theirs), tensor
+    else:
+        fold = (mpi_op, theirs, tensor)
+    exchange = (tensor, peer, theirs, peer, datatype)
+    return _call(
+        pg, "all_reduce", key, async_op, desc, tensor, _mpi.IN_PLACE, extra, kept, exchange,
+        fold, back,
+    )  # fmt: skip
+
+
+def reduce(
+    pg: ProcessGroup,
+    func: str,
+    tensor: np.ndarray,
+    root: int,
+    mpi_op: Any,
+    datatype: Any,
+    async_op: bool,
+    key: int,
+    desc: Callable[[], str],
+    extra: Any,
+    kept: Any,
+) -> Optional[Work]:
+    """reduce ``tensor`` to group rank ``root`` of a group of two ranks: the
+    other rank sends its array, the root folds it into its own."""
+    null = _mpi.MPI.PROC_NULL
+    if pg._rank != root:  # (it receives nothing: an empty buffer, its array may be read-only)
+        exchange = (tensor, root, _NOTHING, null, datatype)
+        return _call(pg, func, key, async_op, desc, tensor, None, extra, kept, exchange,
+                     None, None)  # fmt: skip
+    theirs = np.empty(tensor.shape, tensor.dtype)
+    fold = (mpi_op, theirs, tensor)  # (the root's result alone: any order will do)
+    exchange = (tensor, null, theirs, 1 - root, datatype)
+    return _call(
+        pg, func, key, async_op, desc, tensor, _mpi.IN_PLACE, extra, kept, exchange, fold, None
+    )

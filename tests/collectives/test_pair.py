@@ -1,0 +1,335 @@
+"""Small all_reduce and reduce of two ranks as one exchange (pycoll.collectives.pair).
+
+The tests make every call on two ranks below the path's size take it (by
+default only Open MPI in the default wait mode does), on a group of ranks 0
+and 1 (the world on two ranks; a rank outside it checks that the call is
+none of its business), and check the results against numpy's own reduction,
+the bits against the other rank's, and the calls the compiled path keeps
+(pycoll.native) against the plain path's on the other rank."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import List
+
+import numpy as np
+import pytest
+
+import pycoll
+from pycoll import ReduceOp, debug, native, watch
+from pycoll.collectives import pair as pair_mod
+from support import (
+    BF16,
+    assert_equal,
+    at_detail,
+    data,
+    late_rank_named,
+    reduce_all,
+    rop,
+    valid_pairs,
+)
+
+PAIRS = valid_pairs()
+K = 13
+
+
+def count_pairs(monkeypatch) -> List[str]:
+    """Record the collective of every call the path makes in Python (a kept
+    call's later calls are made by the compiled code), the real function
+    still making it."""
+    made: List[str] = []
+    real = pair_mod._call
+
+    def call(pg, func, *args):
+        made.append(func)
+        return real(pg, func, *args)
+
+    monkeypatch.setattr(pair_mod, "_call", call)
+    return made
+
+
+@pytest.fixture
+def forced(monkeypatch, world_size):
+    """Every all_reduce and reduce on two ranks below 64 KiB takes the path,
+    on any MPI and in either wait mode. Yields the calls made."""
+    if world_size == 1:
+        pytest.skip("the path runs on two ranks")
+    monkeypatch.setattr(
+        pair_mod, "applies", lambda func, ranks, nbytes: ranks == 2 and nbytes < 65536
+    )
+    yield count_pairs(monkeypatch)
+
+
+@pytest.fixture
+def two(forced, rank):
+    """A group of ranks 0 and 1 (on the others, what new_group gives a rank
+    outside), destroyed after the test unless a fault broke it."""
+    g = pycoll.new_group([0, 1])
+    yield g
+    if rank < 2 and g._broken is None:
+        pycoll.destroy_process_group(g)
+
+
+def plain_op(op, dtype) -> bool:
+    """Whether MPI alone carries the op (no pre-scaling, no division after):
+    the path's calls. A two-rank AVG is one user op, but not for complex."""
+    if op == "PREMUL_SUM":
+        return False
+    return not (op == "AVG" and np.dtype(dtype).kind in "cbiu")
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("op,dtype", PAIRS, ids=str)
+def test_all_reduce_every_op_and_dtype(two, forced, op, dtype, async_op, rank):
+    x = data(rank, dtype, (K, 2))
+    work = pycoll.all_reduce(x, op=rop(op), group=two, async_op=async_op)
+    if rank >= 2:
+        assert work is None and forced == []
+        return
+    if async_op:
+        assert work.wait() is True and work.result() == [x]
+    assert_equal(x, reduce_all(op, [data(r, dtype, (K, 2)) for r in range(2)], 2))
+    assert forced == ["all_reduce"] * plain_op(op, dtype)
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("dst", [0, 1])
+@pytest.mark.parametrize("op,dtype", PAIRS, ids=str)
+def test_reduce_every_op_and_dtype(two, forced, op, dtype, dst, async_op, rank):
+    x = data(rank, dtype, (K, 2))
+    before = x.copy()
+    work = pycoll.reduce(x, dst=dst, op=rop(op), group=two, async_op=async_op)
+    if rank >= 2:
+        assert work is None and forced == []
+        assert_equal(x, before)
+        return
+    if async_op:
+        assert work.wait() is True and work.result() == [x]
+    if rank == dst:
+        assert_equal(x, reduce_all(op, [data(r, dtype, (K, 2)) for r in range(2)], 2))
+    else:
+        assert_equal(x, before)
+    # (a two-rank AVG reduce keeps its division after MPI's sum: not the path's)
+    assert forced == ["reduce"] * (plain_op(op, dtype) and op != "AVG")
+
+
+def test_the_other_ranks_array_may_be_read_only(two, forced, rank):
+    x = np.full(K, rank + 1.0)
+    if rank == 1:
+        x.flags.writeable = False
+    if rank < 2:
+        pycoll.reduce(x, dst=0, group=two)
+        assert_equal(x, np.full(K, 3.0 if rank == 0 else 2.0))
+        assert forced == ["reduce"]
+
+
+@pytest.mark.parametrize("op", ["MIN", "MAX", "SUM", "PRODUCT"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BF16], ids=str)
+def test_both_ranks_end_with_the_same_bits(two, forced, op, dtype, rank):
+    """Signed zeros, NaN and infinities on one rank and not the other: MIN and
+    MAX of 0.0 and -0.0 give either zero by their order, so both ranks fold
+    rank 0's array into rank 1's."""
+    if rank >= 2:
+        return
+    dtype = np.dtype(dtype)
+    rng = np.random.default_rng(11 + rank)
+    specials = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1.0], np.float64)
+    x = rng.choice(specials, 600).astype(dtype)
+    x[:4] = [0.0, -0.0, -0.0, 0.0] if rank else [-0.0, 0.0, -0.0, 0.0]
+    mine = x.copy()
+    with np.errstate(invalid="ignore"):
+        pycoll.all_reduce(x, op=rop(op), group=two)
+    words = x.view(f"u{dtype.itemsize}")
+    both: list = [None, None]
+    pycoll.all_gather_object(both, (words.tobytes(), mine), group=two)
+    theirs = np.frombuffer(both[1 - rank][0], words.dtype)
+    assert np.array_equal(words, theirs), "the ranks differ in some element's bits"
+    with np.errstate(invalid="ignore"):
+        want = reduce_all(op, [both[0][1], both[1][1]], 2).astype(np.float32)
+    got = x.astype(np.float32)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert np.array_equal(got[~np.isnan(got)], want[~np.isnan(want)])  # (0.0 == -0.0)
+    assert forced == ["all_reduce"]
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 1000, 16383], ids=lambda c: f"{c} elements")
+def test_sizes(two, forced, count, rank):
+    """No element, one, two, many, the largest below 64 KiB; a 0-d array."""
+    if rank >= 2:
+        return
+    x = np.arange(count, dtype=np.float32) + rank
+    pycoll.all_reduce(x, group=two)
+    assert_equal(x, np.arange(count, dtype=np.float32) * 2 + 1)
+    y = np.arange(count, dtype=np.float32) + rank
+    pycoll.reduce(y, dst=1, group=two)
+    assert_equal(y, np.arange(count, dtype=np.float32) * (2 if rank else 1) + rank)
+    z = np.array(rank + 2.0)
+    pycoll.all_reduce(z, op=ReduceOp.PRODUCT, group=two)
+    assert z.shape == () and z == 6.0
+    assert forced == ["all_reduce", "reduce", "all_reduce"]
+
+
+def test_calls_in_flight_keep_their_messages_apart(two, forced, rank):
+    """Three async calls, waited for in opposite orders on the two ranks:
+    without a tag per call one call's message would match another's."""
+    if rank >= 2:
+        return
+    xs = [np.arange(37, dtype=np.float64) * (k + 1) + rank for k in range(3)]
+    works = [pycoll.all_reduce(x, group=two, async_op=True) for x in xs]
+    works.append(pycoll.reduce(xs[0] * 0 + rank + 5, dst=0, group=two, async_op=True))
+    for k in range(4) if rank == 0 else reversed(range(4)):
+        assert works[k].wait() is True
+    for k in range(3):
+        assert_equal(xs[k], np.arange(37, dtype=np.float64) * (k + 1) * 2 + 1)
+    assert len(forced) == 4
+
+
+def test_sync_and_async_calls_match(two, forced, rank):
+    if rank >= 2:
+        return
+    x = np.full(K, rank + 1.0)
+    if rank:
+        assert pycoll.all_reduce(x, group=two, async_op=True).wait() is True
+    else:
+        assert pycoll.all_reduce(x, group=two) is None
+    assert_equal(x, np.full(K, 3.0))
+
+
+def test_detail_checks_it(two, forced, rank):
+    if rank >= 2:
+        return
+    with at_detail():
+        x = np.full(K, rank + 1.0, np.float32)
+        pycoll.all_reduce(x, op=ReduceOp.AVG, group=two)
+        assert_equal(x, np.full(K, 1.5, np.float32))
+        y = np.full(K, rank + 1.0)
+        pycoll.reduce(y, dst=1, op=ReduceOp.MAX, group=two)
+        assert_equal(y, np.full(K, 2.0 if rank else 1.0))
+    assert forced == ["all_reduce", "reduce"]
+
+
+def kept_what(g, x) -> List[int]:
+    """What the compiled calls kept on ``x`` start (pycoll.native's WHAT words)."""
+    found, link = [], g._native.calls.get(id(x)) if g._native is not None else None
+    while link is not None:
+        found.append(int(link[native._WORDS][0][native.WHAT]))
+        link = link[native._NEXT]
+    return found
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.complex128, BF16], ids=str)
+def test_kept_calls_against_calls_made_afresh(two, forced, dtype, rank):
+    """Rank 0 makes the same calls again on the same arrays, so the compiled
+    code makes them (pycoll.native, attached from the group's first call);
+    rank 1 makes each on a new array, on the plain path: the two meet, and
+    the results are right on both, the fold and the copy back included."""
+    if not debug.PLAIN:
+        pytest.skip("the compiled path is off at DETAIL")
+    if rank >= 2:
+        return
+    native.attach(two)
+    if two._native is None:
+        pytest.skip("the compiled path is off in this process")
+    dtype = np.dtype(dtype)
+    op = "SUM" if dtype.kind == "c" else "MAX"
+    x, y = np.empty(5, dtype), np.empty(5, dtype)
+    for k in range(6):
+        if rank == 1:
+            x, y = np.empty(5, dtype), np.empty(5, dtype)
+        x[...] = data(rank, dtype, (5,), salt=k)
+        pycoll.all_reduce(x, op=rop(op), group=two)
+        assert_equal(x, reduce_all(op, [data(r, dtype, (5,), salt=k) for r in (0, 1)], 2))
+        y[...] = data(rank, dtype, (5,), salt=k)
+        pycoll.reduce(y, dst=k % 2, group=two)
+        if rank == k % 2:
+            assert_equal(y, reduce_all("SUM", [data(r, dtype, (5,), salt=k) for r in (0, 1)], 2))
+        else:
+            assert_equal(y, data(rank, dtype, (5,), salt=k))
+    if rank == 0:  # (kept from their second call: two calls each in Python)
+        assert kept_what(two, x) == [native.PAIR]
+        assert kept_what(two, y) == [native.PAIR, native.PAIR]  # (dst 1, then dst 0)
+        assert forced.count("all_reduce") == 2 and forced.count("reduce") == 3
+    else:
+        assert forced.count("all_reduce") == 6 and forced.count("reduce") == 6
+
+
+def test_a_late_rank_is_named_by_the_timeout(forced, rank):
+    if watch.BLOCKING:
+        pytest.skip("a blocking call's timeout ends the job (tests/test_hangs.py)")
+    g = pycoll.new_group([0, 1], timeout=timedelta(seconds=3))
+    x = np.ones(K)
+    if rank < 2:
+        late_rank_named(lambda: pycoll.all_reduce(x, group=g), "all_reduce", rank, 1)
+    else:
+        pycoll.barrier()  # (outside the group: only the barrier the others meet at)
+    assert forced == (["all_reduce"] if rank == 0 else [])
+
+
+def test_a_late_rank_is_named_on_the_compiled_path(forced, rank):
+    """A kept call whose tests run out waits in Python, within the group's
+    timeout, for the request the compiled code left."""
+    if watch.BLOCKING or not debug.PLAIN:
+        pytest.skip("blocking mode ends the job at a timeout; DETAIL has no compiled path")
+    g = pycoll.new_group([0, 1], timeout=timedelta(seconds=3))
+    if rank < 2:
+        native.attach(g)
+    x = np.ones(K)
+    if rank < 2:
+        for _ in range(2):
+            pycoll.all_reduce(x, group=g)
+    if rank == 0 and g._native is not None:
+        assert kept_what(g, x) == [native.PAIR]
+    started = time.monotonic()
+    if rank == 0:
+        with pytest.raises(pycoll.DistTimeoutError, match=r"all_reduce \(seq 3\)") as caught:
+            pycoll.all_reduce(x, group=g)
+        assert time.monotonic() - started < 60
+        assert "rank 1: has not reached it" in str(caught.value)
+    pycoll.barrier()
+
+
+def test_not_for_arrays_that_alias_device_memory(two, forced, rank):
+    from pycoll.collectives._common import device_aliases
+
+    if rank >= 2:
+        return
+    x = np.full(K, rank + 1.0, np.float32)
+    with device_aliases(two):
+        pycoll.all_reduce(x, group=two)
+    assert_equal(x, np.full(K, 3.0, np.float32))
+    assert forced == []
+
+
+def test_the_built_in_rule(rank, world_size):
+    """By default, in the default wait mode, below 64 KiB on two ranks: an
+    all_reduce on Open MPI, a reduce on MPICH from 16 KiB; never in blocking
+    mode, nor on more ranks."""
+    from pycoll import _mpi
+
+    if pair_mod._SET is not None:
+        pytest.skip("PYCOLL_PAIR_BYTES is set")
+    assert (pair_mod.BYTES, pair_mod.REDUCE_FROM) == (64 << 10, 16 << 10)
+    poll = not watch.BLOCKING
+    open_mpi, mpich = _mpi.VENDOR == "Open MPI", _mpi.VENDOR == "MPICH"
+    below = (64 << 10) - 1
+    for ranks, nbytes, all_reduce, reduce in [
+        (2, 0, open_mpi, False),
+        (2, 8, open_mpi, False),
+        (2, (16 << 10) - 1, open_mpi, False),
+        (2, 16 << 10, open_mpi, mpich),
+        (2, below, open_mpi, mpich),
+        (2, 64 << 10, False, False),
+        (3, 8, False, False),
+        (4, 16 << 10, False, False),
+    ]:
+        assert pair_mod.applies("all_reduce", ranks, nbytes) is (all_reduce and poll)
+        assert pair_mod.applies("reduce", ranks, nbytes) is (reduce and poll)
+
+
+def test_the_rule_in_blocking_mode(monkeypatch):
+    monkeypatch.setattr(watch, "BLOCKING", True)
+    if pair_mod._SET is not None:
+        pytest.skip("PYCOLL_PAIR_BYTES is set")
+    assert not pair_mod.applies("all_reduce", 2, 8)
+    assert not pair_mod.applies("reduce", 2, 16 << 10)
