@@ -5,13 +5,14 @@ reduce one message and a fold on the root. MPI's nonblocking collectives,
 which pycoll's default wait mode makes, can cost several times that: in a C
 loop on 2 ranks of the CI VM an 8-byte ``MPI_Iallreduce`` and its tests took
 1.2 us on Open MPI (libnbc), ``MPI_Isendrecv`` and ``MPI_Reduce_local`` 0.5;
-on MPICH a 16-32 KiB ``MPI_Ireduce`` took 3-4x the one message and the fold
-(docs/benchmarks.md). Where :func:`applies` says so, such a call is made here
-instead: one ``Isendrecv`` over the group's side communicator (a side left
-empty with ``MPI_PROC_NULL``: the reduce's root sends nothing, its other rank
-receives nothing), tagged with the call's sequence number as the ring's
-messages are (pycoll.collectives.ring.side), then MPI's own op folds the
-peer's copy in (``MPI_Reduce_local``). A kept call (pycoll.native) makes the
+on MPICH a 16 KiB ``MPI_Ireduce`` took 2.3x the one message and the fold,
+``MPI_Iallreduce`` 1.4x the exchange and the fold (docs/benchmarks.md).
+Where :func:`applies` says so, such a call is made here instead: one
+``Isendrecv`` over the group's side communicator (a side left empty with
+``MPI_PROC_NULL``: the reduce's root sends nothing, its other rank receives
+nothing), tagged with the call's sequence number as the ring's messages are
+(pycoll.collectives.ring.side), then MPI's own op folds the peer's copy in
+(``MPI_Reduce_local``). A kept call (pycoll.native) makes the
 same messages and the same fold from compiled code, so ranks may mix the two;
 that is where the exchange gains most. On an array made afresh for each call
 the plain path's fold and copy in Python cost about what MPI's call saves.
@@ -41,28 +42,31 @@ from ..work import Work
 from ._common import lean, plain, run
 from .ring import side
 
-__all__ = ["BYTES", "REDUCE_FROM", "applies", "all_reduce", "reduce"]
+__all__ = ["BYTES", "MPICH_FROM", "applies", "all_reduce", "reduce"]
 
 # Which calls are made here, by measured crossovers (docs/benchmarks.md;
-# docs/measurements/pair_paths.py), in the default wait mode. On Open MPI an
-# all_reduce below BYTES: on an array given again (the compiled path) it took
-# 0.55-0.86x the time of Open MPI's nonblocking all_reduce through pycoll at
-# 8 B-32 KiB, on an array made afresh 0.82-0.89x from 4 KiB and 1.03-1.09x
-# below (the fold and copy in Python); from BYTES the doubling takes over.
-# Open MPI's reduce is cheap to start (the root's loop of Python is what a
-# reduce costs there): the exchange gained 2-6% given again and lost 5-30%
-# made afresh, so it keeps MPI's call. On MPICH a reduce from REDUCE_FROM: its
-# nonblocking reduce took 1.0x mpi4py's blocking one at 16-32 KiB, the
-# exchange 0.26-0.32x given again and 0.70-0.77x made afresh (below 16 KiB it
-# lost on arrays made afresh); from 64 KiB pycoll's reduce to a root takes
-# over. MPICH's all_reduce gained 0.1-0.3 us given again and lost 0.4-1.2 us
-# made afresh: it keeps MPI's call. In blocking mode the MPIs' blocking calls
-# stay (not measured against the exchange). PYCOLL_PAIR_BYTES, where set, is
-# the size below which every all_reduce and reduce on two ranks is made here,
-# on every MPI and in either wait mode (0: never).
+# docs/measurements/pair_paths.py, 2 ranks of the CI VM), in the default wait
+# mode, below BYTES (from there pycoll's doubling, its reduce to a root or
+# MPI's call take over):
+# - On Open MPI an all_reduce: on an array given again (the compiled path) it
+#   took 0.58-0.80x the time of Open MPI's nonblocking all_reduce through
+#   pycoll at 8 B-32 KiB, on an array made afresh 0.84-0.89x from 4 KiB and
+#   1.08-1.18x below (the fold in Python). Open MPI's reduce is cheap to start
+#   (the root's Python is what a small reduce costs there): the exchange took
+#   0.67-0.97x given again and 1.05-1.40x made afresh, so it keeps MPI's call.
+# - On MPICH an all_reduce or reduce from MPICH_FROM: MPICH's own calls slow
+#   down there (mpi4py's all_reduce 5.6 us at 14 KiB, 12.4 at 16 KiB); the
+#   exchange took 0.76-0.92x (all_reduce) and 0.23-0.41x (reduce) given
+#   again, 0.91-1.00x and 0.63-0.67x made afresh, at 16-60 KiB. Between 8 and
+#   16 KiB it took 1.3-1.6x (MPICH's point-to-point slows down first), and
+#   below it lost 0.3-1.2 us on arrays made afresh.
+# In blocking mode the MPIs' blocking calls stay (not measured against the
+# exchange). PYCOLL_PAIR_BYTES, where set, is the size below which every
+# all_reduce and reduce on two ranks is made here, on every MPI and in either
+# wait mode (0: never).
 _SET = env_bytes("PYCOLL_PAIR_BYTES", "never")
 BYTES = 64 << 10 if _SET is None else _SET
-REDUCE_FROM = 16 << 10
+MPICH_FROM = 16 << 10
 _NOTHING = np.empty(0, np.uint8)
 
 
@@ -75,9 +79,9 @@ def applies(func: str, ranks: int, nbytes: int) -> bool:
         return True
     if watch.BLOCKING:
         return False
-    if func == "all_reduce":
-        return _mpi.VENDOR == "Open MPI"
-    return _mpi.VENDOR == "MPICH" and nbytes >= REDUCE_FROM
+    if _mpi.VENDOR == "MPICH":
+        return nbytes >= MPICH_FROM
+    return func == "all_reduce" and _mpi.VENDOR == "Open MPI"
 
 
 def _exchange(
