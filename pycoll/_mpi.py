@@ -13,7 +13,7 @@ import ctypes.util
 import importlib.util
 import os
 import sys
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 MPI: Any = None
 IN_PLACE: Any = None  # MPI.IN_PLACE, kept here for the collectives' hot paths
@@ -106,6 +106,17 @@ def available() -> bool:
 
 
 _LIBRARY: Optional[ctypes.CDLL] = None
+_HAS: Dict[str, bool] = {}
+
+
+def has(name: str) -> bool:
+    """Whether the libmpi mpi4py loaded has the C function ``name`` (an MPI
+    older than the function's standard has not: ``MPI_Isendrecv`` came with
+    MPI-4.0, Open MPI 5 and MPICH 4)."""
+    found = _HAS.get(name)
+    if found is None:
+        found = _HAS[name] = hasattr(library(), name)
+    return found
 
 
 def library() -> ctypes.CDLL:

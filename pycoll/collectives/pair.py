@@ -72,8 +72,9 @@ _NOTHING = np.empty(0, np.uint8)
 
 def applies(func: str, ranks: int, nbytes: int) -> bool:
     """Whether a call of collective ``func`` (``all_reduce`` or ``reduce``)
-    of ``nbytes`` on a group of ``ranks`` is made here."""
-    if ranks != 2 or nbytes >= BYTES:
+    of ``nbytes`` on a group of ``ranks`` is made here (never on an MPI
+    without ``MPI_Isendrecv``, which came with MPI-4.0)."""
+    if ranks != 2 or nbytes >= BYTES or not _mpi.has("MPI_Isendrecv"):
         return False
     if _SET is not None:
         return True

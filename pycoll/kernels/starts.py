@@ -143,12 +143,35 @@ def _external(name: str, wide: bool) -> Any:
     return types.ExternalFunction(alias, sig)
 
 
+# Functions an older MPI may lack (MPI_Isendrecv came with MPI-4.0): where it
+# does, their symbols point at a stub that returns MPI_ERR_OTHER, so that the
+# compiled code still links; pycoll.collectives.pair, their only caller, is
+# never taken there (pycoll._mpi.has).
+_OPTIONAL = ("MPI_Isendrecv",)
+_STUBS: Dict[str, Any] = {}
+
+
+def _stub(name: str) -> Any:
+    """The address of a C-callable function of ``name``'s parameters that
+    returns MPI_ERR_OTHER."""
+    if name not in _STUBS:
+        ctype = {"p": ctypes.c_int64, "i": ctypes.c_int32, "h": ctypes.c_int64}
+        proto = ctypes.CFUNCTYPE(ctypes.c_int, *[ctype[c] for c in _FUNCTIONS[name]])
+        error = int(_mpi.MPI.ERR_OTHER)
+        _STUBS[name] = proto(lambda *args: error)
+    return ctypes.cast(_STUBS[name], ctypes.c_void_p).value
+
+
 def bind() -> None:
     """Point pycoll's symbols at the libmpi mpi4py loaded (before the first
     call of :func:`start` in this process, compiled or loaded from cache)."""
     lib = _mpi.library()
     for name in _FUNCTIONS:
-        address = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+        address: Any
+        if name in _OPTIONAL and not _mpi.has(name):
+            address = _stub(name)
+        else:
+            address = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
         for wide in (False, True):
             llvm.add_symbol(f"pycoll_{'wide' if wide else 'narrow'}_{name}", address)
 

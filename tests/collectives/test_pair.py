@@ -334,3 +334,24 @@ def test_the_rule_in_blocking_mode(monkeypatch):
     assert not pair_mod.applies("all_reduce", 2, 8)
     assert not pair_mod.applies("all_reduce", 2, 16 << 10)
     assert not pair_mod.applies("reduce", 2, 16 << 10)
+
+
+def test_not_on_an_mpi_without_isendrecv(monkeypatch):
+    """MPI_Isendrecv came with MPI-4.0: on an older MPI the path is never
+    taken, whatever PYCOLL_PAIR_BYTES says, and the compiled code links its
+    symbol to a stub that returns MPI_ERR_OTHER."""
+    from pycoll import _mpi
+
+    assert _mpi.has("MPI_Isendrecv") and _mpi.has("MPI_Reduce_local")
+    assert not _mpi.has("MPI_No_such_function")
+    monkeypatch.setattr(pair_mod, "_SET", 1 << 20)
+    monkeypatch.setattr(pair_mod, "BYTES", 1 << 20)
+    assert pair_mod.applies("all_reduce", 2, 8)
+    monkeypatch.setitem(_mpi._HAS, "MPI_Isendrecv", False)
+    assert not pair_mod.applies("all_reduce", 2, 8)
+    assert not pair_mod.applies("reduce", 2, 16 << 10)
+    starts = pytest.importorskip("pycoll.kernels.starts")
+    import ctypes
+
+    stub = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.c_int64] * 12)(starts._stub("MPI_Isendrecv"))
+    assert stub(*range(12)) == _mpi.MPI.ERR_OTHER
