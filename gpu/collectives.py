@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from pycoll import arrays
+from pycoll import _mpi, arrays
 from pycoll.collectives._common import device_aliases
 from pycoll.dispatch import IN, OUT, Spec
 from pycoll.groups import STATE, ProcessGroup, get_rank, resolve
@@ -170,8 +170,11 @@ def _aware_ok(spec: Spec, args: Dict[str, Any], slots: List[_Slot]) -> bool:
 
 def _ring_ok(name: str, args: Dict[str, Any], slots: List[_Slot]) -> bool:
     """A synchronous all_reduce of floats whose op MPI cannot run on device
-    memory (a pycoll user op): pycoll's device ring (pycoll.gpu.ring)."""
+    memory (a pycoll user op): pycoll's device ring (pycoll.gpu.ring), whose
+    messages need MPI_Isendrecv (MPI-4.0)."""
     if name != "all_reduce" or args.get("async_op") or len(slots) != 1:
+        return False
+    if not _mpi.has("MPI_Isendrecv"):
         return False
     op = args.get("op", ReduceOp.SUM)
     dev = slots[0].dev

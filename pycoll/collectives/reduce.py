@@ -399,10 +399,17 @@ def _pairwise_from() -> int:
 
 
 def _ring_carries(pg: ProcessGroup, how: Plan, dtype: np.dtype) -> bool:
-    """Whether pycoll's host kernels can reduce this call's arrays: more than
-    one rank, an AVG's division in the kernels' last sum (real floats only),
-    and host memory (not device memory aliased for a CUDA-aware MPI)."""
-    return pg._size > 1 and not pg._aliases and (not how.average or kernels.divides(dtype))
+    """Whether pycoll's own paths (the ring, the doubling, the pairwise
+    exchange, the reduce to a root) can carry this call: more than one rank,
+    an AVG's division in the kernels' last sum (real floats only), host
+    memory (not device memory aliased for a CUDA-aware MPI), and an MPI with
+    MPI_Isendrecv (MPI-4.0), their messages' call."""
+    return (
+        pg._size > 1
+        and not pg._aliases
+        and (not how.average or kernels.divides(dtype))
+        and _mpi.has("MPI_Isendrecv")
+    )
 
 
 def _scatter_way(

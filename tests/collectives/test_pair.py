@@ -355,3 +355,20 @@ def test_not_on_an_mpi_without_isendrecv(monkeypatch):
 
     stub = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.c_int64] * 12)(starts._stub("MPI_Isendrecv"))
     assert stub(*range(12)) == _mpi.MPI.ERR_OTHER
+
+
+def test_pycolls_other_point_to_point_paths_need_isendrecv_too(monkeypatch):
+    """The ring, the doubling, the pairwise exchange and the reduce to a root
+    (their common rule, reduce._ring_carries) and the device ring send with
+    MPI_Isendrecv too: on an MPI without it MPI's own calls stay."""
+    from types import SimpleNamespace
+
+    from pycoll import _mpi
+    from pycoll.collectives import reduce as reduce_mod
+    from pycoll.ops import plan
+
+    two = SimpleNamespace(_size=2, _aliases=False)
+    how = plan(ReduceOp.SUM, np.dtype(np.float32), "all_reduce")
+    assert reduce_mod._ring_carries(two, how, np.dtype(np.float32))
+    monkeypatch.setitem(_mpi._HAS, "MPI_Isendrecv", False)
+    assert not reduce_mod._ring_carries(two, how, np.dtype(np.float32))

@@ -282,6 +282,25 @@ def test_aware_user_ops_go_through_the_device_ring(
     aware.reset()
 
 
+def test_aware_user_ops_take_another_way_without_isendrecv(sim, monkeypatch, rank, world_size):
+    """The device ring sends with MPI_Isendrecv (MPI-4.0): on an MPI without
+    it a float16 MAX of device memory still reduces, by another way."""
+    from pycoll import _mpi
+
+    monkeypatch.setenv("PYCOLL_CUDA_AWARE", "1")
+    monkeypatch.setitem(_mpi._HAS, "MPI_Isendrecv", False)
+    from pycoll.gpu import aware
+
+    aware.reset()
+    dtype = np.dtype(np.float16)
+    host = data(rank, dtype, (7,))
+    rings = count_rings(monkeypatch)
+    pycoll.all_reduce(FakeDLPack(host), op=rop("MAX"))
+    assert_equal(host, expected("MAX", dtype, world_size, (7,)))
+    assert rings == []
+    aware.reset()
+
+
 def test_staged_copies_and_the_collective_are_on_the_timeline(
     sim, monkeypatch, rank, world_size, tmp_path
 ):
