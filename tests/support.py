@@ -333,6 +333,35 @@ def late_rank_named(call: Any, func: str, rank: int, late: int) -> None:
     pycoll.barrier()
 
 
+def two_rank_reduce_checked(
+    work: Any,
+    x: Any,
+    before: Any,
+    op: str,
+    dtype: Any,
+    shape: Any,
+    rank: int,
+    dst: int,
+    async_op: bool,
+) -> bool:
+    """Check a reduce to group rank ``dst`` on a group of ranks 0 and 1 whose
+    inputs were ``data(r, dtype, shape)``: outside the group nothing came
+    back and ``x`` is as it was (then False); inside, an async call's Work
+    completes with ``[x]``, the root holds the reduction and the other rank
+    its input (then True)."""
+    if rank >= 2:
+        assert work is None
+        assert_equal(x, before)
+        return False
+    if async_op:
+        assert work.wait() is True and work.result() == [x]
+    if rank == dst:
+        assert_equal(x, reduce_all(op, [data(r, dtype, shape) for r in range(2)], 2))
+    else:
+        assert_equal(x, before)
+    return True
+
+
 def reduce_around(least: int, rank: int, world_size: int, group: Any) -> None:
     """A float32 SUM reduce to rank 0 one element below ``least`` bytes and one
     at it, each checked on every rank (the root's sum, the others' arrays as

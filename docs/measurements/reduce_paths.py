@@ -18,8 +18,13 @@ docs/benchmarks.md, not part of pycoll:
 
     mpiexec -n 2 python docs/measurements/reduce_paths.py              # 5 rounds, 256K-64M
     mpiexec -n 2 python docs/measurements/reduce_paths.py 7 1M,4M,16M
+    TO_ROOT_CHUNKS=256K,1M mpiexec -n 2 python docs/measurements/reduce_paths.py   # + pieces
+
+TO_ROOT_CHUNKS adds pycoll's path forced with pieces of those sizes
+(pycoll.collectives.to_root.CHUNK; two ranks).
 """
 
+import os
 import sys
 
 import numpy as np
@@ -29,6 +34,7 @@ from pycoll import _mpi
 from pycoll.bench import parse_size
 from pycoll.bench.table import rotated
 from pycoll.collectives import reduce as R
+from pycoll.collectives import to_root
 
 pycoll.init_process_group()
 MPI = _mpi.MPI
@@ -63,6 +69,24 @@ def raw(x):
 
 own = "to_root" if n == 2 else "scattered"
 cases = {"mpi4py": raw, "mpi": case(0), own: case(1), "default": case(None)}
+
+
+def chunked(chunk):
+    """pycoll's path forced with pieces of ``chunk`` bytes (to_root.CHUNK)."""
+    forced = case(1)
+
+    def call(x):
+        made, to_root.CHUNK = to_root.CHUNK, chunk
+        try:
+            forced(x)
+        finally:
+            to_root.CHUNK = made
+
+    return call
+
+
+for text in filter(None, os.environ.get("TO_ROOT_CHUNKS", "").split(",")):
+    cases[f"tr@{text}"] = chunked(parse_size(text))
 if me == 0:
     print(f"# {n} ranks, float32 SUM to rank 0, {rounds} rounds: a case's time over mpi4py's")
     print(f"{'':>8s} {'mpi4py GB/s':>12s}" + "".join(f"{k:>10s}" for k in cases if k != "mpi4py"))
