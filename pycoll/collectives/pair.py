@@ -74,15 +74,17 @@ def applies(func: str, ranks: int, nbytes: int) -> bool:
     """Whether a call of collective ``func`` (``all_reduce`` or ``reduce``)
     of ``nbytes`` on a group of ``ranks`` is made here (never on an MPI
     without ``MPI_Isendrecv``, which came with MPI-4.0)."""
-    if ranks != 2 or nbytes >= BYTES or not _mpi.has("MPI_Isendrecv"):
+    if ranks != 2 or nbytes >= BYTES:
         return False
-    if _SET is not None:
-        return True
-    if watch.BLOCKING:
-        return False
-    if _mpi.VENDOR == "MPICH":
-        return nbytes >= MPICH_FROM
-    return func == "all_reduce" and _mpi.VENDOR == "Open MPI"
+    if _SET is None:
+        if watch.BLOCKING:
+            return False
+        if _mpi.VENDOR == "MPICH":
+            if nbytes < MPICH_FROM:
+                return False
+        elif func != "all_reduce" or _mpi.VENDOR != "Open MPI":
+            return False
+    return _mpi.has("MPI_Isendrecv")  # (last: the library asked only where it would matter)
 
 
 def _exchange(

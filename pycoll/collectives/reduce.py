@@ -227,10 +227,9 @@ def all_reduce(
         and pair.applies("all_reduce", pg._size, nbytes)
         and not pg._aliases
     ):
-        ordered = op.name in ("MIN", "MAX") and dtype_kind(tensor.dtype) in ("float", "half")
-        desc = lambda: f"all_reduce({op.name}, {sig(tensor)})"  # noqa: E731
+        ordered = _order_matters(op.name, tensor.dtype)
         return pair.all_reduce(
-            pg, tensor, mpi_op, how.datatype, ordered, async_op, key, desc, op, kept
+            pg, tensor, mpi_op, how.datatype, ordered, async_op, key, _desc(op, tensor), op, kept
         )
     comm = pg.comm
     if plainly and not async_op and debug.PLAIN:
@@ -270,7 +269,7 @@ def all_reduce(
         async_op,
         _averager(tensor, pg._size) if average else None,
         [tensor],
-        lambda: f"all_reduce({op.name}, {sig(tensor)})",
+        _desc(op, tensor),
         _prescaler(tensor, how.prescale),
         key=key,
     )
@@ -588,8 +587,7 @@ def _all_reduce_doubling(
     def fold(src: np.ndarray, dst: np.ndarray, last: bool) -> None:
         (average if last else fold_in)(src, dst)
 
-    ordered = name in ("MIN", "MAX") and dtype_kind(tensor.dtype) in ("float", "half")
-    steps = Doubling(pg, flat, peer, fold, ordered)
+    steps = Doubling(pg, flat, peer, fold, _order_matters(name, tensor.dtype))
 
     def finish() -> None:
         try:
@@ -614,7 +612,16 @@ def _all_reduce_doubling(
 
 
 def _desc(op: ReduceOp, tensor: np.ndarray) -> Callable[[], str]:
+    """all_reduce's description for DETAIL's check, whichever way it runs."""
     return lambda: f"all_reduce({op.name}, {sig(tensor)})"
+
+
+def _order_matters(name: str, dtype: np.dtype) -> bool:
+    """Whether the op ``name`` gives different bits by its operands' order on
+    ``dtype``: MIN and MAX of floats (min(0.0, -0.0) is -0.0, min(-0.0, 0.0)
+    0.0). pycoll's own all_reduce paths fold those in rank order, so every
+    rank ends with the same bits."""
+    return name in ("MIN", "MAX") and dtype_kind(dtype) in ("float", "half")
 
 
 def _all_reduce_ring(
@@ -645,7 +652,7 @@ def _all_reduce_ring(
         async_op,
         lambda: scratch.give(pg, part),
         [tensor],
-        lambda: f"all_reduce({op.name}, {sig(tensor)})",
+        _desc(op, tensor),
         _prescaler(tensor, how.prescale),
         ring.stages,
         key,
