@@ -15,7 +15,7 @@ import signal
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 import ml_dtypes
 import numpy as np
@@ -131,22 +131,29 @@ def assert_equal(actual: np.ndarray, expected: np.ndarray) -> None:
     np.testing.assert_array_equal(actual, expected)
 
 
-def count_rings(monkeypatch) -> List[int]:
-    """Record the sequence number of every ring all_reduce that sends
-    (pycoll.collectives.ring.Ring.start; on one rank a ring has nothing to
-    send), the real method still doing the work."""
-    from pycoll.collectives.ring import Ring
-
+def count_starts(monkeypatch, cls: Any, sends: Callable[[Any], Any]) -> List[int]:
+    """Record the group's sequence number at every ``cls.start`` (one of
+    pycoll's staged paths: the ring, the doubling, the pairwise exchange,
+    the reduce to a root) where ``sends(self)`` is true (the call has
+    something to send on this rank), the real method still doing the work."""
     started: List[int] = []
-    real = Ring.start
+    real = cls.start
 
     def start(self):
-        if self._plan:
+        if sends(self):
             started.append(self.pg._seq)
         return real(self)
 
-    monkeypatch.setattr(Ring, "start", start)
+    monkeypatch.setattr(cls, "start", start)
     return started
+
+
+def count_rings(monkeypatch) -> List[int]:
+    """:func:`count_starts` of the ring all_reduce (pycoll.collectives.ring;
+    on one rank a ring has nothing to send)."""
+    from pycoll.collectives.ring import Ring
+
+    return count_starts(monkeypatch, Ring, lambda ring: ring._plan)
 
 
 def json_reports(out: str) -> List[dict]:

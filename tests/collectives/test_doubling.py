@@ -23,6 +23,7 @@ from support import (
     BF16,
     assert_equal,
     at_detail,
+    count_starts,
     data,
     fresh_group,
     late_rank_named,
@@ -36,18 +37,8 @@ NEVER = 1 << 62
 
 
 def count_doubling(monkeypatch) -> List[int]:
-    """Record the sequence number of every doubling all_reduce that sends
-    (one rank sends nothing), the real method still doing the work."""
-    started: List[int] = []
-    real = doubling.Doubling.start
-
-    def start(self):
-        if self._peers:
-            started.append(self.pg._seq)
-        return real(self)
-
-    monkeypatch.setattr(doubling.Doubling, "start", start)
-    return started
+    """:func:`support.count_starts` of the doubling all_reduce (one rank sends nothing)."""
+    return count_starts(monkeypatch, doubling.Doubling, lambda steps: steps._peers)
 
 
 @pytest.fixture

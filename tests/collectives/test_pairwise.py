@@ -21,6 +21,7 @@ from pycoll.collectives import reduce as reduce_mod
 from support import (
     assert_equal,
     at_detail,
+    count_starts,
     data,
     fresh_group,
     late_rank_named,
@@ -34,17 +35,8 @@ K = 13  # elements of each rank's part: in pieces of 4 (the last of 1)
 
 
 def count_pairwise(monkeypatch) -> List[int]:
-    """Record the sequence number of every pairwise reduce-scatter that
-    starts (the real method still doing the work)."""
-    started: List[int] = []
-    real = pairwise.Pairwise.start
-
-    def start(self):
-        started.append(self.pg._seq)
-        return real(self)
-
-    monkeypatch.setattr(pairwise.Pairwise, "start", start)
-    return started
+    """:func:`support.count_starts` of the pairwise reduce-scatter (every start)."""
+    return count_starts(monkeypatch, pairwise.Pairwise, lambda steps: True)
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from pycoll.collectives import to_root
 from support import (
     assert_equal,
     at_detail,
+    count_starts,
     data,
     late_rank_named,
     reduce_around,
@@ -34,18 +35,8 @@ K = 13  # elements: pieces of 4 (float64: 32 bytes) or 8, the last one short
 
 
 def count_to_root(monkeypatch) -> List[int]:
-    """Record the sequence number of every reduce by the path that has
-    something to send, the real method still doing the work."""
-    started: List[int] = []
-    real = to_root.ToRoot.start
-
-    def start(self):
-        if self._pieces:
-            started.append(self.pg._seq)
-        return real(self)
-
-    monkeypatch.setattr(to_root.ToRoot, "start", start)
-    return started
+    """:func:`support.count_starts` of the reduce to a root, where it has something to send."""
+    return count_starts(monkeypatch, to_root.ToRoot, lambda steps: steps._pieces)
 
 
 @pytest.fixture
