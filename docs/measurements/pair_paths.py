@@ -7,14 +7,15 @@ array made once and given again (kept and made by the compiled code from
 its second call: pycoll.native), ``mpi:new`` and ``pair:new`` on an array
 made afresh for each call (the plain Python path; the array's making is in
 the time), and ``mpi4py``, a blocking ``Allreduce``/``Reduce`` in place on
-an array given again. Every case's result is checked on every rank first;
-then rounds of a block of calls each (pycoll.bench.table.rotated: the order
-rotated every round, a block's time the slowest rank's mean per call); each
-round's figure is the case's time over mpi4py's in that round, and rank 0
-prints the median over rounds, with mpi4py's time in microseconds; the last
-two columns are the exchange's time over MPI's call through pycoll, given
-again and made afresh (medians of the per-round ratios). A
-measurement for docs/benchmarks.md, not part of pycoll:
+an array given again. Every case's result (mpi4py's too) is checked on
+every rank first, on an array given again (made compiled from its second
+call) and on a new one; then rounds of a block of calls each
+(pycoll.bench.table.rotated: the order rotated every round, a block's time
+the slowest rank's mean per call); each round's figure is the case's time
+over mpi4py's in that round, and rank 0 prints the median over rounds, with
+mpi4py's time in microseconds; the last two columns are the exchange's time
+over MPI's call through pycoll, given again and made afresh (medians of the
+per-round ratios). A measurement for docs/benchmarks.md, not part of pycoll:
 
     mpiexec -n 2 python docs/measurements/pair_paths.py 7 8,512,4K,32K
     PAIR_BELOW=4M mpiexec -n 2 python docs/measurements/pair_paths.py 5 64K,256K,1M
@@ -97,14 +98,32 @@ def cases(func, count):
     return made
 
 
-def check(func, count, rule):
-    """One call on ones: 2 everywhere (all_reduce; reduce's root), 1 on the other rank."""
-    pair.applies = rule
-    x = np.ones(count, np.float32)
-    pycoll_call(func, x)
+def check(func, count, call, name):
+    """``call`` on ones, 300 times on one array (from its second call the
+    compiled path makes it, once the group has attached it) and once on a
+    new array: 2 everywhere (all_reduce; reduce's root), 1 on the other rank."""
     want = 2.0 if func == "all_reduce" or me == 0 else 1.0
-    if comm.allreduce(not np.all(x == want), MPI.LOR):
-        raise SystemExit(f"{func} gave a wrong result on some rank at {count * 4} bytes")
+    x = np.ones(count, np.float32)
+    wrong = False
+    for _ in range(300):
+        x[...] = 1
+        call(func, x)
+        wrong |= not np.all(x == want)
+    y = np.ones(count, np.float32)
+    call(func, y)
+    wrong |= not np.all(y == want)
+    if comm.allreduce(wrong, MPI.LOR):
+        raise SystemExit(f"{name}: {func} gave a wrong result on some rank at {count * 4} bytes")
+
+
+def with_rule(rule):
+    """pycoll's call with the exchange forced on or off."""
+
+    def call(func, x):
+        pair.applies = rule
+        pycoll_call(func, x)
+
+    return call
 
 
 if me == 0:
@@ -112,8 +131,8 @@ if me == 0:
 for func in ("all_reduce", "reduce"):
     for nbytes in sizes:
         count = nbytes // 4
-        for rule in (ON, OFF):
-            check(func, count, rule)
+        for name, call in (("pair", with_rule(ON)), ("mpi", with_rule(OFF)), ("mpi4py", raw_call)):
+            check(func, count, call, name)
         runs = cases(func, count)
         iters = max(20, min(2000, (16 << 20) // max(nbytes, 1) // 8))
         for run in runs.values():  # (warm: the compiled path keeps its calls from the second)

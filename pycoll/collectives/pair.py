@@ -56,8 +56,8 @@ __all__ = ["BYTES", "MPICH_FROM", "applies", "all_reduce", "reduce"]
 #   0.67-0.97x given again and 1.05-1.40x made afresh, so it keeps MPI's call.
 # - On MPICH an all_reduce or reduce from MPICH_FROM: MPICH's own calls slow
 #   down there (mpi4py's all_reduce 5.6 us at 14 KiB, 12.4 at 16 KiB); the
-#   exchange took 0.76-0.92x (all_reduce) and 0.23-0.41x (reduce) given
-#   again, 0.91-1.00x and 0.63-0.67x made afresh, at 16-60 KiB. Between 8 and
+#   exchange took 0.76-0.92x (all_reduce) and 0.23-0.58x (reduce) given
+#   again, 0.91-1.00x and 0.63-0.75x made afresh, at 16-60 KiB. Between 8 and
 #   16 KiB it took 1.3-1.6x (MPICH's point-to-point slows down first), and
 #   below it lost 0.3-1.2 us on arrays made afresh.
 # In blocking mode the MPIs' blocking calls stay (not measured against the
