@@ -448,6 +448,8 @@ class Work(BaseWork):
         if self._exc is None and self._finish is not None:
             try:
                 self._finish()
+            except _mpi.MPI.Exception as exc:  # (MPI_Reduce_local refusing a fold)
+                self._exc = watch.backend_error(self.op, self.seq, exc)
             except Exception as exc:  # raised by wait(); Ctrl-C still propagates
                 self._exc = exc
         self._done = True

@@ -102,7 +102,7 @@ def run(
     watch.end(pg, seq)
     recorder.complete(entry)
     if finish is not None:
-        finish()
+        finished(op, seq, finish)
     if debug.LEVEL:
         debug.log_collective(op, pg.group_desc, seq, nbytes, time.perf_counter() - t0)
     return None
@@ -178,8 +178,18 @@ def lean(
     watch.end(pg, seq)
     recorder.complete(entry)
     if finish is not None:
-        finish()
+        finished(op, seq, finish)
     return None
+
+
+def finished(op: str, seq: int, finish: Callable[[], None]) -> None:
+    """Run a call's finishing step once MPI is done with it; an MPI error
+    there (MPI_Reduce_local refusing a fold) is the call's DistBackendError,
+    as an error of its MPI operation is."""
+    try:
+        finish()
+    except _mpi.MPI.Exception as exc:
+        raise watch.backend_error(op, seq, exc) from None
 
 
 @contextmanager
@@ -229,14 +239,15 @@ def claim(pg: ProcessGroup) -> None:
 
 def plain(
     pg: ProcessGroup, op: str, key: int, start: Callable, blocking: Callable, *args: Any
-) -> None:
+) -> int:
     """The synchronous fast path: count the collective, note its key for the
     call check (pycoll.crosscheck), start it, wait for it.
 
     For calls already known to need nothing else (checked arrays, debug OFF,
     no finishing step); everything else goes through :func:`run`. Under
     ``PYCOLL_WAIT=blocking`` it makes MPI's blocking call instead, watched by
-    the watchdog thread. (This is :func:`run` inlined: every step counts here.)
+    the watchdog thread. Returns the call's sequence number. (This is
+    :func:`run` inlined: every step counts here.)
     """
     lock = None
     if pg._owner == get_ident() and not pg._shared:
@@ -296,6 +307,7 @@ def plain(
             raise watch.backend_error(op, seq, exc) from None
     if rec[word] == busy:
         rec[word] = busy - 1
+    return seq
 
 
 @contextmanager

@@ -143,10 +143,13 @@ def _call(
             pg, func, key, main, other, extra, exchange, fold, back
         ):
             return None
-        plain(pg, func, key, _exchange, _exchanged, pg, func, *exchange)
+        seq = plain(pg, func, key, _exchange, _exchanged, pg, func, *exchange)
         if fold is not None:  # (inline: a closure costs what this does)
             datatype = exchange[4]
-            fold[0].Reduce_local([fold[1], datatype], [fold[2], datatype])
+            try:
+                fold[0].Reduce_local([fold[1], datatype], [fold[2], datatype])
+            except _mpi.MPI.Exception as exc:
+                raise watch.backend_error(func, seq, exc) from None
             if back is not None:
                 np.copyto(back, fold[2])
         return None

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import pycoll
-from pycoll import ReduceOp, debug, native, watch
+from pycoll import ReduceOp, _mpi, crosscheck, debug, native, watch
 from pycoll.collectives import pair as pair_mod
 from support import (
     BF16,
@@ -281,6 +281,38 @@ def test_a_late_rank_is_named_on_the_compiled_path(forced, rank):
         assert time.monotonic() - started < 60
         assert "rank 1: has not reached it" in str(caught.value)
     pycoll.barrier()
+
+
+@pytest.mark.parametrize("how", ["sync", "async", "detail"])
+def test_a_fold_mpi_refuses_fails_the_call_as_mpis_errors_do(two, forced, how, rank):
+    """MPI_Reduce_local refusing the fold (BAND of floats, which MPI has not
+    and pycoll's checks never let through: given here straight to the path)
+    fails the call on both ranks with the DistBackendError an MPI operation's
+    error gives, on the plain path, a Work's and the checked one; the group
+    goes on."""
+    if rank >= 2:
+        return
+    MPI = _mpi.MPI
+    x = np.ones(K, np.float32)
+    key = crosscheck.key("all_reduce", x.dtype, x.size, 0, "BAND")
+
+    def call():
+        work = pair_mod.all_reduce(
+            two, x, MPI.BAND, MPI.FLOAT, False, how == "async", key,
+            lambda: "all_reduce(BAND)", ReduceOp.BAND, None,
+        )  # fmt: skip
+        if how == "async":
+            work.wait()
+
+    with pytest.raises(pycoll.DistBackendError, match=r"all_reduce \(seq \d+\) failed in MPI"):
+        if how == "detail":
+            with at_detail():
+                call()
+        else:
+            call()
+    y = np.full(K, rank + 1.0, np.float32)
+    pycoll.all_reduce(y, group=two)
+    assert_equal(y, np.full(K, 3.0, np.float32))
 
 
 def test_not_for_arrays_that_alias_device_memory(two, forced, rank):
