@@ -703,6 +703,7 @@ def call_pair(
     exchange: Tuple[Any, int, Any, int, Any],
     fold: Optional[Tuple[Any, Any, Any]],
     back: Any,
+    place: Any = None,
 ) -> bool:
     """:func:`call` for a call of two ranks made as one exchange
     (pycoll.collectives.pair): ``exchange`` is (send, dest, recv, source,
@@ -711,24 +712,24 @@ def call_pair(
     ``back`` an array ``inout`` is copied to after the fold, or None. The
     messages go over the group's side communicator, which the plain path
     made at the call's first sighting (none yet: not kept). ``main``,
-    ``other`` and ``extra`` as for :func:`call`."""
+    ``other``, ``extra`` and ``place`` as for :func:`call`."""
     state = pg._native
     side = pg._side
     if state is None or pg._aliases or side is None or isinstance(side, tuple):
         return False
-    found = _found(pg, state, main, other, extra, None, op, None)
+    found = _found(pg, state, main, other, extra, place, op, None)
     if found is None:
         return False
     extra, held = found
     send, dest, recv, source, datatype = exchange
-    if fold is not None:  # (the peer's copy, received into a buffer of the call's own)
+    if fold is not None and recv is not main:  # (the peer's copy, in a buffer of the call's own)
         held += recv.nbytes
     if not may_keep(held) or not _room(pg, state, main, held):
         return False
     mask = _handle_mask
     mpi_op = 0 if fold is None else fold[0].handle & mask
     folded = None if fold is None else fold[2]  # (copied to ``back``, where given)
-    words = _words(PAIR, send, recv, main.size, datatype.handle & mask, mpi_op, dest,
+    words = _words(PAIR, send, recv, send.size, datatype.handle & mask, mpi_op, dest,
                    state.address, back, folded if back is not None else None, None)  # fmt: skip
     words[SOURCE] = source
     if fold is not None:

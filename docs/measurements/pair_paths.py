@@ -1,13 +1,17 @@
-"""Small all_reduce and reduce on two ranks: pycoll's exchange
-(pycoll.collectives.pair) against MPI's nonblocking call through pycoll,
-each forced, and raw mpi4py's blocking call, in one run.
+"""Small all_reduce, reduce and reduce_scatter_tensor on two ranks: pycoll's
+exchange (pycoll.collectives.pair) against MPI's nonblocking call through
+pycoll, each forced, and raw mpi4py's blocking call, in one run.
 
 For each size and collective the cases are: ``mpi`` and ``pair`` on an
 array made once and given again (kept and made by the compiled code from
 its second call: pycoll.native), ``mpi:new`` and ``pair:new`` on an array
 made afresh for each call (the plain Python path; the array's making is in
 the time), and ``mpi4py``, a blocking ``Allreduce``/``Reduce`` in place on
-an array given again. Every case's result (mpi4py's too) is checked on
+an array given again (the reduce-scatter: ``Reduce_scatter_block`` out of
+place; in place, ``rs:in``, MPI's in-place call and this rank's part copied
+to where torch's in-place form leaves it, pycoll's output a new view of
+the input's part each call, as torch makes it). The bytes are the input's.
+Every case's result (mpi4py's too) is checked on
 every rank first, on an array given again (made compiled from its second
 call) and on a new one; then rounds of a block of calls each
 (pycoll.bench.table.rotated: the order rotated every round, a block's time
@@ -19,6 +23,7 @@ per-round ratios). A measurement for docs/benchmarks.md, not part of pycoll:
 
     mpiexec -n 2 python docs/measurements/pair_paths.py 7 8,512,4K,32K
     PAIR_BELOW=4M mpiexec -n 2 python docs/measurements/pair_paths.py 5 64K,256K,1M
+    FUNCS=rs,rs:in PAIR_BELOW=1M mpiexec -n 2 python docs/measurements/pair_paths.py 7 8,8K,128K
 
 (``mpi`` is pycoll's default path with the exchange off: from 64 KiB that
 may be another of pycoll's paths, such as its reduce to a root on MPICH.)
@@ -49,20 +54,53 @@ OFF = lambda func, ranks, nbytes: False  # noqa: E731
 raw = comm.Dup()
 
 
-def pycoll_call(func, x):
+def arrays(func, count):
+    """A call's arrays, ones: the array (all_reduce, reduce), or the input
+    and the output (a reduce-scatter's; in place, the output None: a view
+    made at the call)."""
+    x = np.ones(count, np.float32)
+    if func == "rs":
+        return x, np.ones(count // 2, np.float32)
+    return x, None
+
+
+def pycoll_call(func, x, y):
     if func == "all_reduce":
         pycoll.all_reduce(x)
-    else:
+    elif func == "reduce":
         pycoll.reduce(x, dst=0)
+    elif func == "rs":
+        pycoll.reduce_scatter_tensor(y, x)
+    else:  # (torch's in-place form: the output a new view each call)
+        half = x.size // 2
+        pycoll.reduce_scatter_tensor(x[me * half : (me + 1) * half], x)
 
 
-def raw_call(func, x):
+def raw_call(func, x, y):
     if func == "all_reduce":
         raw.Allreduce(MPI.IN_PLACE, x, MPI.SUM)
-    elif me == 0:
-        raw.Reduce(MPI.IN_PLACE, x, MPI.SUM, 0)
+    elif func == "reduce":
+        if me == 0:
+            raw.Reduce(MPI.IN_PLACE, x, MPI.SUM, 0)
+        else:
+            raw.Reduce(x, None, MPI.SUM, 0)
+    elif func == "rs":
+        raw.Reduce_scatter_block(x, y, MPI.SUM)
     else:
-        raw.Reduce(x, None, MPI.SUM, 0)
+        half = x.size // 2
+        raw.Reduce_scatter_block(MPI.IN_PLACE, x, MPI.SUM)
+        if me:
+            x[half:] = x[:half]
+
+
+def result(func, x, y):
+    """Where the call's result is."""
+    if func == "rs":
+        return y
+    if func == "rs:in":
+        half = x.size // 2
+        return x[me * half : (me + 1) * half]
+    return x
 
 
 def cases(func, count):
@@ -70,12 +108,12 @@ def cases(func, count):
     made = {}
 
     def kept(rule):
-        x = np.ones(count, np.float32)
+        x, y = arrays(func, count)
 
         def run(iters):
             pair.applies = rule
             for _ in range(iters):
-                pycoll_call(func, x)
+                pycoll_call(func, x, y)
 
         return run
 
@@ -83,15 +121,15 @@ def cases(func, count):
         def run(iters):
             pair.applies = rule
             for _ in range(iters):
-                pycoll_call(func, np.ones(count, np.float32))
+                pycoll_call(func, *arrays(func, count))
 
         return run
 
     def mpi4py(iters):
         for _ in range(iters):
-            raw_call(func, y)
+            raw_call(func, *mine)
 
-    y = np.ones(count, np.float32)
+    mine = arrays(func, count)
     made["mpi4py"] = mpi4py
     made["mpi"], made["pair"] = kept(OFF), kept(ON)
     made["mpi:new"], made["pair:new"] = new(OFF), new(ON)
@@ -99,19 +137,20 @@ def cases(func, count):
 
 
 def check(func, count, call, name):
-    """``call`` on ones, 300 times on one array (from its second call the
-    compiled path makes it, once the group has attached it) and once on a
-    new array: 2 everywhere (all_reduce; reduce's root), 1 on the other rank."""
-    want = 2.0 if func == "all_reduce" or me == 0 else 1.0
-    x = np.ones(count, np.float32)
+    """``call`` on ones, 300 times on the same arrays (from its second call
+    the compiled path makes it, once the group has attached it) and once on
+    new ones: 2 everywhere (all_reduce; reduce's root; a reduce-scatter's
+    part), 1 on reduce's other rank."""
+    want = 1.0 if func == "reduce" and me != 0 else 2.0
+    x, y = arrays(func, count)
     wrong = False
     for _ in range(300):
         x[...] = 1
-        call(func, x)
-        wrong |= not np.all(x == want)
-    y = np.ones(count, np.float32)
-    call(func, y)
-    wrong |= not np.all(y == want)
+        call(func, x, y)
+        wrong |= not np.all(result(func, x, y) == want)
+    x, y = arrays(func, count)
+    call(func, x, y)
+    wrong |= not np.all(result(func, x, y) == want)
     if comm.allreduce(wrong, MPI.LOR):
         raise SystemExit(f"{name}: {func} gave a wrong result on some rank at {count * 4} bytes")
 
@@ -119,16 +158,16 @@ def check(func, count, call, name):
 def with_rule(rule):
     """pycoll's call with the exchange forced on or off."""
 
-    def call(func, x):
+    def call(func, x, y):
         pair.applies = rule
-        pycoll_call(func, x)
+        pycoll_call(func, x, y)
 
     return call
 
 
 if me == 0:
     print(f"# 2 ranks, float32 SUM, {rounds} rounds: a case's time over mpi4py's blocking call")
-for func in ("all_reduce", "reduce"):
+for func in os.environ.get("FUNCS", "all_reduce,reduce").split(","):
     for nbytes in sizes:
         count = nbytes // 4
         for name, call in (("pair", with_rule(ON)), ("mpi", with_rule(OFF)), ("mpi4py", raw_call)):

@@ -20,6 +20,7 @@ from ..arrays import (
     detach,
     is_slot,
     mpi_datatype,
+    own_part,
     plain_arrays,
 )
 from ..dispatch import IN, LIST, LISTS, OUT, UNKNOWN, Array, collective
@@ -219,7 +220,7 @@ def all_gather_into_tensor(
         and (datatype := MPI_TYPES.get(inp.dtype)) is not None
         and out.size == inp.size * n
         and (
-            (in_place := inp.base is out and out.base is None and _own_part(inp, out, pg._rank))
+            (in_place := inp.base is out and out.base is None and own_part(inp, out, pg._rank))
             or apart(inp, out)
         )
     )
@@ -325,15 +326,6 @@ def _send(
     if in_place:
         return _mpi.MPI.IN_PLACE
     return [detach(inp, out), datatype]
-
-
-def _own_part(inp: np.ndarray, out: np.ndarray, index: int) -> bool:
-    """arrays.is_slot for checked arrays, with MPI's cheap address of a
-    buffer (numpy's __array_interface__ costs over a microsecond)."""
-    address = _mpi.MPI.buffer
-    return (
-        inp.flags.c_contiguous and address(inp).address == address(out).address + index * inp.nbytes
-    )
 
 
 def _kept_lists(

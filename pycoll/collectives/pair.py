@@ -1,4 +1,5 @@
-"""Small collectives of two ranks as one exchange: all_reduce and reduce.
+"""Small collectives of two ranks as one exchange: all_reduce, reduce and
+reduce_scatter_tensor.
 
 On two ranks a small all_reduce is one message each way and a fold, and a
 reduce one message and a fold on the root. MPI's nonblocking collectives,
@@ -7,24 +8,28 @@ loop on 2 ranks of the CI VM an 8-byte ``MPI_Iallreduce`` and its tests took
 1.2 us on Open MPI (libnbc), ``MPI_Isendrecv`` and ``MPI_Reduce_local`` 0.5;
 on MPICH a 16 KiB ``MPI_Ireduce`` took 2.3x the one message and the fold,
 ``MPI_Iallreduce`` 1.4x the exchange and the fold (docs/benchmarks.md).
-Where :func:`applies` says so, such a call is made here instead: one
-``Isendrecv`` over the group's side communicator (a side left empty with
-``MPI_PROC_NULL``: the reduce's root sends nothing, its other rank receives
-nothing), tagged with the call's sequence number as the ring's messages are
-(pycoll.collectives.ring.side), then MPI's own op folds the peer's copy in
-(``MPI_Reduce_local``). A kept call (pycoll.native) makes the
-same messages and the same fold from compiled code, so ranks may mix the two;
-that is where the exchange gains most. On an array made afresh for each call
-the plain path's fold and copy in Python cost about what MPI's call saves.
+A reduce-scatter is one message each way too (each rank's part of the
+other's input) and a fold, where Open MPI's nonblocking call took 1.3-1.9x
+its blocking one from 2 KiB. Where :func:`applies` says so, such a call is
+made here instead: one ``Isendrecv`` over the group's side communicator (a
+side left empty with ``MPI_PROC_NULL``: the reduce's root sends nothing, its
+other rank receives nothing), tagged with the call's sequence number as the
+ring's messages are (pycoll.collectives.ring.side), then MPI's own op folds
+the peer's copy in (``MPI_Reduce_local``). A kept call (pycoll.native) makes
+the same messages and the same fold from compiled code, so ranks may mix the
+two; that is where the exchange gains most. On an array made afresh for each
+call the plain path's fold and copy in Python cost about what MPI's call
+saves.
 
-The result is the same on every rank, bit for bit. Most ops give the same
-bits in either order (SUM and PRODUCT of integers and IEEE floats, but for
-which NaN's payload comes out; the logical and bitwise ops): each rank folds
-the copy it received into its own array. MIN and MAX of floats do not
-(min(0.0, -0.0) is -0.0, min(-0.0, 0.0) is 0.0): for those both ranks fold
-rank 0's array into rank 1's (``Reduce_local(in=rank 0's, inout=rank 1's)``),
-rank 0 into the copy it received, which it then copies back. Only the calls MPI
-does alone (no pre-scaling, no division after: :attr:`pycoll.ops.Plan.plain`)
+An all_reduce's result is the same on every rank, bit for bit. Most ops
+give the same bits in either order (SUM and PRODUCT of integers and IEEE
+floats, but for which NaN's payload comes out; the logical and bitwise ops):
+each rank folds the copy it received into its own array. MIN and MAX of
+floats do not (min(0.0, -0.0) is -0.0, min(-0.0, 0.0) is 0.0): for those
+both ranks fold rank 0's array into rank 1's (``Reduce_local(in=rank 0's,
+inout=rank 1's)``), rank 0 into the copy it received, which it then copies
+back; a reduce-scatter with them keeps MPI's call. Only the calls MPI does
+alone (no pre-scaling, no division after: :attr:`pycoll.ops.Plan.plain`)
 come here, with the op MPI would have been given (a builtin, or one of
 pycoll's user ops).
 """
@@ -42,48 +47,76 @@ from ..work import Work
 from ._common import lean, plain, run
 from .ring import side
 
-__all__ = ["BYTES", "MPICH_FROM", "applies", "all_reduce", "reduce"]
+__all__ = [
+    "BYTES",
+    "MPICH_FROM",
+    "SCATTER_BELOW",
+    "applies",
+    "all_reduce",
+    "reduce",
+    "reduce_scatter",
+]
 
 # Which calls are made here, by measured crossovers (docs/benchmarks.md;
 # docs/measurements/pair_paths.py, 2 ranks of the CI VM), in the default wait
-# mode, below BYTES (from there pycoll's doubling, its reduce to a root or
-# MPI's call take over):
-# - On Open MPI an all_reduce: on an array given again (the compiled path) it
-#   took 0.58-0.80x the time of Open MPI's nonblocking all_reduce through
-#   pycoll at 8 B-32 KiB, on an array made afresh 0.84-0.89x from 4 KiB and
-#   1.08-1.18x below (the fold in Python). Open MPI's reduce is cheap to start
-#   (the root's Python is what a small reduce costs there): the exchange took
-#   0.67-0.97x given again and 1.05-1.40x made afresh, so it keeps MPI's call.
-# - On MPICH an all_reduce or reduce from MPICH_FROM: MPICH's own calls slow
-#   down there (mpi4py's all_reduce 5.6 us at 14 KiB, 12.4 at 16 KiB); the
-#   exchange took 0.76-0.92x (all_reduce) and 0.23-0.58x (reduce) given
-#   again, 0.91-1.00x and 0.63-0.75x made afresh, at 16-60 KiB. Between 8 and
-#   16 KiB it took 1.3-1.6x (MPICH's point-to-point slows down first), and
-#   below it lost 0.3-1.2 us on arrays made afresh.
+# mode:
+# - On Open MPI an all_reduce below BYTES (from there pycoll's doubling takes
+#   over): on an array given again (the compiled path) it took 0.58-0.80x the
+#   time of Open MPI's nonblocking all_reduce through pycoll at 8 B-32 KiB, on
+#   an array made afresh 0.84-0.89x from 4 KiB and 1.08-1.18x below (the fold
+#   in Python). Open MPI's reduce is cheap to start (the root's Python is what
+#   a small reduce costs there): the exchange took 0.67-0.97x given again and
+#   1.05-1.40x made afresh, so it keeps MPI's call.
+# - On MPICH an all_reduce or reduce from MPICH_FROM below BYTES (then pycoll's
+#   reduce to a root, or MPI's call): MPICH's own calls slow down there
+#   (mpi4py's all_reduce 5.6 us at 14 KiB, 12.4 at 16 KiB); the exchange took
+#   0.76-0.92x (all_reduce) and 0.23-0.58x (reduce) given again, 0.91-1.00x
+#   and 0.63-0.75x made afresh, at 16-60 KiB. Between 8 and 16 KiB it took
+#   1.3-1.6x (MPICH's point-to-point slows down first), and below it lost
+#   0.3-1.2 us on arrays made afresh.
+# - A reduce_scatter_tensor (its input's bytes) below SCATTER_BELOW, where
+#   pycoll's pairwise exchange takes over (pycoll.collectives.reduce's
+#   PAIRWISE_BYTES), on Open MPI at any size and on MPICH from MPICH_FROM.
+#   Open MPI's nonblocking reduce-scatter took 1.3-1.9x its blocking one from
+#   2 KiB; the exchange took 0.15-0.81x its time through pycoll on arrays
+#   given again, on arrays made afresh 0.47-0.97x from 8 KiB and 1.04-1.28x
+#   below. On MPICH from 16 KiB it took 0.48-0.90x given again and 0.84-1.08x
+#   made afresh (below, 0.97-1.13x made afresh). MIN and MAX of floats keep
+#   MPI's call (the caller's rule): their bits follow the operands' order.
 # In blocking mode the MPIs' blocking calls stay (not measured against the
 # exchange). PYCOLL_PAIR_BYTES, where set, is the size below which every
-# all_reduce and reduce on two ranks is made here, on every MPI and in either
-# wait mode (0: never).
+# all_reduce, reduce and reduce_scatter_tensor on two ranks is made here, on
+# every MPI and in either wait mode (0: never).
 _SET = env_bytes("PYCOLL_PAIR_BYTES", "never")
 BYTES = 64 << 10 if _SET is None else _SET
 MPICH_FROM = 16 << 10
+SCATTER_BELOW = {"Open MPI": 256 << 10, "MPICH": 1 << 20}
 _NOTHING = np.empty(0, np.uint8)
 
 
 def applies(func: str, ranks: int, nbytes: int) -> bool:
-    """Whether a call of collective ``func`` (``all_reduce`` or ``reduce``)
-    of ``nbytes`` on a group of ``ranks`` is made here (never on an MPI
+    """Whether a call of collective ``func`` (``all_reduce``, ``reduce`` or
+    ``reduce_scatter_tensor``, whose ``nbytes`` are its input's) of
+    ``nbytes`` on a group of ``ranks`` is made here (never on an MPI
     without ``MPI_Isendrecv``, which came with MPI-4.0)."""
-    if ranks != 2 or nbytes >= BYTES:
+    if ranks != 2:
         return False
-    if _SET is None:
-        if watch.BLOCKING:
+    if _SET is not None:
+        if nbytes >= _SET:
             return False
-        if _mpi.VENDOR == "MPICH":
-            if nbytes < MPICH_FROM:
-                return False
-        elif func != "all_reduce" or _mpi.VENDOR != "Open MPI":
+    elif watch.BLOCKING:
+        return False
+    elif func == "reduce_scatter_tensor":
+        vendor = _mpi.VENDOR
+        if nbytes >= SCATTER_BELOW.get(vendor, 0) or vendor == "MPICH" and nbytes < MPICH_FROM:
             return False
+    elif nbytes >= BYTES:
+        return False
+    elif _mpi.VENDOR == "MPICH":
+        if nbytes < MPICH_FROM:
+            return False
+    elif func != "all_reduce" or _mpi.VENDOR != "Open MPI":
+        return False
     return _mpi.has("MPI_Isendrecv")  # (last: the library asked only where it would matter)
 
 
@@ -131,6 +164,7 @@ def _call(
     exchange: Tuple[Any, int, Any, int, Any],
     fold: Optional[Tuple[Any, Any, Any]],
     back: Optional[np.ndarray],
+    place: Any = None,
 ) -> Optional[Work]:
     """Make one call: kept and compiled (pycoll.native) where it may be,
     else counted and waited for as MPI's own calls are (pycoll.collectives.
@@ -140,7 +174,7 @@ def _call(
     folded."""
     if not async_op and debug.PLAIN:
         if kept is False and native.call_pair(
-            pg, func, key, main, other, extra, exchange, fold, back
+            pg, func, key, main, other, extra, exchange, fold, back, place
         ):
             return None
         seq = plain(pg, func, key, _exchange, _exchanged, pg, func, *exchange)
@@ -192,6 +226,41 @@ def all_reduce(
         pg, "all_reduce", key, async_op, desc, tensor, _mpi.IN_PLACE, extra, kept, exchange,
         fold, back,
     )  # fmt: skip
+
+
+def reduce_scatter(
+    pg: ProcessGroup,
+    func: str,
+    output: np.ndarray,
+    input: np.ndarray,
+    parts: Any,
+    in_place: bool,
+    mpi_op: Any,
+    datatype: Any,
+    async_op: bool,
+    key: int,
+    desc: Callable[[], str],
+    extra: Any,
+    kept: Any,
+) -> Optional[Work]:
+    """reduce_scatter_tensor of ``input`` (its two ``parts``, flat) into
+    ``output`` on a group of two ranks: each rank sends the other its part
+    and folds its own part's copy in. Out of place the peer's copy is
+    received into ``output`` and this rank's part folded into it; in place
+    (``output`` is this rank's part itself, torch's form) it is received
+    aside and folded into ``output``. For ops whose bits do not depend on
+    the operands' order (the caller keeps MIN and MAX of floats off this
+    path): each element's result is on one rank only."""
+    peer = 1 - pg._rank
+    send = parts[peer]
+    if in_place:
+        theirs = np.empty(output.size, output.dtype)
+        exchange = (send, peer, theirs, peer, datatype)
+        return _call(pg, func, key, async_op, desc, input, _mpi.IN_PLACE, extra, False, exchange,
+                     (mpi_op, theirs, output), None, output)  # fmt: skip
+    exchange = (send, peer, output, peer, datatype)
+    return _call(pg, func, key, async_op, desc, output, input, extra, kept, exchange,
+                 (mpi_op, parts[pg._rank], output), None)  # fmt: skip
 
 
 def reduce(

@@ -23,6 +23,7 @@ from ..arrays import (
     check_size,
     dtype_kind,
     may_alias,
+    own_part,
     plain_arrays,
 )
 from ..crosscheck import COUNT, OP_BITS
@@ -1297,6 +1298,19 @@ def reduce_scatter_tensor(
                 if kept:
                     return None
             return made.call(pg, func, input, output, async_op, desc)
+    if (
+        how.plain
+        and pair.applies(func, n, nbytes)
+        and not pg._aliases
+        and not _order_matters(op.name, dtype)
+    ):
+        in_place = _in_input(output, input) and own_part(output, input, pg._rank)
+        if in_place or not may_alias(input, output):
+            flat, count = input.reshape(-1), output.size
+            halves = (flat[:count], flat[count:])
+            key = how.key | _REDUCE_SCATTER_TENSOR | output.size & COUNT
+            return pair.reduce_scatter(pg, func, output, input, halves, in_place, how.mpi_op,
+                                       how.datatype, async_op, key, desc, op, kept)  # fmt: skip
     if how.plain and (not async_op or async_op is True) and debug.PLAIN:
         # The common case, straight to MPI (pycoll.collectives._common.plain):
         # the generic path's bookkeeping was a third of this call's cost at 8 B.

@@ -1,4 +1,5 @@
-"""Small all_reduce and reduce of two ranks as one exchange (pycoll.collectives.pair).
+"""Small all_reduce, reduce and reduce_scatter_tensor of two ranks as one exchange
+(pycoll.collectives.pair).
 
 The tests make every call on two ranks below the path's size take it (by
 default only Open MPI in the default wait mode does), on a group of ranks 0
@@ -21,6 +22,7 @@ from pycoll import ReduceOp, _mpi, crosscheck, debug, native, watch
 from pycoll.collectives import pair as pair_mod
 from support import (
     BF16,
+    FLOATS,
     assert_equal,
     at_detail,
     data,
@@ -52,8 +54,9 @@ def count_pairs(monkeypatch) -> List[str]:
 
 @pytest.fixture
 def forced(monkeypatch, world_size):
-    """Every all_reduce and reduce on two ranks below 64 KiB takes the path,
-    on any MPI and in either wait mode. Yields the calls made."""
+    """Every all_reduce, reduce and reduce_scatter_tensor on two ranks below
+    64 KiB takes the path, on any MPI and in either wait mode. Yields the
+    calls made."""
     if world_size == 1:
         pytest.skip("the path runs on two ranks")
     monkeypatch.setattr(
@@ -106,6 +109,72 @@ def test_reduce_every_op_and_dtype(two, forced, op, dtype, dst, async_op, rank):
         return
     # (a two-rank AVG reduce keeps its division after MPI's sum: not the path's)
     assert forced == ["reduce"] * (plain_op(op, dtype) and op != "AVG")
+
+
+def takes_exchange_scattered(op, dtype) -> bool:
+    """Whether a reduce-scatter with ``op`` on ``dtype`` is the exchange's: MPI's
+    op alone, and not MIN or MAX of floats (their bits follow the order)."""
+    ordered = op in ("MIN", "MAX") and np.dtype(dtype) in FLOATS
+    return plain_op(op, dtype) and op != "AVG" and not ordered
+
+
+def scatter_output(form, x, rank, dtype):
+    """The output of a reduce-scatter of ``x`` (2K rows): this rank's half of
+    ``x`` itself, as torch's in-place form, or an array of its own."""
+    if form == "in place":
+        return x[K * rank : K * (rank + 1)] if rank < 2 else x[:K]
+    return np.zeros((K,) + x.shape[1:], dtype)
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("form", ["out of place", "in place"])
+@pytest.mark.parametrize("op,dtype", PAIRS, ids=str)
+def test_reduce_scatter_every_op_and_dtype(two, forced, op, dtype, form, async_op, rank):
+    x = data(rank, dtype, (2 * K, 3))
+    before = x.copy()
+    out = scatter_output(form, x, rank, dtype)
+    work = pycoll.reduce_scatter_tensor(out, x, op=rop(op), group=two, async_op=async_op)
+    if rank >= 2:
+        assert work is None and forced == []
+        return
+    if async_op:
+        assert work.wait() is True
+    want = reduce_all(op, [data(r, dtype, (2 * K, 3)) for r in range(2)], 2)
+    assert_equal(out, want[K * rank : K * (rank + 1)])
+    if form == "out of place":
+        assert_equal(x, before)  # (the input only read)
+    else:
+        assert_equal(x[K * (1 - rank) : K * (2 - rank)], before[K * (1 - rank) : K * (2 - rank)])
+    assert forced == ["reduce_scatter_tensor"] * takes_exchange_scattered(op, dtype)
+
+
+@pytest.mark.parametrize("count", [0, 1, 7, 8191], ids=lambda c: f"{c} elements a part")
+def test_reduce_scatter_sizes(two, forced, count, rank):
+    """Parts of no element, one, an odd count, the largest below 64 KiB of
+    input; out of place and in place."""
+    if rank >= 2:
+        return
+    x = np.arange(2 * count, dtype=np.float32) + rank
+    want = np.arange(2 * count, dtype=np.float32) * 2 + 1
+    out = np.empty(count, np.float32)
+    pycoll.reduce_scatter_tensor(out, x, group=two)
+    assert_equal(out, want[count * rank : count * (rank + 1)])
+    pycoll.reduce_scatter_tensor(x[count * rank : count * (rank + 1)], x, group=two)
+    assert_equal(x[count * rank : count * (rank + 1)], want[count * rank : count * (rank + 1)])
+    assert forced == ["reduce_scatter_tensor"] * 2
+
+
+def test_a_reduce_scatter_output_straddling_the_parts_keeps_mpis_call(two, forced, rank):
+    """An output inside the input that is not this rank's part (torch's
+    in-place form is): MPI's call, which receives beside and copies it in."""
+    if rank >= 2:
+        return
+    x = np.arange(2 * K, dtype=np.float64) + rank
+    want = np.arange(2 * K, dtype=np.float64) * 2 + 1
+    out = x[K // 2 : K // 2 + K]
+    pycoll.reduce_scatter_tensor(out, x, group=two)
+    assert_equal(out, want[K * rank : K * (rank + 1)])
+    assert forced == []
 
 
 def test_the_other_ranks_array_may_be_read_only(two, forced, rank):
@@ -172,11 +241,15 @@ def test_calls_in_flight_keep_their_messages_apart(two, forced, rank):
     xs = [np.arange(37, dtype=np.float64) * (k + 1) + rank for k in range(3)]
     works = [pycoll.all_reduce(x, group=two, async_op=True) for x in xs]
     works.append(pycoll.reduce(xs[0] * 0 + rank + 5, dst=0, group=two, async_op=True))
-    for k in range(4) if rank == 0 else reversed(range(4)):
+    out = np.zeros(37)
+    works.append(pycoll.reduce_scatter_tensor(out, np.arange(74.0) + rank, group=two,
+                                              async_op=True))  # fmt: skip
+    for k in range(5) if rank == 0 else reversed(range(5)):
         assert works[k].wait() is True
     for k in range(3):
         assert_equal(xs[k], np.arange(37, dtype=np.float64) * (k + 1) * 2 + 1)
-    assert len(forced) == 4
+    assert_equal(out, (np.arange(74.0) * 2 + 1)[37 * rank : 37 * (rank + 1)])
+    assert len(forced) == 5
 
 
 def test_sync_and_async_calls_match(two, forced, rank):
@@ -200,7 +273,10 @@ def test_detail_checks_it(two, forced, rank):
         y = np.full(K, rank + 1.0)
         pycoll.reduce(y, dst=1, op=ReduceOp.MAX, group=two)
         assert_equal(y, np.full(K, 2.0 if rank else 1.0))
-    assert forced == ["all_reduce", "reduce"]
+        z = np.full(2 * K, rank + 1, np.int64)
+        pycoll.reduce_scatter_tensor(z[K * rank : K * (rank + 1)], z, op=ReduceOp.MIN, group=two)
+        assert_equal(z[K * rank : K * (rank + 1)], np.ones(K, np.int64))
+    assert forced == ["all_reduce", "reduce", "reduce_scatter_tensor"]
 
 
 def kept_what(g, x) -> List[int]:
@@ -228,9 +304,11 @@ def test_kept_calls_against_calls_made_afresh(two, forced, dtype, rank):
     dtype = np.dtype(dtype)
     op = "SUM" if dtype.kind == "c" else "MAX"
     x, y = np.empty(5, dtype), np.empty(5, dtype)
+    z, w = np.empty(10, dtype), np.empty(5, dtype)  # (a reduce-scatter's input and output)
     for k in range(6):
         if rank == 1:
             x, y = np.empty(5, dtype), np.empty(5, dtype)
+            z, w = np.empty(10, dtype), np.empty(5, dtype)
         x[...] = data(rank, dtype, (5,), salt=k)
         pycoll.all_reduce(x, op=rop(op), group=two)
         assert_equal(x, reduce_all(op, [data(r, dtype, (5,), salt=k) for r in (0, 1)], 2))
@@ -240,12 +318,21 @@ def test_kept_calls_against_calls_made_afresh(two, forced, dtype, rank):
             assert_equal(y, reduce_all("SUM", [data(r, dtype, (5,), salt=k) for r in (0, 1)], 2))
         else:
             assert_equal(y, data(rank, dtype, (5,), salt=k))
+        z[...] = data(rank, dtype, (10,), salt=k)
+        want = reduce_all("SUM", [data(r, dtype, (10,), salt=k) for r in (0, 1)], 2)
+        pycoll.reduce_scatter_tensor(w, z, group=two)
+        assert_equal(w, want[5 * rank : 5 * rank + 5])
+        pycoll.reduce_scatter_tensor(z[5 * rank : 5 * rank + 5], z, group=two)  # (torch's in place)
+        assert_equal(z[5 * rank : 5 * rank + 5], want[5 * rank : 5 * rank + 5])
     if rank == 0:  # (kept from their second call: two calls each in Python)
         assert kept_what(two, x) == [native.PAIR]
         assert kept_what(two, y) == [native.PAIR, native.PAIR]  # (dst 1, then dst 0)
+        assert kept_what(two, w) == [native.PAIR] and kept_what(two, z) == [native.PAIR]
         assert forced.count("all_reduce") == 2 and forced.count("reduce") == 3
+        assert forced.count("reduce_scatter_tensor") == 4
     else:
         assert forced.count("all_reduce") == 6 and forced.count("reduce") == 6
+        assert forced.count("reduce_scatter_tensor") == 12
 
 
 def test_a_late_rank_is_named_by_the_timeout(forced, rank):
@@ -329,13 +416,15 @@ def test_not_for_arrays_that_alias_device_memory(two, forced, rank):
 
 def test_the_built_in_rule(rank, world_size):
     """By default, in the default wait mode, below 64 KiB on two ranks: an
-    all_reduce on Open MPI, an all_reduce or reduce on MPICH from 16 KiB;
+    all_reduce on Open MPI, an all_reduce or reduce on MPICH from 16 KiB; a
+    reduce_scatter_tensor below where the pairwise exchange takes over;
     never in blocking mode, nor on more ranks."""
     from pycoll import _mpi
 
     if pair_mod._SET is not None:
         pytest.skip("PYCOLL_PAIR_BYTES is set")
     assert (pair_mod.BYTES, pair_mod.MPICH_FROM) == (64 << 10, 16 << 10)
+    assert pair_mod.SCATTER_BELOW == {"Open MPI": 256 << 10, "MPICH": 1 << 20}
     poll = not watch.BLOCKING
     open_mpi, mpich = _mpi.VENDOR == "Open MPI", _mpi.VENDOR == "MPICH"
     below = (64 << 10) - 1
@@ -351,6 +440,21 @@ def test_the_built_in_rule(rank, world_size):
     ]:
         assert pair_mod.applies("all_reduce", ranks, nbytes) is (all_reduce and poll)
         assert pair_mod.applies("reduce", ranks, nbytes) is (reduce and poll)
+    # reduce_scatter_tensor, by its input's bytes: on Open MPI below 256 KiB, on
+    # MPICH from 16 KiB below 1 MiB (where pycoll's pairwise exchange takes over)
+    for ranks, nbytes, scattered in [
+        (2, 0, open_mpi),
+        (2, 8, open_mpi),
+        (2, (16 << 10) - 1, open_mpi),
+        (2, 16 << 10, open_mpi or mpich),
+        (2, (256 << 10) - 1, open_mpi or mpich),
+        (2, 256 << 10, mpich),
+        (2, (1 << 20) - 1, mpich),
+        (2, 1 << 20, False),
+        (3, 16 << 10, False),
+        (4, 8, False),
+    ]:
+        assert pair_mod.applies("reduce_scatter_tensor", ranks, nbytes) is (scattered and poll)
 
 
 def test_the_rule_in_blocking_mode(monkeypatch):
@@ -360,6 +464,7 @@ def test_the_rule_in_blocking_mode(monkeypatch):
     assert not pair_mod.applies("all_reduce", 2, 8)
     assert not pair_mod.applies("all_reduce", 2, 16 << 10)
     assert not pair_mod.applies("reduce", 2, 16 << 10)
+    assert not pair_mod.applies("reduce_scatter_tensor", 2, 16 << 10)
 
 
 def test_not_on_an_mpi_without_isendrecv(monkeypatch):
