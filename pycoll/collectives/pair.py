@@ -165,13 +165,17 @@ def _call(
     fold: Optional[Tuple[Any, Any, Any]],
     back: Optional[np.ndarray],
     place: Any = None,
+    result: Optional[np.ndarray] = None,
+    nbytes: Optional[int] = None,
 ) -> Optional[Work]:
     """Make one call: kept and compiled (pycoll.native) where it may be,
     else counted and waited for as MPI's own calls are (pycoll.collectives.
     _common), its fold and copy back after. ``exchange`` is
     :func:`_exchange`'s (send, dest, recv, source, datatype); ``fold`` is
     (op, in, inout) or None; ``back``, where not None, gets ``inout`` once
-    folded."""
+    folded; ``place`` as for native.call. A Work's result and the call's
+    bytes are ``result`` and ``nbytes`` where given (a reduce-scatter's
+    output, and its input's bytes), else ``main``'s."""
     if not async_op and debug.PLAIN:
         if kept is False and native.call_pair(
             pg, func, key, main, other, extra, exchange, fold, back, place
@@ -189,9 +193,11 @@ def _call(
         return None
     finish = None if fold is None else _folder(fold, exchange[4], back)
     args = (pg, func, *exchange)
+    value = [main if result is None else result]
+    size = main.nbytes if nbytes is None else nbytes
     if async_op is True and debug.PLAIN:
-        return lean(pg, func, main.nbytes, _exchange, args, True, finish, [main], key)
-    return run(pg, func, main.nbytes, _exchange, args, async_op, finish, [main], desc, key=key)
+        return lean(pg, func, size, _exchange, args, True, finish, value, key)
+    return run(pg, func, size, _exchange, args, async_op, finish, value, desc, key=key)
 
 
 def all_reduce(
@@ -257,10 +263,10 @@ def reduce_scatter(
         theirs = np.empty(output.size, output.dtype)
         exchange = (send, peer, theirs, peer, datatype)
         return _call(pg, func, key, async_op, desc, input, _mpi.IN_PLACE, extra, False, exchange,
-                     (mpi_op, theirs, output), None, output)  # fmt: skip
+                     (mpi_op, theirs, output), None, output, output, input.nbytes)  # fmt: skip
     exchange = (send, peer, output, peer, datatype)
     return _call(pg, func, key, async_op, desc, output, input, extra, kept, exchange,
-                 (mpi_op, parts[pg._rank], output), None)  # fmt: skip
+                 (mpi_op, parts[pg._rank], output), None, None, output, input.nbytes)  # fmt: skip
 
 
 def reduce(

@@ -138,7 +138,7 @@ def test_reduce_scatter_every_op_and_dtype(two, forced, op, dtype, form, async_o
         assert work is None and forced == []
         return
     if async_op:
-        assert work.wait() is True
+        assert work.wait() is True and work.result()[0] is out
     want = reduce_all(op, [data(r, dtype, (2 * K, 3)) for r in range(2)], 2)
     assert_equal(out, want[K * rank : K * (rank + 1)])
     if form == "out of place":
