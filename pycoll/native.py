@@ -704,6 +704,7 @@ def call_pair(
     fold: Optional[Tuple[Any, Any, Any]],
     back: Any,
     place: Any = None,
+    items: Optional[Tuple[Any, ...]] = None,
 ) -> bool:
     """:func:`call` for a call of two ranks made as one exchange
     (pycoll.collectives.pair): ``exchange`` is (send, dest, recv, source,
@@ -712,18 +713,22 @@ def call_pair(
     ``back`` an array ``inout`` is copied to after the fold, or None. The
     messages go over the group's side communicator, which the plain path
     made at the call's first sighting (none yet: not kept). ``main``,
-    ``other``, ``extra`` and ``place`` as for :func:`call`."""
+    ``other``, ``extra`` and ``place`` as for :func:`call`; ``items``, a
+    list form's arrays (``other`` its first), which the words point into
+    and the kept call holds."""
     state = pg._native
     side = pg._side
     if state is None or pg._aliases or side is None or isinstance(side, tuple):
         return False
-    found = _found(pg, state, main, other, extra, place, op, None)
+    found = _found(pg, state, main, other, extra, place, op, items)
     if found is None:
         return False
     extra, held = found
     send, dest, recv, source, datatype = exchange
     if fold is not None and recv is not main:  # (the peer's copy, in a buffer of the call's own)
         held += recv.nbytes
+    if items is not None:  # (the arrays besides other)
+        held += sum(x.nbytes for x in items) - other.nbytes
     if not may_keep(held) or not _room(pg, state, main, held):
         return False
     mask = _handle_mask
@@ -736,7 +741,7 @@ def call_pair(
         words[FOLD_IN], words[FOLD_INOUT] = _address(fold[1]), _address(folded)
     state.st[_starts.SIDE] = side.handle & mask
     holds = (recv,)
-    return _keep(pg, state, op, key, main, other, extra, words, holds, held, None, None,
+    return _keep(pg, state, op, key, main, other, extra, words, holds, held, None, items,
                  fold is not None)  # fmt: skip
 
 

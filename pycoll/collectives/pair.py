@@ -95,8 +95,9 @@ _NOTHING = np.empty(0, np.uint8)
 
 
 def applies(func: str, ranks: int, nbytes: int) -> bool:
-    """Whether a call of collective ``func`` (``all_reduce``, ``reduce`` or
-    ``reduce_scatter_tensor``, whose ``nbytes`` are its input's) of
+    """Whether a call of collective ``func`` (``all_reduce``, ``reduce``, or
+    ``reduce_scatter_tensor`` or ``reduce_scatter``, whose ``nbytes`` are
+    their input's) of
     ``nbytes`` on a group of ``ranks`` is made here (never on an MPI
     without ``MPI_Isendrecv``, which came with MPI-4.0)."""
     if ranks != 2:
@@ -106,7 +107,7 @@ def applies(func: str, ranks: int, nbytes: int) -> bool:
             return False
     elif watch.BLOCKING:
         return False
-    elif func == "reduce_scatter_tensor":
+    elif func in ("reduce_scatter_tensor", "reduce_scatter"):
         vendor = _mpi.VENDOR
         if nbytes >= SCATTER_BELOW.get(vendor, 0) or vendor == "MPICH" and nbytes < MPICH_FROM:
             return False
@@ -167,18 +168,19 @@ def _call(
     place: Any = None,
     result: Optional[np.ndarray] = None,
     nbytes: Optional[int] = None,
+    items: Optional[Tuple[Any, ...]] = None,
 ) -> Optional[Work]:
     """Make one call: kept and compiled (pycoll.native) where it may be,
     else counted and waited for as MPI's own calls are (pycoll.collectives.
     _common), its fold and copy back after. ``exchange`` is
     :func:`_exchange`'s (send, dest, recv, source, datatype); ``fold`` is
     (op, in, inout) or None; ``back``, where not None, gets ``inout`` once
-    folded; ``place`` as for native.call. A Work's result and the call's
-    bytes are ``result`` and ``nbytes`` where given (a reduce-scatter's
-    output, and its input's bytes), else ``main``'s."""
+    folded; ``place`` and ``items`` as for native.call. A Work's result and
+    the call's bytes are ``result`` and ``nbytes`` where given (a
+    reduce-scatter's output, and its input's bytes), else ``main``'s."""
     if not async_op and debug.PLAIN:
         if kept is False and native.call_pair(
-            pg, func, key, main, other, extra, exchange, fold, back, place
+            pg, func, key, main, other, extra, exchange, fold, back, place, items
         ):
             return None
         seq = plain(pg, func, key, _exchange, _exchanged, pg, func, *exchange)
@@ -238,8 +240,8 @@ def reduce_scatter(
     pg: ProcessGroup,
     func: str,
     output: np.ndarray,
-    input: np.ndarray,
     parts: Any,
+    whole: Optional[np.ndarray],
     in_place: bool,
     mpi_op: Any,
     datatype: Any,
@@ -249,24 +251,33 @@ def reduce_scatter(
     extra: Any,
     kept: Any,
 ) -> Optional[Work]:
-    """reduce_scatter_tensor of ``input`` (its two ``parts``, flat) into
-    ``output`` on a group of two ranks: each rank sends the other its part
-    and folds its own part's copy in. Out of place the peer's copy is
-    received into ``output`` and this rank's part folded into it; in place
-    (``output`` is this rank's part itself, torch's form) it is received
-    aside and folded into ``output``. For ops whose bits do not depend on
-    the operands' order (the caller keeps MIN and MAX of floats off this
-    path): each element's result is on one rank only."""
-    peer = 1 - pg._rank
+    """A reduce-scatter of a group of two ranks into ``output``: each rank
+    sends the other its part of ``parts`` (one contiguous array per rank, of
+    ``output``'s size) and folds its own part's copy in. ``whole`` is the
+    array the parts are of (reduce_scatter_tensor's input), or None for the
+    list form (reduce_scatter's list, kept by its arrays). Out of place the
+    peer's copy is received into ``output`` and this rank's part folded
+    into it; ``in_place`` (``output`` is this rank's part of ``whole``
+    itself, torch's form), it is received aside and folded into ``output``.
+    For ops whose bits do not depend on the operands' order (the caller
+    keeps MIN and MAX of floats off this path): each element's result is on
+    one rank only."""
+    peer, mine = 1 - pg._rank, parts[pg._rank]
     send = parts[peer]
+    size = output.nbytes * 2
     if in_place:
+        assert whole is not None
         theirs = np.empty(output.size, output.dtype)
         exchange = (send, peer, theirs, peer, datatype)
-        return _call(pg, func, key, async_op, desc, input, _mpi.IN_PLACE, extra, False, exchange,
-                     (mpi_op, theirs, output), None, output, output, input.nbytes)  # fmt: skip
+        return _call(pg, func, key, async_op, desc, whole, _mpi.IN_PLACE, extra, False, exchange,
+                     (mpi_op, theirs, output), None, output, output, size)  # fmt: skip
     exchange = (send, peer, output, peer, datatype)
-    return _call(pg, func, key, async_op, desc, output, input, extra, kept, exchange,
-                 (mpi_op, parts[pg._rank], output), None, None, output, input.nbytes)  # fmt: skip
+    if whole is not None:
+        return _call(pg, func, key, async_op, desc, output, whole, extra, kept, exchange,
+                     (mpi_op, mine, output), None, None, output, size)  # fmt: skip
+    items = tuple(parts)
+    return _call(pg, func, key, async_op, desc, output, items[0], extra, kept, exchange,
+                 (mpi_op, mine, output), None, None, output, size, items)  # fmt: skip
 
 
 def reduce(

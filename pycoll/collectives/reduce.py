@@ -1185,6 +1185,17 @@ def reduce_scatter(
         return _reduce_scatter_shm(pg, win, func, output, inputs, op, how, async_op, desc)
     if way == "pairwise":
         return _reduce_scatter_pairwise(pg, func, output, inputs, op, how, async_op, desc)
+    if (
+        how.plain
+        and pair.applies(func, n, n * output.nbytes)
+        and not pg._aliases
+        and not _order_matters(op.name, dtype)
+        and not any(may_alias(x, output) for x in inputs)
+    ):
+        key = how.key | OP_BITS[func] | output.size & COUNT
+        kept = False if fast else None  # (again_list found no call kept with this list)
+        return pair.reduce_scatter(pg, func, output, inputs, None, False, how.mpi_op,
+                                   how.datatype, async_op, key, desc, op, kept)  # fmt: skip
     if how.plain and not async_op and debug.PLAIN:
         # Synchronous, MPI's own op (pycoll.collectives._common.plain), as
         # reduce_scatter_tensor's common case: the generic path's bookkeeping
@@ -1309,7 +1320,7 @@ def reduce_scatter_tensor(
             flat, count = input.reshape(-1), output.size
             halves = (flat[:count], flat[count:])
             key = how.key | _REDUCE_SCATTER_TENSOR | output.size & COUNT
-            return pair.reduce_scatter(pg, func, output, input, halves, in_place, how.mpi_op,
+            return pair.reduce_scatter(pg, func, output, halves, input, in_place, how.mpi_op,
                                        how.datatype, async_op, key, desc, op, kept)  # fmt: skip
     if how.plain and (not async_op or async_op is True) and debug.PLAIN:
         # The common case, straight to MPI (pycoll.collectives._common.plain):

@@ -148,6 +148,37 @@ def test_reduce_scatter_every_op_and_dtype(two, forced, op, dtype, form, async_o
     assert forced == ["reduce_scatter_tensor"] * takes_exchange_scattered(op, dtype)
 
 
+@pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("op,dtype", PAIRS, ids=str)
+def test_reduce_scatter_list_every_op_and_dtype(two, forced, op, dtype, async_op, rank):
+    """torch's list form: one array per rank, each sent or folded where it is."""
+    inputs = [data(rank, dtype, (K, 3), salt=d) for d in range(2)]
+    before = [x.copy() for x in inputs]
+    out = np.zeros((K, 3), dtype)
+    work = pycoll.reduce_scatter(out, inputs, op=rop(op), group=two, async_op=async_op)
+    if rank >= 2:
+        assert work is None and forced == []
+        return
+    if async_op:
+        assert work.wait() is True and work.result()[0] is out
+    assert_equal(out, reduce_all(op, [data(r, dtype, (K, 3), salt=rank) for r in range(2)], 2))
+    for x, was in zip(inputs, before):
+        assert_equal(x, was)  # (the list only read)
+    assert forced == ["reduce_scatter"] * takes_exchange_scattered(op, dtype)
+
+
+def test_a_reduce_scatter_list_holding_its_output_keeps_mpis_call(two, forced, rank):
+    """The output one of the list's arrays (MPI's buffers may not overlap):
+    MPI's call, from the list stacked aside."""
+    if rank >= 2:
+        return
+    inputs = [np.arange(K, dtype=np.float64) + 10 * d + rank for d in range(2)]
+    want = np.arange(K, dtype=np.float64) * 2 + 20 * rank + 1
+    pycoll.reduce_scatter(inputs[rank], inputs, group=two)
+    assert_equal(inputs[rank], want)
+    assert forced == []
+
+
 @pytest.mark.parametrize("count", [0, 1, 7, 8191], ids=lambda c: f"{c} elements a part")
 def test_reduce_scatter_sizes(two, forced, count, rank):
     """Parts of no element, one, an odd count, the largest below 64 KiB of
@@ -305,6 +336,7 @@ def test_kept_calls_against_calls_made_afresh(two, forced, dtype, rank):
     op = "SUM" if dtype.kind == "c" else "MAX"
     x, y = np.empty(5, dtype), np.empty(5, dtype)
     z, w = np.empty(10, dtype), np.empty(5, dtype)  # (a reduce-scatter's input and output)
+    v, parts = np.empty(5, dtype), [np.empty(5, dtype), np.empty(5, dtype)]  # (its list form's)
     for k in range(6):
         if rank == 1:
             x, y = np.empty(5, dtype), np.empty(5, dtype)
@@ -324,15 +356,22 @@ def test_kept_calls_against_calls_made_afresh(two, forced, dtype, rank):
         assert_equal(w, want[5 * rank : 5 * rank + 5])
         pycoll.reduce_scatter_tensor(z[5 * rank : 5 * rank + 5], z, group=two)  # (torch's in place)
         assert_equal(z[5 * rank : 5 * rank + 5], want[5 * rank : 5 * rank + 5])
+        mine = data(rank, dtype, (10,), salt=k)
+        parts[0][...], parts[1][...] = mine[:5], mine[5:]
+        pycoll.reduce_scatter(v, parts, group=two)  # (the list form)
+        assert_equal(v, want[5 * rank : 5 * rank + 5])
+        if rank == 1:
+            v, parts = np.empty(5, dtype), [np.empty(5, dtype), np.empty(5, dtype)]
     if rank == 0:  # (kept from their second call: two calls each in Python)
         assert kept_what(two, x) == [native.PAIR]
         assert kept_what(two, y) == [native.PAIR, native.PAIR]  # (dst 1, then dst 0)
         assert kept_what(two, w) == [native.PAIR] and kept_what(two, z) == [native.PAIR]
+        assert kept_what(two, v) == [native.PAIR]
         assert forced.count("all_reduce") == 2 and forced.count("reduce") == 3
-        assert forced.count("reduce_scatter_tensor") == 4
+        assert forced.count("reduce_scatter_tensor") == 4 and forced.count("reduce_scatter") == 2
     else:
         assert forced.count("all_reduce") == 6 and forced.count("reduce") == 6
-        assert forced.count("reduce_scatter_tensor") == 12
+        assert forced.count("reduce_scatter_tensor") == 12 and forced.count("reduce_scatter") == 6
 
 
 def test_a_late_rank_is_named_by_the_timeout(forced, rank):
@@ -455,6 +494,7 @@ def test_the_built_in_rule(rank, world_size):
         (4, 8, False),
     ]:
         assert pair_mod.applies("reduce_scatter_tensor", ranks, nbytes) is (scattered and poll)
+        assert pair_mod.applies("reduce_scatter", ranks, nbytes) is (scattered and poll)
 
 
 def test_the_rule_in_blocking_mode(monkeypatch):
@@ -465,6 +505,7 @@ def test_the_rule_in_blocking_mode(monkeypatch):
     assert not pair_mod.applies("all_reduce", 2, 16 << 10)
     assert not pair_mod.applies("reduce", 2, 16 << 10)
     assert not pair_mod.applies("reduce_scatter_tensor", 2, 16 << 10)
+    assert not pair_mod.applies("reduce_scatter", 2, 16 << 10)
 
 
 def test_not_on_an_mpi_without_isendrecv(monkeypatch):
