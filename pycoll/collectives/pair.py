@@ -1,5 +1,5 @@
 """Small collectives of two ranks as one exchange: all_reduce, reduce and
-reduce_scatter_tensor.
+the reduce-scatters (reduce_scatter_tensor, and reduce_scatter's list form).
 
 On two ranks a small all_reduce is one message each way and a fold, and a
 reduce one message and a fold on the root. MPI's nonblocking collectives,
@@ -74,9 +74,10 @@ __all__ = [
 #   and 0.63-0.75x made afresh, at 16-60 KiB. Between 8 and 16 KiB it took
 #   1.3-1.6x (MPICH's point-to-point slows down first), and below it lost
 #   0.3-1.2 us on arrays made afresh.
-# - A reduce_scatter_tensor (its input's bytes) below SCATTER_BELOW, where
-#   pycoll's pairwise exchange takes over (pycoll.collectives.reduce's
-#   PAIRWISE_BYTES), on Open MPI at any size and on MPICH from MPICH_FROM.
+# - A reduce_scatter_tensor or reduce_scatter (its input's bytes) below
+#   SCATTER_BELOW, where pycoll's pairwise exchange takes over
+#   (pycoll.collectives.reduce's PAIRWISE_BYTES), on Open MPI at any size and
+#   on MPICH from MPICH_FROM.
 #   Open MPI's nonblocking reduce-scatter took 1.3-1.9x its blocking one from
 #   2 KiB; the exchange took 0.15-0.81x its time through pycoll on arrays
 #   given again, on arrays made afresh 0.47-0.97x from 8 KiB and 1.04-1.28x
@@ -85,8 +86,8 @@ __all__ = [
 #   MPI's call (the caller's rule): their bits follow the operands' order.
 # In blocking mode the MPIs' blocking calls stay (not measured against the
 # exchange). PYCOLL_PAIR_BYTES, where set, is the size below which every
-# all_reduce, reduce and reduce_scatter_tensor on two ranks is made here, on
-# every MPI and in either wait mode (0: never).
+# all_reduce, reduce and reduce-scatter on two ranks is made here, on every
+# MPI and in either wait mode (0: never).
 _SET = env_bytes("PYCOLL_PAIR_BYTES", "never")
 BYTES = 64 << 10 if _SET is None else _SET
 MPICH_FROM = 16 << 10
