@@ -243,7 +243,7 @@ def reduce_scatter(
     output: np.ndarray,
     parts: Any,
     whole: Optional[np.ndarray],
-    in_place: bool,
+    form: str,
     mpi_op: Any,
     datatype: Any,
     async_op: bool,
@@ -256,20 +256,31 @@ def reduce_scatter(
     sends the other its part of ``parts`` (one contiguous array per rank, of
     ``output``'s size) and folds its own part's copy in. ``whole`` is the
     array the parts are of (reduce_scatter_tensor's input), or None for the
-    list form (reduce_scatter's list, kept by its arrays). Out of place the
-    peer's copy is received into ``output`` and this rank's part folded
-    into it; ``in_place`` (``output`` is this rank's part of ``whole``
-    itself, torch's form), it is received aside and folded into ``output``.
+    list form (reduce_scatter's list, kept by its arrays). ``form`` says
+    where ``output`` lies, which each rank decides alone (the path itself
+    follows only what both share, so that they meet):
+
+    - ``"apart"``: apart from the parts; the peer's copy is received into it
+      and this rank's part folded in;
+    - ``"in place"``: this rank's part of ``whole`` itself (torch's form);
+      the peer's copy is received aside and folded into it;
+    - ``"aside"``: overlapping the parts otherwise; the peer's copy is
+      received aside, this rank's part folded into it, and the result
+      copied into ``output`` once the parts are no longer read (not kept).
+
     For ops whose bits do not depend on the operands' order (the caller
     keeps MIN and MAX of floats off this path): each element's result is on
     one rank only."""
     peer, mine = 1 - pg._rank, parts[pg._rank]
     send = parts[peer]
     size = output.nbytes * 2
-    if in_place:
-        assert whole is not None
-        theirs = np.empty(output.size, output.dtype)
+    if form != "apart":
+        theirs = np.empty(output.shape, output.dtype)
         exchange = (send, peer, theirs, peer, datatype)
+        if form == "aside":
+            return _call(pg, func, key, async_op, desc, output, None, extra, None, exchange,
+                         (mpi_op, mine, theirs), output, None, output, size)  # fmt: skip
+        assert whole is not None
         return _call(pg, func, key, async_op, desc, whole, _mpi.IN_PLACE, extra, False, exchange,
                      (mpi_op, theirs, output), None, output, output, size)  # fmt: skip
     exchange = (send, peer, output, peer, datatype)

@@ -1185,16 +1185,16 @@ def reduce_scatter(
         return _reduce_scatter_shm(pg, win, func, output, inputs, op, how, async_op, desc)
     if way == "pairwise":
         return _reduce_scatter_pairwise(pg, func, output, inputs, op, how, async_op, desc)
-    if (
+    if (  # (only what every rank shares: each lays out its arrays as it will)
         how.plain
         and pair.applies(func, n, n * output.nbytes)
         and not pg._aliases
         and not _order_matters(op.name, dtype)
-        and not any(may_alias(x, output) for x in inputs)
     ):
         key = how.key | OP_BITS[func] | output.size & COUNT
+        form = "aside" if any(may_alias(x, output) for x in inputs) else "apart"
         kept = False if fast else None  # (again_list found no call kept with this list)
-        return pair.reduce_scatter(pg, func, output, inputs, None, False, how.mpi_op,
+        return pair.reduce_scatter(pg, func, output, inputs, None, form, how.mpi_op,
                                    how.datatype, async_op, key, desc, op, kept)  # fmt: skip
     if how.plain and not async_op and debug.PLAIN:
         # Synchronous, MPI's own op (pycoll.collectives._common.plain), as
@@ -1309,19 +1309,22 @@ def reduce_scatter_tensor(
                 if kept:
                     return None
             return made.call(pg, func, input, output, async_op, desc)
-    if (
+    if (  # (only what every rank shares: each lays out its arrays as it will)
         how.plain
         and pair.applies(func, n, nbytes)
         and not pg._aliases
         and not _order_matters(op.name, dtype)
     ):
-        in_place = _in_input(output, input) and own_part(output, input, pg._rank)
-        if in_place or not may_alias(input, output):
-            flat, count = input.reshape(-1), output.size
-            halves = (flat[:count], flat[count:])
-            key = how.key | _REDUCE_SCATTER_TENSOR | output.size & COUNT
-            return pair.reduce_scatter(pg, func, output, halves, input, in_place, how.mpi_op,
-                                       how.datatype, async_op, key, desc, op, kept)  # fmt: skip
+        form = "apart"
+        if _in_input(output, input) and own_part(output, input, pg._rank):
+            form = "in place"
+        elif may_alias(input, output):
+            form = "aside"
+        flat, count = input.reshape(-1), output.size
+        halves = (flat[:count], flat[count:])
+        key = how.key | _REDUCE_SCATTER_TENSOR | output.size & COUNT
+        return pair.reduce_scatter(pg, func, output, halves, input, form, how.mpi_op,
+                                   how.datatype, async_op, key, desc, op, kept)  # fmt: skip
     if how.plain and (not async_op or async_op is True) and debug.PLAIN:
         # The common case, straight to MPI (pycoll.collectives._common.plain):
         # the generic path's bookkeeping was a third of this call's cost at 8 B.

@@ -167,16 +167,41 @@ def test_reduce_scatter_list_every_op_and_dtype(two, forced, op, dtype, async_op
     assert forced == ["reduce_scatter"] * takes_exchange_scattered(op, dtype)
 
 
-def test_a_reduce_scatter_list_holding_its_output_keeps_mpis_call(two, forced, rank):
+def test_a_reduce_scatter_list_holding_its_output(two, forced, rank):
     """The output one of the list's arrays (MPI's buffers may not overlap):
-    MPI's call, from the list stacked aside."""
+    folded aside, then copied in."""
     if rank >= 2:
         return
     inputs = [np.arange(K, dtype=np.float64) + 10 * d + rank for d in range(2)]
     want = np.arange(K, dtype=np.float64) * 2 + 20 * rank + 1
     pycoll.reduce_scatter(inputs[rank], inputs, group=two)
     assert_equal(inputs[rank], want)
-    assert forced == []
+    assert forced == ["reduce_scatter"]
+
+
+@pytest.mark.parametrize("form", ["tensor", "list"])
+def test_ranks_whose_outputs_lie_differently_meet(forced, form, rank):
+    """Rank 0's output overlaps its input (straddling the tensor's parts, or
+    one of the list's arrays), rank 1's is an array of its own: the path
+    follows only what both ranks share, so the two meet, where a path chosen
+    by each rank's layout left them in different calls until the timeout (in
+    blocking mode, until the watchdog ended the job)."""
+    g = pycoll.new_group([0, 1], timeout=timedelta(seconds=20))
+    if rank >= 2:
+        pycoll.barrier()  # (outside the group: only the barrier the others meet at)
+        return
+    want = np.arange(2 * K, dtype=np.float64) * 2 + 1  # (the sum of both ranks' inputs)
+    if form == "tensor":
+        x = np.arange(2 * K, dtype=np.float64) + rank
+        out = x[K // 2 : K // 2 + K] if rank == 0 else np.zeros(K)
+        pycoll.reduce_scatter_tensor(out, x, group=g)
+    else:
+        inputs = [np.arange(K, dtype=np.float64) + K * d + rank for d in range(2)]
+        out = inputs[1] if rank == 0 else np.zeros(K)
+        pycoll.reduce_scatter(out, inputs, group=g)
+    assert_equal(out, want[K * rank : K * (rank + 1)])
+    assert forced == [{"tensor": "reduce_scatter_tensor", "list": "reduce_scatter"}[form]]
+    pycoll.barrier()
 
 
 @pytest.mark.parametrize("count", [0, 1, 7, 8191], ids=lambda c: f"{c} elements a part")
@@ -195,9 +220,9 @@ def test_reduce_scatter_sizes(two, forced, count, rank):
     assert forced == ["reduce_scatter_tensor"] * 2
 
 
-def test_a_reduce_scatter_output_straddling_the_parts_keeps_mpis_call(two, forced, rank):
+def test_a_reduce_scatter_output_straddling_the_parts(two, forced, rank):
     """An output inside the input that is not this rank's part (torch's
-    in-place form is): MPI's call, which receives beside and copies it in."""
+    in-place form is): folded aside, then copied in."""
     if rank >= 2:
         return
     x = np.arange(2 * K, dtype=np.float64) + rank
@@ -205,7 +230,7 @@ def test_a_reduce_scatter_output_straddling_the_parts_keeps_mpis_call(two, force
     out = x[K // 2 : K // 2 + K]
     pycoll.reduce_scatter_tensor(out, x, group=two)
     assert_equal(out, want[K * rank : K * (rank + 1)])
-    assert forced == []
+    assert forced == ["reduce_scatter_tensor"]
 
 
 def test_the_other_ranks_array_may_be_read_only(two, forced, rank):
