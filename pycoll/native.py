@@ -741,6 +741,8 @@ def call_pair(
         words[FOLD_IN], words[FOLD_INOUT] = _address(fold[1]), _address(folded)
     state.st[_starts.SIDE] = side.handle & mask
     holds = (recv,)
+    # A call with a fold makes no Works (own): a Work whose request completed
+    # in Python would skip the fold, which the compiled code makes once done.
     return _keep(pg, state, op, key, main, other, extra, words, holds, held, None, items,
                  fold is not None)  # fmt: skip
 

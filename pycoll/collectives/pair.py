@@ -96,11 +96,10 @@ _NOTHING = np.empty(0, np.uint8)
 
 
 def applies(func: str, ranks: int, nbytes: int) -> bool:
-    """Whether a call of collective ``func`` (``all_reduce``, ``reduce``, or
-    ``reduce_scatter_tensor`` or ``reduce_scatter``, whose ``nbytes`` are
-    their input's) of
-    ``nbytes`` on a group of ``ranks`` is made here (never on an MPI
-    without ``MPI_Isendrecv``, which came with MPI-4.0)."""
+    """Whether a call of collective ``func`` (``all_reduce``, ``reduce``,
+    ``reduce_scatter_tensor`` or ``reduce_scatter``: then ``nbytes`` are its
+    input's) of ``nbytes`` on a group of ``ranks`` is made here (never on an
+    MPI without ``MPI_Isendrecv``, which came with MPI-4.0)."""
     if ranks != 2:
         return False
     if _SET is not None:
@@ -279,17 +278,19 @@ def reduce_scatter(
         exchange = (send, peer, theirs, peer, datatype)
         if form == "aside":
             return _call(pg, func, key, async_op, desc, output, None, extra, None, exchange,
-                         (mpi_op, mine, theirs), output, None, output, size)  # fmt: skip
+                         (mpi_op, mine, theirs), output, result=output, nbytes=size)  # fmt: skip
         assert whole is not None
         return _call(pg, func, key, async_op, desc, whole, _mpi.IN_PLACE, extra, False, exchange,
-                     (mpi_op, theirs, output), None, output, output, size)  # fmt: skip
+                     (mpi_op, theirs, output), None, place=output, result=output,
+                     nbytes=size)  # fmt: skip
     exchange = (send, peer, output, peer, datatype)
     if whole is not None:
         return _call(pg, func, key, async_op, desc, output, whole, extra, kept, exchange,
-                     (mpi_op, mine, output), None, None, output, size)  # fmt: skip
+                     (mpi_op, mine, output), None, result=output, nbytes=size)  # fmt: skip
     items = tuple(parts)
     return _call(pg, func, key, async_op, desc, output, items[0], extra, kept, exchange,
-                 (mpi_op, mine, output), None, None, output, size, items)  # fmt: skip
+                 (mpi_op, mine, output), None, result=output, nbytes=size,
+                 items=items)  # fmt: skip
 
 
 def reduce(

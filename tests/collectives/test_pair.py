@@ -44,9 +44,9 @@ def count_pairs(monkeypatch) -> List[str]:
     made: List[str] = []
     real = pair_mod._call
 
-    def call(pg, func, *args):
+    def call(pg, func, *args, **kwargs):
         made.append(func)
-        return real(pg, func, *args)
+        return real(pg, func, *args, **kwargs)
 
     monkeypatch.setattr(pair_mod, "_call", call)
     return made
