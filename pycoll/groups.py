@@ -15,7 +15,7 @@ import warnings
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import _mpi, crosscheck, tuning
+from . import _mpi, autotune, crosscheck, tuning
 from .progress import uid_of
 from .trace import recorder
 
@@ -111,6 +111,7 @@ class ProcessGroup:
         "_tuned",
         "_tuned_rs_from",
         "_tuned_rs",
+        "_live_from",
         "_native",
         "__weakref__",  # the flight recorder's registry of groups holds them weakly
     )
@@ -184,6 +185,9 @@ class ProcessGroup:
         # decide (one comparison on the hot path).
         self._tuned_from, self._tuned = tuning.entries_for("all_reduce", self._size)
         self._tuned_rs_from, self._tuned_rs = tuning.entries_for("reduce_scatter", self._size)
+        # The least all_reduce whose path its own first calls measure and
+        # choose (pycoll.autotune; tuning.NEVER where none do).
+        self._live_from = autotune.least(self._size)
         # A peer's message may still come on comm outside any call (a
         # monitored_barrier gave up waiting for it): destroy_process_group
         # then leaves the communicator to MPI_Finalize, as a freed one's

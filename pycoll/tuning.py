@@ -9,7 +9,8 @@ window all_reduce took 0.68-0.92x MPICH's time at 1-8 MiB on 2 ranks of a
 MPI's own call there and leaves the VM's gain unused (docs/benchmarks.md).
 A table measured on the machine itself chooses per size and rank count.
 
-``PYCOLL_TUNING=FILE`` names the table; rank 0 of the world reads it at
+``PYCOLL_TUNING=FILE`` names the table (``live`` and ``off`` name none:
+they set the live tuning, pycoll.autotune, which a table turns off); rank 0 of the world reads it at
 ``init_process_group`` and sends it to every rank, so every rank chooses
 alike (a path chosen differently on two ranks would leave them in different
 operations until the timeout). A table that cannot be used raises there, on
@@ -73,6 +74,7 @@ COLLECTIVES: Dict[str, Tuple[str, ...]] = {
 }
 PATHS = COLLECTIVES["all_reduce"]
 VERSION = 1
+LIVE_MODES = ("live", "off")  # values of PYCOLL_TUNING that name no file (pycoll.autotune)
 NEVER = 1 << 62  # a group with no entries: no size reaches it
 _OTHER_KEYS = ("pycoll_tuning", "measured")
 
@@ -143,9 +145,10 @@ def parse(text: str, source: str) -> Table:
 
 def read(environ: Any = os.environ) -> Tuple[Optional[Table], Optional[str]]:
     """The table ``PYCOLL_TUNING`` names, or an error message (what rank 0
-    sends every rank at init); (None, None) where it is not set."""
+    sends every rank at init); (None, None) where it is not set, or is one of
+    the live tuning's modes ("live", "off": pycoll.autotune)."""
     source = environ.get(ENV, "").strip()
-    if not source:
+    if not source or source in LIVE_MODES:
         return None, None
     try:
         with open(source) as f:

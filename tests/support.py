@@ -395,6 +395,15 @@ def fresh_group() -> Iterator[Any]:
         pycoll.destroy_process_group(g)
 
 
+def rule_only(monkeypatch, g: Any) -> None:
+    """Make group ``g``'s large all_reduces take the built-in rule, as
+    PYCOLL_TUNING=off makes them: no live trials (pycoll.autotune), which on
+    two ranks would choose their path by timing instead."""
+    from pycoll import tuning
+
+    monkeypatch.setattr(g, "_live_from", tuning.NEVER)
+
+
 def window_chunk(g: Any) -> Optional[int]:
     """The chunk size of the group's shared window
     (pycoll.collectives.shm), or None where it has made none."""

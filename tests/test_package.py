@@ -106,6 +106,9 @@ LATE = {
     ("pycoll/testing/plugin.py", "pycoll"),
     # torch's import-torch hook: inside its try, so a failure never breaks `import torch`
     ("pycoll/_torch_hook.py", "pycoll.torch"),
+    # the live tuning's exchange waits through pycoll.watch, which imports
+    # pycoll.groups, which imports pycoll.autotune (every group's _live_from)
+    ("pycoll/autotune.py", "."),
 }
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from .. import _mpi, crosscheck, debug, kernels, native, persistent, tuning, watch
+from .. import _mpi, autotune, crosscheck, debug, kernels, native, persistent, tuning, watch
 from ..arrays import (
     MPI_TYPES,
     check_input,
@@ -204,6 +204,43 @@ def all_reduce(
                 return _all_reduce_shm(pg, win, tensor, op, how, async_op, key)
         if how.plain and how.builtin:
             nbytes = 0  # MPI's own call, as the table says: no size below is reached
+    elif nbytes >= pg._live_from and how.plain and not _order_matters(op.name, tensor.dtype):
+        # The path this class of calls measured fastest in its first calls,
+        # or the next of those trials (pycoll.autotune; not MIN or MAX of
+        # floats, whose bits the paths' orders of folding change).
+        path, trial = autotune.trials(pg).choose(
+            pg,
+            "all_reduce",
+            ("all_reduce", how.key, nbytes.bit_length()),
+            lambda: _live_paths(pg, how, tensor.dtype),
+        )
+        if path == "ring":
+            return autotune.timed(
+                trial, path, lambda: _all_reduce_ring(pg, tensor, op, how, async_op, key)
+            )
+        win = shm.usable(pg, how, tensor.dtype, "all_reduce") if path == "window" else None
+        if win is not None:
+            return autotune.timed(
+                trial, path, lambda: _all_reduce_shm(pg, win, tensor, op, how, async_op, key)
+            )
+        if trial is not None:
+            return autotune.timed(
+                trial,
+                path,
+                lambda: run(
+                    pg,
+                    "all_reduce",
+                    nbytes,
+                    pg.comm.Iallreduce,
+                    (_mpi.IN_PLACE, [tensor, how.datatype], how.mpi_op),
+                    async_op,
+                    None,
+                    [tensor],
+                    _desc(op, tensor),
+                    key=key,
+                ),
+            )
+        nbytes = 0  # MPI's own call: no size below is reached
     if (
         (how.split and nbytes >= _split_from(pg._size))
         or (nbytes >= RING_BYTES and not how.average and _ring_from() > 0)
@@ -396,6 +433,18 @@ def _pairwise_from() -> int:
     """The least bytes of input from which a two-rank reduce-scatter takes the
     pairwise exchange by the built-in rule (0: never)."""
     return PAIRWISE_BYTES_OPEN_MPI if _mpi.VENDOR == "Open MPI" else PAIRWISE_BYTES
+
+
+def _live_paths(pg: ProcessGroup, how: Plan, dtype: np.dtype) -> List[str]:
+    """The paths a large all_reduce's trials compare (pycoll.autotune): MPI's
+    own call, and pycoll's ring and the node's shared window where they can
+    carry it (the window is made here, on every rank alike)."""
+    paths = ["mpi"]
+    if _ring_carries(pg, how, dtype):
+        paths.append("ring")
+    if shm.usable(pg, how, dtype, "all_reduce") is not None:
+        paths.append("window")
+    return paths
 
 
 def _ring_carries(pg: ProcessGroup, how: Plan, dtype: np.dtype) -> bool:

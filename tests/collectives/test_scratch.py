@@ -10,7 +10,7 @@ import pycoll
 from pycoll import ReduceOp
 from pycoll.collectives import reduce as reduce_module
 from pycoll.collectives import scratch
-from support import count_rings
+from support import count_rings, rule_only
 
 MIB = 1 << 20
 
@@ -117,6 +117,7 @@ def test_ring_again_and_in_flight(dtype, op, monkeypatch, group, rank, world_siz
     each give numpy's result."""
     monkeypatch.setattr(reduce_module, "SPLIT_BYTES", 1)
     monkeypatch.setattr(reduce_module, "SPLIT_BYTES_TWO_RANKS", 1)
+    rule_only(monkeypatch, group)
     rings = count_rings(monkeypatch)
     size = (4 * MIB * world_size) // np.dtype(dtype).itemsize
     want = sum((np.arange(size) % 5 + r) for r in range(world_size)).astype(dtype)

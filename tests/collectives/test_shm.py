@@ -25,6 +25,7 @@ from support import (
     fresh_group,
     reduce_all,
     rop,
+    rule_only,
     valid_pairs,
     window_chunk,
 )
@@ -214,6 +215,7 @@ def test_a_1_mib_all_reduce_takes_the_window_where_it_should(monkeypatch, rank, 
     monkeypatch.setattr(reduce_mod, "_all_reduce_shm", lambda *a: taken.append(1) or real(*a))
     x = np.full(1 << 18, rank + 1.0, np.float32)  # 1 MiB
     g = pycoll.new_group()
+    rule_only(monkeypatch, g)
     try:
         pycoll.all_reduce(x, group=g)
         assert_equal(x, np.full(x.size, world_size * (world_size + 1) / 2, np.float32))

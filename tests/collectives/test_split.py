@@ -18,6 +18,7 @@ from support import (
     data,
     reduce_all,
     rop,
+    rule_only,
     valid_pairs,
 )
 
@@ -145,6 +146,7 @@ def test_mpis_own_ops_take_the_ring_from_ring_bytes(
 def test_a_float32_sum_of_ring_bytes_takes_the_ring(monkeypatch, rank, world_size):
     """At the default threshold: one element under it stays with MPI (or the
     shared-memory path), the threshold itself takes the ring."""
+    rule_only(monkeypatch, pycoll.group.WORLD)
     rings = count_rings(monkeypatch)
     count = reduce_module.RING_BYTES // 4
     for size in (count - 1, count):

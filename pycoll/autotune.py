@@ -1,0 +1,276 @@
+"""Live tuning: the path a large all_reduce takes, chosen by timing each
+candidate during the job's own first calls of each size.
+
+Which of pycoll's paths beats MPI's own large all_reduce moves with the
+machine and with its state: on 2 ranks of the 2-core CI VM the node's shared
+window took 0.67-0.78x MPICH's time at 1-8 MiB in one session and 1.5-1.9x in
+a later one, and 1.26-1.41x on a 16-core Xeon (docs/benchmarks.md). The
+built-in rule (pycoll.collectives.reduce) keeps MPI's call wherever a path
+lost somewhere, and a table measured beforehand (pycoll.tuning) is as good as
+the run that made it. The job's own calls are the measurement that counts.
+
+So for each class of a group's all_reduce from :data:`LIVE_FROM` bytes (its
+op and dtype, and its size rounded down to a power of two) the first calls go
+in turn by each path that can carry it: MPI's own call, pycoll's ring
+(pycoll.collectives.ring) and the node's shared window
+(pycoll.collectives.shm). One untimed round first (the window is made, pages
+are touched), then :data:`ROUNDS` rounds in rotated orders, every call timed on
+every rank; an ``async_op`` call is waited for at once, so its Work comes back
+complete. The class's next call exchanges each rank's median time per path
+(the largest over the ranks is kept) in one nonblocking all-reduce on a
+communicator of the trials' own, waited for within the group's timeout, and every
+rank takes the same path from then on: the fastest, where its time is at
+most :data:`MARGIN` of MPI's own call's, else MPI's call. Later calls of the
+class find it with one dictionary lookup; every :data:`RECHECK` calls the
+class makes :data:`RECHECK_ROUNDS` more rounds of trials and decides again, as
+the machine's state moves.
+
+Every rank makes the same calls in the same order with the same size, op and
+dtype (the call check verifies it: pycoll.crosscheck), and what decides which
+paths can carry a call is the same on every rank, so every rank takes the
+same path on every call, trials included.
+
+Where it applies (``PYCOLL_TUNING``, read by rank 0 at init and sent to
+every rank):
+
+- unset: groups of two ranks. There every path adds each pair of elements
+  once, so a result's bits do not depend on the path chosen
+  (tests/test_autotune.py checks that for every op it covers);
+- ``live``: groups of any size. A float sum's last bits then depend on the
+  path (each adds in its own order), and so may differ from one job to the
+  next as the timings choose;
+- ``off``: none: the built-in rule;
+- a file's name: the table decides (pycoll.tuning), with no trials.
+
+It covers the ops MPI carries whole (``Plan.plain``: MPI's own ops and
+pycoll's kernels as MPI user ops, as float16 and bfloat16 sums) but MIN and
+MAX of floats, which of two zeros of opposite signs they keep depending on
+the order of folding; those, AVG and PREMUL_SUM keep the rule. Where ``PYCOLL_SHM_BYTES`` or
+``PYCOLL_SPLIT_BYTES`` is set and ``PYCOLL_TUNING`` is not, those choose.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _mpi, debug, tuning
+
+__all__ = [
+    "ENV",
+    "MODES",
+    "LIVE_FROM",
+    "ROUNDS",
+    "RECHECK",
+    "RECHECK_ROUNDS",
+    "MARGIN",
+    "read",
+    "install",
+    "least",
+    "Trials",
+    "trials",
+    "chosen",
+    "timed",
+]
+
+ENV = tuning.ENV
+MODES = ("pairs", "live", "off")  # unset, "live", "off"
+# The least all_reduce the trials decide: below, pycoll's exchange, doubling
+# and MPI's call take the sizes by rules measured on both MPIs, and a call's
+# Python (a few microseconds) would weigh on the timings.
+LIVE_FROM = 1 << 20
+ROUNDS = 5  # timed rounds of each candidate, after one untimed round
+# A machine's state moves (the window's 0.7x and 2.3x of MPI's time at 16 MiB
+# came minutes apart on the CI VM): every RECHECK calls of a class after its
+# decision, RECHECK_ROUNDS more rounds of trials, then the class decides
+# again from each path's latest ROUNDS timings (the new ones the majority).
+# On a class whose slowest path takes 2.5x MPI's time, that costs under 1%.
+RECHECK = 1000
+RECHECK_ROUNDS = 3
+# A path replaces MPI's own call only where its median time is at most this
+# fraction of MPI's: within 5% the noise of a shared machine could choose.
+MARGIN = 0.95
+_OVERRIDES = ("PYCOLL_SHM_BYTES", "PYCOLL_SPLIT_BYTES")
+_KEY = "autotune"
+
+MODE = "off"  # what install() was given (init_process_group)
+
+
+def read(environ: Any = os.environ) -> str:
+    """The mode ``PYCOLL_TUNING`` asks for (what rank 0 sends every rank at
+    init): ``"live"``, ``"off"``, or ``"pairs"`` where it is unset; ``"off"``
+    where it names a table (the table decides), or where it is unset and a
+    path's size is set by ``PYCOLL_SHM_BYTES`` or ``PYCOLL_SPLIT_BYTES``."""
+    value = environ.get(ENV, "").strip()
+    if value == "live":
+        return "live"
+    if value or any(environ.get(name, "").strip() for name in _OVERRIDES):
+        return "off"
+    return "pairs"
+
+
+def install(mode: str) -> None:
+    """Make ``mode`` (one of :data:`MODES`) the one groups made from now on use."""
+    global MODE
+    if mode not in MODES:
+        raise ValueError(f"autotune mode {mode!r} is none of {', '.join(MODES)}")
+    MODE = mode
+
+
+def least(ranks: int) -> int:
+    """For a new group of ``ranks``: the least all_reduce its trials decide
+    (tuning.NEVER where they do not apply: one comparison on the hot path)."""
+    if ranks < 2 or MODE == "off" or (MODE == "pairs" and ranks != 2):
+        return tuning.NEVER
+    return LIVE_FROM
+
+
+def _rounds(paths: Sequence[str], rounds: int, untimed: int) -> List[Tuple[str, bool]]:
+    """A schedule of trials: ``rounds`` rounds of every path, each round's
+    order rotated by one (so no path always follows the same other), the
+    first ``untimed`` rounds not timed."""
+    n = len(paths)
+    return [(paths[(i + r) % n], r >= untimed) for r in range(rounds) for i in range(n)]
+
+
+class _Class:
+    """One class of calls: its candidate paths, each path's latest timings
+    (seconds), the trials still to make, and, once decided, its path and
+    how many calls have taken it since."""
+
+    __slots__ = ("paths", "times", "plan", "step", "path", "since", "ratios")
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self.paths = tuple(paths)
+        self.times: Dict[str, Deque[float]] = {p: deque(maxlen=ROUNDS) for p in self.paths}
+        self.plan = _rounds(self.paths, 1 + ROUNDS, 1)
+        self.step = 0
+        self.path: Optional[str] = None if len(self.paths) > 1 else self.paths[0]
+        self.since = 0
+        self.ratios: Dict[str, float] = {}  # each path's time over MPI's, once decided
+
+
+class Trials:
+    """A group's classes of calls, and the communicator their decisions are
+    exchanged on (kept with the group: pycoll.groups.attach)."""
+
+    def __init__(self) -> None:
+        self.classes: Dict[Tuple[str, int, int], _Class] = {}
+        self.lock = threading.Lock()
+        self.comm: Any = None
+
+    def free(self) -> None:
+        if self.comm is not None:
+            self.comm.Free()
+
+    def choose(
+        self,
+        pg: Any,
+        func: str,
+        key: Tuple[str, int, int],
+        candidates: Callable[[], Sequence[str]],
+    ) -> Tuple[str, Optional[_Class]]:
+        """The path of this call of class ``key``; with it the class where
+        the call is a timed trial (the caller reports its time with
+        :meth:`took`), else None. Its first call asks ``candidates()`` which
+        paths can carry it ("mpi" first). The call after the last trial
+        decides (:func:`_decide`); every :data:`RECHECK` calls after that,
+        :data:`RECHECK_ROUNDS` rounds of trials are made again and the class
+        decides again, from each path's latest :data:`ROUNDS` timings."""
+        with self.lock:
+            entry = self.classes.get(key)
+            if entry is None:
+                entry = self.classes[key] = _Class(candidates())
+            if entry.path is not None:
+                if entry.since < RECHECK or len(entry.paths) == 1:
+                    entry.since += 1
+                    return entry.path, None
+                entry.path, entry.plan, entry.step = (
+                    None,
+                    _rounds(entry.paths, RECHECK_ROUNDS, 0),
+                    0,
+                )
+            if entry.step == len(entry.plan):
+                _decide(pg, func, key, entry)
+                entry.since = 1
+                return entry.path, None  # type: ignore[return-value]
+            path, timed = entry.plan[entry.step]
+            entry.step += 1
+            return path, entry if timed else None
+
+    @staticmethod
+    def took(entry: _Class, path: str, seconds: float) -> None:
+        """A timed trial of ``path`` took ``seconds`` on this rank."""
+        entry.times[path].append(seconds)
+
+
+def trials(pg: Any) -> Trials:
+    """The group's :class:`Trials`, made on its first use."""
+    made = pg.attached(_KEY)
+    if made is None:
+        made = pg.attach(_KEY, Trials(), Trials.free)
+    return made
+
+
+def chosen(pg: Any) -> Dict[Tuple[str, int, int], Tuple[str, Dict[str, float]]]:
+    """What the group's trials decided so far: for each class (op, dtype
+    key, size's power of two), its path and each path's time over MPI's."""
+    made = pg.attached(_KEY)
+    if made is None:
+        return {}
+    return {k: (c.path, dict(c.ratios)) for k, c in made.classes.items() if c.path is not None}
+
+
+def _decide(pg: Any, func: str, key: Tuple[str, int, int], entry: _Class) -> None:
+    """Every rank's median time per path, the largest over the ranks (one
+    nonblocking all-reduce, waited for within the group's timeout), and from
+    it the class's path, the same on every rank.
+
+    The exchange has a communicator of its own, duplicated from the group's
+    at its first decision: an exchange a late rank never joins stays pending
+    after the timeout, and on a communicator other collectives use (the call
+    check's, on the side communicator) it would be matched with the next."""
+    from . import watch  # (here: watch imports pycoll.groups, which imports this module)
+
+    MPI = _mpi.MPI
+    seq = pg._seq + 1  # (the call this decision precedes, for a diagnosis)
+    made = trials(pg)
+    if made.comm is None:
+        comm, request = pg.comm.Idup()
+        watch.wait(pg, func, seq, [request])
+        made.comm = comm
+    mine = np.array([np.median(entry.times[p]) for p in entry.paths], dtype=np.float64)
+    every = np.empty_like(mine)
+    watch.wait(pg, func, seq, [made.comm.Iallreduce(mine, every, MPI.MAX)])
+    times = dict(zip(entry.paths, every.tolist()))
+    mpi = times["mpi"]
+    best = min(entry.paths, key=times.__getitem__)
+    entry.ratios = {p: t / mpi for p, t in times.items()}
+    entry.path = best if times[best] <= MARGIN * mpi else "mpi"
+    if debug.LEVEL:
+        debug.logger.info(
+            "%s group=%s bytes>=%d: %s (time over MPI's own call: %s)",
+            func,
+            pg.group_desc,
+            1 << (key[2] - 1),
+            entry.path,
+            ", ".join(f"{p} {r:.2f}" for p, r in entry.ratios.items()),
+        )
+
+
+def timed(entry: Optional[_Class], path: str, call: Callable[[], Any]) -> Any:
+    """``call()`` (the call's path), timed where ``entry`` is a trial's class;
+    a Work it returns is waited for within the timing, so it comes back complete."""
+    if entry is None:
+        return call()
+    t0 = time.perf_counter()
+    result = call()
+    if result is not None:
+        result.wait()
+    Trials.took(entry, path, time.perf_counter() - t0)
+    return result

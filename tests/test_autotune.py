@@ -1,0 +1,281 @@
+"""Live tuning (pycoll.autotune): a large all_reduce's first calls of each
+class try every path that can carry it, then every rank takes the path the
+slowest rank timed fastest (MPI's own call within the margin), and decides
+again every RECHECK calls. Every call's result is checked on every rank,
+trials included; where a test needs a given timing, each rank reports the
+times the test gives it in place of the clock's (the trials, the exchange
+and the paths themselves run for real)."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+import pycoll
+from pycoll import ReduceOp, autotune, tuning, watch
+from pycoll.arrays import BFLOAT16
+from pycoll.errors import DistTimeoutError
+from support import assert_equal, count_rings, data, reduce_all, window_chunk
+
+MIB = 1 << 20
+# MPI's own ops, and pycoll's kernels as MPI's user ops (Plan.plain), but
+# MIN and MAX of floats: the ops the trials cover.
+COVERED = [
+    ("SUM", np.float32),
+    ("SUM", np.float64),
+    ("PRODUCT", np.float64),
+    ("MAX", np.int32),
+    ("BXOR", np.int64),
+    ("SUM", np.float16),
+    ("SUM", BFLOAT16),
+    ("MIN", np.int16),
+]
+
+
+@pytest.fixture
+def live(world_size, monkeypatch):
+    """A new group of every rank whose large all_reduce the trials decide
+    (the mode "live", as PYCOLL_TUNING=live makes it), with one timed round
+    per path (so a class decides at its seventh call where three paths carry
+    it)."""
+    if world_size == 1:
+        pytest.skip("the trials decide groups of 2 or more ranks")
+    monkeypatch.setattr(autotune, "ROUNDS", 1)
+    before = autotune.MODE
+    autotune.install("live")
+    try:
+        g = pycoll.new_group()
+    finally:
+        autotune.install(before)
+    yield g
+    if g._broken is None:
+        pycoll.destroy_process_group(g)
+
+
+def fake_times(monkeypatch, times):
+    """Each timed trial reports ``times(path)`` seconds on this rank instead of
+    what it took."""
+    monkeypatch.setattr(
+        autotune.Trials,
+        "took",
+        staticmethod(lambda entry, path, _: entry.times[path].append(times(path))),
+    )
+
+
+def paths_taken(monkeypatch):
+    """The path of every call the trials' choose() returns, in order."""
+    taken = []
+    real = autotune.Trials.choose
+
+    def choose(self, *args):
+        path, trial = real(self, *args)
+        taken.append(path)
+        return path, trial
+
+    monkeypatch.setattr(autotune.Trials, "choose", choose)
+    return taken
+
+
+def calls(g, n, rank, world_size, dtype=np.float32, op="SUM", nbytes=MIB, async_every=0):
+    """``n`` all_reduces of ``nbytes`` on ``g``, each on new data and checked
+    against numpy's reduction; every ``async_every``-th one async, its Work
+    checked complete as it comes back during the trials."""
+    shape = (nbytes // np.dtype(dtype).itemsize,)
+    for i in range(n):
+        x = data(rank, np.dtype(dtype), shape, salt=i)
+        asynchronous = bool(async_every) and i % async_every == 0
+        work = pycoll.all_reduce(x, op=getattr(ReduceOp, op), group=g, async_op=asynchronous)
+        if asynchronous:
+            assert work.wait() is True and work.result() == [x]
+        else:
+            assert work is None
+        want = reduce_all(op, [data(r, np.dtype(dtype), shape, salt=i) for r in range(world_size)],
+                          world_size)  # fmt: skip
+        assert_equal(x, want)
+
+
+def same_on_every_rank(value):
+    everyone = [None] * pycoll.get_world_size()
+    pycoll.all_gather_object(everyone, value)
+    assert all(v == everyone[0] for v in everyone), everyone
+    return value
+
+
+@pytest.mark.parametrize("op,dtype", COVERED, ids=str)
+def test_every_call_is_right_through_the_trials_and_after(live, op, dtype, monkeypatch, rank,
+                                                          world_size):  # fmt: skip
+    taken = paths_taken(monkeypatch)
+    calls(live, 9, rank, world_size, dtype, op, async_every=2)
+    decided = autotune.chosen(live)
+    assert len(decided) == 1
+    ((path, ratios),) = decided.values()
+    assert set(ratios) == {"mpi", "ring", "window"} and ratios["mpi"] == 1.0
+    # One untimed round and one timed round of the three paths, then the decision.
+    assert sorted(taken[:3]) == sorted(taken[3:6]) == ["mpi", "ring", "window"]
+    assert taken[6:] == [path] * 3
+    same_on_every_rank((taken, path))
+
+
+def test_every_rank_takes_the_path_the_slowest_rank_timed_fastest(live, monkeypatch, rank,
+                                                                  world_size):  # fmt: skip
+    # Alone, rank 0 would choose the ring and rank 1 MPI's call; the largest
+    # time of each path over the ranks is mpi 1.0, ring 2.0, window 0.8.
+    mine = {
+        0: {"mpi": 1.0, "ring": 0.5, "window": 0.8},
+        1: {"mpi": 0.6, "ring": 2.0, "window": 0.7},
+    }
+    fake_times(monkeypatch, lambda path: mine.get(rank, mine[0])[path])
+    rings = count_rings(monkeypatch)
+    calls(live, 7, rank, world_size)
+    assert autotune.chosen(live) == {
+        ("all_reduce", ReduceOp.SUM._plans[np.dtype(np.float32)].key, 21): (
+            "window",
+            {"mpi": 1.0, "ring": 2.0, "window": 0.8},
+        )
+    }
+    before = len(rings)
+    calls(live, 2, rank, world_size)
+    assert len(rings) == before and window_chunk(live) is not None
+
+
+@pytest.mark.parametrize("window,wanted", [(0.97, "mpi"), (0.94, "window")])
+def test_a_path_displaces_mpis_call_only_beyond_the_margin(live, window, wanted, monkeypatch,
+                                                           rank, world_size):  # fmt: skip
+    fake_times(monkeypatch, {"mpi": 1.0, "ring": 1.5, "window": window}.__getitem__)
+    taken = paths_taken(monkeypatch)
+    calls(live, 8, rank, world_size)
+    assert taken[6:] == [wanted] * 2
+
+
+def test_the_class_decides_again_every_recheck_calls(live, monkeypatch, rank, world_size):
+    monkeypatch.setattr(autotune, "RECHECK", 3)
+    monkeypatch.setattr(autotune, "RECHECK_ROUNDS", 1)
+    state = {"fast": "window"}
+    fake_times(monkeypatch, lambda path: 0.5 if path == state["fast"] else 1.0)
+    taken = paths_taken(monkeypatch)
+    calls(live, 7, rank, world_size)  # six trials, then the decision's call
+    assert taken[6] == "window"
+    state["fast"] = "ring"
+    calls(live, 2 + 3 + 1, rank, world_size)  # RECHECK calls in all, three trials, a decision
+    assert taken[7:9] == ["window"] * 2
+    assert sorted(taken[9:12]) == ["mpi", "ring", "window"]
+    assert taken[12] == "ring"
+    same_on_every_rank(taken)
+
+
+def test_classes_by_op_dtype_and_power_of_two(live, monkeypatch, rank, world_size):
+    fake_times(monkeypatch, {"mpi": 1.0, "ring": 2.0, "window": 3.0}.__getitem__)
+    calls(live, 7, rank, world_size, nbytes=MIB)
+    calls(live, 1, rank, world_size, nbytes=MIB + MIB // 2)  # the same class: decided
+    calls(live, 1, rank, world_size, nbytes=MIB - 4)  # below LIVE_FROM: none
+    calls(live, 1, rank, world_size, nbytes=2 * MIB)  # a class of its own: its first trial
+    calls(live, 1, rank, world_size, dtype=np.int32)  # another dtype
+    calls(live, 1, rank, world_size, op="MAX", dtype=np.int32)  # another op
+    calls(live, 1, rank, world_size, op="AVG")  # not covered: the built-in rule
+    calls(live, 1, rank, world_size, op="MIN")  # nor MIN or MAX of floats
+    calls(live, 1, rank, world_size, op="MIN", dtype=np.int32)  # but of integers
+    classes = autotune.trials(live).classes
+    f32 = np.dtype(np.float32)
+    assert sorted((k[1], k[2]) for k in classes) == sorted([
+        (ReduceOp.SUM._plans[f32].key, 21),
+        (ReduceOp.SUM._plans[f32].key, 22),
+        (ReduceOp.SUM._plans[np.dtype(np.int32)].key, 21),
+        (ReduceOp.MAX._plans[np.dtype(np.int32)].key, 21),
+        (ReduceOp.MIN._plans[np.dtype(np.int32)].key, 21),
+    ])  # fmt: skip
+    assert [c.path for c in classes.values()] == ["mpi", None, None, None, None]
+
+
+def special(rank, dtype, n):
+    """Rank ``rank``'s values for the bits test: random magnitudes (whose sums
+    round), signed zeros, infinities, a NaN and, for floats, subnormals."""
+    rng = np.random.default_rng(17 + rank)
+    if np.dtype(dtype).kind in "iu":
+        return rng.integers(-1000, 1000, n).astype(dtype)
+    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, n)).astype(dtype)
+    info = np.finfo(np.float32 if dtype == BFLOAT16 else dtype)
+    x[:6] = [-0.0, 0.0 if rank else -0.0, np.inf, -np.inf if rank else 1.0, np.nan, 1.0]
+    x[6:10] = np.array([info.smallest_subnormal * (k + 1) for k in range(4)], np.float64).astype(
+        dtype
+    )
+    return x
+
+
+@pytest.mark.parametrize("op,dtype", COVERED, ids=str)
+def test_on_two_ranks_the_bits_are_the_same_whichever_path(op, dtype, monkeypatch, rank,
+                                                           world_size):  # fmt: skip
+    """What makes the trials safe to run by default on two ranks: each path's
+    result has the same bytes."""
+    if world_size == 1:
+        pytest.skip("two ranks")
+    monkeypatch.setattr(autotune, "ROUNDS", 1)
+    n = MIB // np.dtype(dtype).itemsize
+    results = {}
+    for fast in ("mpi", "ring", "window"):
+        fake_times(monkeypatch, lambda path, fast=fast: 0.1 if path == fast else 1.0)
+        g = pycoll.new_group([0, 1])  # (mode "pairs", as with PYCOLL_TUNING unset)
+        if rank < 2:
+            assert g._live_from == autotune.LIVE_FROM
+            x = special(rank, dtype, n)
+            for _ in range(7):
+                y = x.copy()
+                pycoll.all_reduce(y, op=getattr(ReduceOp, op), group=g)
+            assert [c.path for c in autotune.trials(g).classes.values()] == [fast]
+            results[fast] = y.view(np.uint8).copy()
+            pycoll.destroy_process_group(g)
+    if rank < 2:
+        assert results["ring"].tobytes() == results["mpi"].tobytes()
+        assert results["window"].tobytes() == results["mpi"].tobytes()
+
+
+def test_a_rank_that_never_comes_to_the_decision_is_named(monkeypatch, rank, world_size):
+    if world_size == 1:
+        pytest.skip("two ranks or more")
+    if watch.BLOCKING:
+        pytest.skip("a blocking call's timeout ends the job (tests/test_hangs.py)")
+    monkeypatch.setattr(autotune, "ROUNDS", 1)
+    before = autotune.MODE
+    autotune.install("live")
+    g = pycoll.new_group([0, 1], timeout=timedelta(seconds=3))
+    autotune.install(before)
+    if rank < 2:
+        x = np.ones(MIB // 4, np.float32)
+        for _ in range(6):  # the trials
+            pycoll.all_reduce(x, group=g)
+        if rank == 0:
+            started = time.monotonic()
+            with pytest.raises(DistTimeoutError) as caught:
+                pycoll.all_reduce(x, group=g)  # the decision, which rank 1 never joins
+            assert time.monotonic() - started < 60
+            message = str(caught.value)
+            assert "all_reduce (seq 7)" in message and "rank 1: has not reached it" in message
+    pycoll.barrier()
+
+
+def test_the_mode_from_the_environment():
+    assert autotune.read({}) == "pairs"
+    assert autotune.read({"PYCOLL_TUNING": " live "}) == "live"
+    assert autotune.read({"PYCOLL_TUNING": "off"}) == "off"
+    assert autotune.read({"PYCOLL_TUNING": "/a/table.json"}) == "off"  # the table decides
+    assert autotune.read({"PYCOLL_SHM_BYTES": "0"}) == "off"
+    assert autotune.read({"PYCOLL_SPLIT_BYTES": "1048576"}) == "off"
+    assert autotune.read({"PYCOLL_SPLIT_BYTES": "0", "PYCOLL_TUNING": "live"}) == "live"
+    assert tuning.read({"PYCOLL_TUNING": "live"}) == (None, None)
+    assert tuning.read({"PYCOLL_TUNING": "off"}) == (None, None)
+
+
+def test_which_groups_the_mode_covers():
+    before = autotune.MODE
+    try:
+        for mode, sizes in (("pairs", {2}), ("live", set(range(2, 65))), ("off", set())):
+            autotune.install(mode)
+            got = {n for n in range(1, 65) if autotune.least(n) == autotune.LIVE_FROM}
+            assert got == sizes, mode
+            assert all(autotune.least(n) == tuning.NEVER for n in range(1, 65) if n not in sizes)
+        with pytest.raises(ValueError, match="'auto' is none of pairs, live, off"):
+            autotune.install("auto")
+    finally:
+        autotune.install(before)
