@@ -346,8 +346,10 @@ def _compare(pg: Any, checker: Checker, slot: _Slot) -> None:
 
 
 def _calls(row: np.ndarray, every: int) -> Dict[int, int]:
-    """seq -> key for the calls a gathered row covers."""
-    last, valid = int(row[0]), int(row[1])
+    """seq -> key for the calls a gathered row covers: at most ``every``,
+    whatever the row says (a row MPI filled from some other collective's
+    buffer, matched with the exchange, could claim 2**62 calls)."""
+    last, valid = int(row[0]), min(int(row[1]), every)
     keys = row[2:]
     return {s: int(keys[s % every]) for s in range(max(1, last - valid + 1), last + 1)}
 

@@ -243,6 +243,20 @@ def test_every_from_env(monkeypatch):
             crosscheck.every_from_env()
 
 
+def test_a_row_claiming_more_calls_than_it_holds_is_read_within_its_length():
+    """A row of nonsense (a buffer MPI matched from some other collective)
+    is read as at most its own length of calls, not walked for 2**62."""
+    every = 8
+    good = np.zeros(every + 2, np.int64)
+    good[0], good[1] = 3, 3
+    good[2 + 1 : 2 + 4] = [11, 12, 13]
+    assert crosscheck._calls(good, every) == {1: 11, 2: 12, 3: 13}
+    bad = np.full(every + 2, 2**62, np.int64)
+    started = time.monotonic()
+    assert crosscheck._calls(bad, every).keys() == set(range(2**62 - every + 1, 2**62 + 1))
+    assert time.monotonic() - started < 5
+
+
 def test_keys_describe_the_call():
     ranks = [4, 5, 6]
     k = crosscheck.key("reduce", np.dtype(np.float16), 12, 2, "AVG")
