@@ -189,6 +189,54 @@ def test_classes_by_op_dtype_and_power_of_two(live, monkeypatch, rank, world_siz
     assert [c.path for c in classes.values()] == ["mpi", None, None, None, None]
 
 
+def rs_calls(g, form, n, rank, world_size, dtype=np.float32, op="SUM", nbytes=MIB):
+    """``n`` reduce-scatters of ``nbytes`` of input on ``g`` in ``form``
+    ("tensor", "in place": torch's, the output this rank's part of the
+    input, or "list"), each on new data, every other one async, checked
+    against numpy's reduction."""
+    count = -(-nbytes // np.dtype(dtype).itemsize // world_size)  # (at least nbytes in all)
+    for i in range(n):
+        x = data(rank, np.dtype(dtype), (world_size * count,), salt=i)
+        everyone = [
+            data(r, np.dtype(dtype), (world_size * count,), salt=i) for r in range(world_size)
+        ]
+        want = reduce_all(op, everyone, world_size)[rank * count : (rank + 1) * count]
+        asynchronous = i % 2 == 1
+        how = dict(op=getattr(ReduceOp, op), group=g, async_op=asynchronous)
+        if form == "list":
+            out = np.empty(count, dtype)
+            work = pycoll.reduce_scatter(out, list(x.reshape(world_size, count)), **how)
+        else:
+            out = (
+                x[rank * count : (rank + 1) * count]
+                if form == "in place"
+                else np.empty(count, dtype)
+            )
+            work = pycoll.reduce_scatter_tensor(out, x, **how)
+        if asynchronous:
+            assert work.wait() is True
+        assert_equal(out, want)
+
+
+@pytest.mark.parametrize("form", ["tensor", "in place", "list"])
+@pytest.mark.parametrize("op,dtype", [("SUM", np.float32), ("SUM", np.float16), ("BOR", np.int64)],
+                         ids=str)  # fmt: skip
+def test_a_reduce_scatter_is_right_through_the_trials_and_after(live, form, op, dtype, monkeypatch,
+                                                                rank, world_size):  # fmt: skip
+    taken = paths_taken(monkeypatch)
+    func = "reduce_scatter" if form == "list" else "reduce_scatter_tensor"
+    want = ["mpi", "pairwise", "window"] if world_size == 2 else ["mpi", "window"]
+    trials = 2 * len(want)
+    rs_calls(live, form, trials + 3, rank, world_size, dtype, op)
+    decided = autotune.chosen(live)
+    assert [k[0] for k in decided] == [func]
+    ((path, ratios),) = decided.values()
+    assert sorted(ratios) == want
+    assert sorted(taken[: len(want)]) == sorted(taken[len(want) : trials]) == want
+    assert taken[trials:] == [path] * 3
+    same_on_every_rank((taken, path))
+
+
 def special(rank, dtype, n):
     """Rank ``rank``'s values for the bits test: random magnitudes (whose sums
     round), signed zeros, infinities, a NaN and, for floats, subnormals."""
@@ -204,8 +252,15 @@ def special(rank, dtype, n):
     return x
 
 
+PATHS = {
+    "all_reduce": ("mpi", "ring", "window"),
+    "reduce_scatter_tensor": ("mpi", "pairwise", "window"),
+}
+
+
+@pytest.mark.parametrize("func", list(PATHS))
 @pytest.mark.parametrize("op,dtype", COVERED, ids=str)
-def test_on_two_ranks_the_bits_are_the_same_whichever_path(op, dtype, monkeypatch, rank,
+def test_on_two_ranks_the_bits_are_the_same_whichever_path(func, op, dtype, monkeypatch, rank,
                                                            world_size):  # fmt: skip
     """What makes the trials safe to run by default on two ranks: each path's
     result has the same bytes."""
@@ -214,21 +269,28 @@ def test_on_two_ranks_the_bits_are_the_same_whichever_path(op, dtype, monkeypatc
     monkeypatch.setattr(autotune, "ROUNDS", 1)
     n = MIB // np.dtype(dtype).itemsize
     results = {}
-    for fast in ("mpi", "ring", "window"):
+    for fast in PATHS[func]:
         fake_times(monkeypatch, lambda path, fast=fast: 0.1 if path == fast else 1.0)
-        g = pycoll.new_group([0, 1])  # (mode "pairs", as with PYCOLL_TUNING unset)
+        before = autotune.MODE
+        autotune.install("pairs")  # (the default: PYCOLL_TUNING unset)
+        g = pycoll.new_group([0, 1])
+        autotune.install(before)
         if rank < 2:
             assert g._live_from == autotune.LIVE_FROM
             x = special(rank, dtype, n)
             for _ in range(7):
                 y = x.copy()
-                pycoll.all_reduce(y, op=getattr(ReduceOp, op), group=g)
+                if func == "all_reduce":
+                    pycoll.all_reduce(y, op=getattr(ReduceOp, op), group=g)
+                else:
+                    y = np.empty(n // 2, dtype)
+                    pycoll.reduce_scatter_tensor(y, x, op=getattr(ReduceOp, op), group=g)
             assert [c.path for c in autotune.trials(g).classes.values()] == [fast]
             results[fast] = y.view(np.uint8).copy()
             pycoll.destroy_process_group(g)
     if rank < 2:
-        assert results["ring"].tobytes() == results["mpi"].tobytes()
-        assert results["window"].tobytes() == results["mpi"].tobytes()
+        for path in PATHS[func][1:]:
+            assert results[path].tobytes() == results["mpi"].tobytes(), path
 
 
 def test_a_rank_that_never_comes_to_the_decision_is_named(monkeypatch, rank, world_size):

@@ -462,17 +462,26 @@ def _ring_carries(pg: ProcessGroup, how: Plan, dtype: np.dtype) -> bool:
 
 
 def _scatter_way(
-    pg: ProcessGroup, how: Plan, dtype: np.dtype, func: str, nbytes: int
-) -> Tuple[str, Any]:
+    pg: ProcessGroup, how: Plan, dtype: np.dtype, func: str, nbytes: int, name: str
+) -> Tuple[str, Any, Any]:
     """How a reduce_scatter_tensor (or reduce_scatter) of ``nbytes`` of input
-    goes: ``("window", win)`` through the group's shared window (one node, an
-    op the kernels reduce, a window at all: shm.for_scatter), ``("pairwise",
-    None)`` by pycoll's pairwise exchange, or ``("mpi", None)``, MPI's own
-    call. From its first size the group's tuning table (pycoll.tuning)
-    decides; else the sizes above: on two ranks the pairwise exchange, on
-    more the window."""
+    with the op ``name`` goes: ``("window", win)`` through the group's shared
+    window (one node, an op the kernels reduce, a window at all:
+    shm.for_scatter), ``("pairwise", None)`` by pycoll's pairwise exchange, or
+    ``("mpi", None)``, MPI's own call; and the live trial's class where the
+    call is a timed trial (pycoll.autotune; else None). From its first size
+    the group's tuning table (pycoll.tuning) decides; else, for the ops MPI
+    carries whole from the trials' first size, the path its class measured
+    fastest (or its next trial); else the sizes above: on two ranks the
+    pairwise exchange, on more the window."""
+    trial = None
     if nbytes >= pg._tuned_rs_from:
         wanted = tuning.path(pg._tuned_rs, nbytes)
+    elif nbytes >= pg._live_from and how.plain and not _order_matters(name, dtype):
+        wanted, trial = autotune.trials(pg).choose(
+            pg, func, (func, how.key, nbytes.bit_length()),
+            lambda: _scatter_paths(pg, how, dtype, func),
+        )  # fmt: skip
     elif pg._size == 2 and 0 < _pairwise_from() <= nbytes:
         wanted = "pairwise"
     else:
@@ -481,10 +490,23 @@ def _scatter_way(
     if wanted == "window":
         win = shm.for_scatter(pg, how, dtype, func)
         if win is not None:
-            return wanted, win
+            return wanted, win, trial
     if wanted == "pairwise" and _ring_carries(pg, how, dtype):
-        return wanted, None
-    return "mpi", None
+        return wanted, None, trial
+    return "mpi", None, trial
+
+
+def _scatter_paths(pg: ProcessGroup, how: Plan, dtype: np.dtype, func: str) -> List[str]:
+    """The paths a large reduce-scatter's trials compare (pycoll.autotune):
+    MPI's own call, and pycoll's pairwise exchange (two ranks) and the node's
+    shared window where they can carry it (the window is made here, on every
+    rank alike)."""
+    paths = ["mpi"]
+    if pg._size == 2 and _ring_carries(pg, how, dtype):
+        paths.append("pairwise")
+    if shm.for_scatter(pg, how, dtype, func) is not None:
+        paths.append("window")
+    return paths
 
 
 def _aside(
@@ -1229,11 +1251,22 @@ def reduce_scatter(
         check_same_shape(func, "input_list", inputs, output.shape, "output")
     how = _plan(op, dtype, func)
     desc = lambda: f"{func}({op.name}, output {sig(output)})"  # noqa: E731
-    way, win = _scatter_way(pg, how, dtype, func, n * output.nbytes)
+    way, win, trial = _scatter_way(pg, how, dtype, func, n * output.nbytes, op.name)
     if way == "window":
-        return _reduce_scatter_shm(pg, win, func, output, inputs, op, how, async_op, desc)
+        return autotune.timed(
+            trial, way,
+            lambda: _reduce_scatter_shm(pg, win, func, output, inputs, op, how, async_op, desc),
+        )  # fmt: skip
     if way == "pairwise":
-        return _reduce_scatter_pairwise(pg, func, output, inputs, op, how, async_op, desc)
+        return autotune.timed(
+            trial, way,
+            lambda: _reduce_scatter_pairwise(pg, func, output, inputs, op, how, async_op, desc),
+        )  # fmt: skip
+    if trial is not None:  # MPI's own call, a trial's: its general path
+        send = np.concatenate([x.reshape(-1) for x in inputs])
+        return autotune.timed(
+            trial, way, lambda: _reduce_scatter_block(pg, func, send, output, how, async_op, desc)
+        )
     if (  # (only what every rank shares: each lays out its arrays as it will)
         how.plain
         and pair.applies(func, n, n * output.nbytes)
@@ -1337,14 +1370,28 @@ def reduce_scatter_tensor(
         or 0 < PAIRWISE_BYTES <= nbytes
         or 0 < PAIRWISE_BYTES_OPEN_MPI <= nbytes
         or nbytes >= pg._tuned_rs_from
+        or nbytes >= pg._live_from
     ):
-        way, win = _scatter_way(pg, how, dtype, func, nbytes)
+        way, win, trial = _scatter_way(pg, how, dtype, func, nbytes, op.name)
         if way != "mpi":
             flat, count = input.reshape(-1), output.size
             parts = [flat[d * count : (d + 1) * count] for d in range(n)]
             if way == "window":
-                return _reduce_scatter_shm(pg, win, func, output, parts, op, how, async_op, desc)
-            return _reduce_scatter_pairwise(pg, func, output, parts, op, how, async_op, desc)
+                return autotune.timed(
+                    trial, way,
+                    lambda: _reduce_scatter_shm(pg, win, func, output, parts, op, how, async_op,
+                                                desc),
+                )  # fmt: skip
+            return autotune.timed(
+                trial, way,
+                lambda: _reduce_scatter_pairwise(pg, func, output, parts, op, how, async_op, desc),
+            )  # fmt: skip
+        if trial is not None:  # MPI's own call, a trial's: its general path
+            into = scratch.beside(pg, output) if may_alias(input, output) else None
+            return autotune.timed(
+                trial, way,
+                lambda: _reduce_scatter_block(pg, func, input, output, how, async_op, desc, into),
+            )  # fmt: skip
     if pg._plans is not None and how.plain and input.nbytes <= PLAN_LIMIT:  # repeated?
         key = how.key | OP_BITS[func] | output.size & COUNT
         made = persistent.for_reduce_scatter(pg, key, output, how.datatype, how.mpi_op)

@@ -27,6 +27,7 @@ from support import (
     late_rank_named,
     reduce_all,
     rop,
+    rule_only,
     valid_pairs,
 )
 
@@ -236,6 +237,7 @@ def test_the_built_in_rule(monkeypatch, rank, world_size):
     (PYCOLL_PAIRWISE_BYTES=0) turns it off."""
     started = count_pairwise(monkeypatch)
     g = pycoll.new_group()
+    rule_only(monkeypatch, g)
     f32 = np.dtype(np.float32)
     least = reduce_mod._pairwise_from()
     vendor = reduce_mod._mpi.VENDOR
@@ -248,9 +250,9 @@ def test_the_built_in_rule(monkeypatch, rank, world_size):
         assert_equal(out, np.full(size, world_size * (world_size + 1) / 2, np.float32))
     assert len(started) == (world_size == 2)
     how, func = reduce_mod._plan(ReduceOp.SUM, f32, "reduce_scatter_tensor"), "x"
-    way = reduce_mod._scatter_way(g, how, f32, func, 1 << 40)[0]
+    way = reduce_mod._scatter_way(g, how, f32, func, 1 << 40, "SUM")[0]
     assert way == ("pairwise" if world_size == 2 else "window" if world_size > 1 else "mpi")
     monkeypatch.setattr(reduce_mod, "PAIRWISE_BYTES", 0)
     monkeypatch.setattr(reduce_mod, "PAIRWISE_BYTES_OPEN_MPI", 0)
-    assert reduce_mod._scatter_way(g, how, f32, func, 1 << 40)[0] != "pairwise"
+    assert reduce_mod._scatter_way(g, how, f32, func, 1 << 40, "SUM")[0] != "pairwise"
     pycoll.destroy_process_group(g)

@@ -380,6 +380,7 @@ def test_reduce_scatter_below_the_threshold_and_when_turned_off(monkeypatch, wor
     vendor = "Open MPI" if reduce_mod._mpi.VENDOR == "Open MPI" else "MPICH"
     least = reduce_mod.SCATTER_SHM_BYTES_OPEN_MPI if vendor == "Open MPI" else 64 << 20
     g = pycoll.new_group()
+    rule_only(monkeypatch, g)
     x = np.ones(world_size * 1024, np.float32)  # 4 KiB a rank: below every threshold
     out = np.zeros(1024, np.float32)
     pycoll.reduce_scatter_tensor(out, x, group=g)
@@ -387,12 +388,12 @@ def test_reduce_scatter_below_the_threshold_and_when_turned_off(monkeypatch, wor
     assert g.attached("shm.window") is None
     f32, func = np.dtype(np.float32), "reduce_scatter_tensor"
     how = reduce_mod._plan(ReduceOp.SUM, f32, func)
-    assert reduce_mod._scatter_way(g, how, f32, func, least - 1) == ("mpi", None)
+    assert reduce_mod._scatter_way(g, how, f32, func, least - 1, "SUM") == ("mpi", None, None)
     with monkeypatch.context() as off:
         off.setattr(shm, "SHM_SET", 0)
-        assert reduce_mod._scatter_way(g, how, f32, func, 1 << 40) == ("mpi", None)
+        assert reduce_mod._scatter_way(g, how, f32, func, 1 << 40, "SUM") == ("mpi", None, None)
     assert g.attached("shm.window") is None  # neither made one
-    way, win = reduce_mod._scatter_way(g, how, f32, func, least)
+    way, win, _ = reduce_mod._scatter_way(g, how, f32, func, least, "SUM")
     assert way == "window" and win is not None
     pycoll.destroy_process_group(g)
 
