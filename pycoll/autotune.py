@@ -13,17 +13,22 @@ So for each class of a group's all_reduce from :data:`LIVE_FROM` bytes (its
 op and dtype, and its size rounded down to a power of two) the first calls go
 in turn by each path that can carry it: MPI's own call, pycoll's ring
 (pycoll.collectives.ring) and the node's shared window
-(pycoll.collectives.shm). One untimed round first (the window is made, pages
-are touched), then :data:`ROUNDS` rounds in rotated orders, every call timed on
-every rank; an ``async_op`` call is waited for at once, so its Work comes back
-complete. The class's next call exchanges each rank's median time per path
-(the largest over the ranks is kept) in one nonblocking all-reduce on a
-communicator of the trials' own, waited for within the group's timeout, and every
-rank takes the same path from then on: the fastest, where its time is at
-most :data:`MARGIN` of MPI's own call's, else MPI's call. Later calls of the
-class find it with one dictionary lookup; every :data:`RECHECK` calls the
-class makes :data:`RECHECK_ROUNDS` more rounds of trials and decides again, as
-the machine's state moves.
+(pycoll.collectives.shm); for a reduce-scatter MPI's call, pycoll's pairwise
+exchange (pycoll.collectives.pairwise) and the window. One untimed round
+first (the window is made, pages are touched), then :data:`ROUNDS` rounds in
+rotated orders, every call timed on every rank from a barrier of every rank
+(so that it is not charged for the ranks it waits for); an ``async_op`` call
+is waited for at once, so its Work comes back complete. The class's next
+call exchanges each rank's median and upper quartile over the rounds of each
+path's time over MPI's call's in the same round (the largest over the ranks
+is kept) in one nonblocking all-reduce on a communicator of the trials' own,
+waited for within the group's timeout, and every rank takes the same path
+from then on: the fastest whose median is at most :data:`MARGIN` and whose
+upper quartile is under 1 (faster than MPI's call in three rounds of four),
+else MPI's call, the rule of ``python -m pycoll.bench.tune``'s tables
+(pycoll.tuning.pick). Later calls of the class find it with one dictionary
+lookup; every :data:`RECHECK` calls the class makes :data:`RECHECK_ROUNDS`
+more rounds of trials and decides again, as the machine's state moves.
 
 Every rank makes the same calls in the same order with the same size, op and
 dtype (the call check verifies it: pycoll.crosscheck), and what decides which
@@ -84,16 +89,17 @@ MODES = ("pairs", "live", "off")  # unset, "live", "off"
 # and MPI's call take the sizes by rules measured on both MPIs, and a call's
 # Python (a few microseconds) would weigh on the timings.
 LIVE_FROM = 1 << 20
-ROUNDS = 5  # timed rounds of each candidate, after one untimed round
+ROUNDS = 7  # timed rounds of each candidate, after one untimed round
 # A machine's state moves (the window's 0.7x and 2.3x of MPI's time at 16 MiB
 # came minutes apart on the CI VM): every RECHECK calls of a class after its
 # decision, RECHECK_ROUNDS more rounds of trials, then the class decides
 # again from each path's latest ROUNDS timings (the new ones the majority).
 # On a class whose slowest path takes 2.5x MPI's time, that costs under 1%.
 RECHECK = 1000
-RECHECK_ROUNDS = 3
-# A path replaces MPI's own call only where its median time is at most this
-# fraction of MPI's: within 5% the noise of a shared machine could choose.
+RECHECK_ROUNDS = 4
+# A path replaces MPI's own call only where its median time over MPI's is at
+# most this, and its upper quartile under 1: within 5% the noise of a shared
+# machine could choose.
 MARGIN = 0.95
 _OVERRIDES = ("PYCOLL_SHM_BYTES", "PYCOLL_SPLIT_BYTES")
 _KEY = "autotune"
@@ -227,31 +233,27 @@ def chosen(pg: Any) -> Dict[Tuple[str, int, int], Tuple[str, Dict[str, float]]]:
 
 
 def _decide(pg: Any, func: str, key: Tuple[str, int, int], entry: _Class) -> None:
-    """Every rank's median time per path, the largest over the ranks (one
-    nonblocking all-reduce, waited for within the group's timeout), and from
-    it the class's path, the same on every rank.
-
-    The exchange has a communicator of its own, duplicated from the group's
-    at its first decision: an exchange a late rank never joins stays pending
-    after the timeout, and on a communicator other collectives use (the call
-    check's, on the side communicator) it would be matched with the next."""
+    """Every rank's median ratio of each path's time to MPI's call's, the
+    largest over the ranks (one nonblocking all-reduce on the trials'
+    communicator, waited for within the group's timeout), and from it the
+    class's path, the same on every rank."""
     from . import watch  # (here: watch imports pycoll.groups, which imports this module)
 
     MPI = _mpi.MPI
     seq = pg._seq + 1  # (the call this decision precedes, for a diagnosis)
-    made = trials(pg)
-    if made.comm is None:
-        comm, request = pg.comm.Idup()
-        watch.wait(pg, func, seq, [request])
-        made.comm = comm
-    mine = np.array([np.median(entry.times[p]) for p in entry.paths], dtype=np.float64)
+    # Each round's time of a path over MPI's call's in the same round (a
+    # round's calls come one after the other, so a drift of the machine's
+    # state between rounds cancels), the median over the rounds.
+    last = min(len(entry.times[p]) for p in entry.paths)  # (a trial that raised has none)
+    times = {p: np.array(list(entry.times[p])[len(entry.times[p]) - last :]) for p in entry.paths}
+    mine = np.array(
+        [tuning.summary((times[p] / times["mpi"]).tolist()) for p in entry.paths], np.float64
+    )
     every = np.empty_like(mine)
-    watch.wait(pg, func, seq, [made.comm.Iallreduce(mine, every, MPI.MAX)])
-    times = dict(zip(entry.paths, every.tolist()))
-    mpi = times["mpi"]
-    best = min(entry.paths, key=times.__getitem__)
-    entry.ratios = {p: t / mpi for p, t in times.items()}
-    entry.path = best if times[best] <= MARGIN * mpi else "mpi"
+    watch.wait(pg, func, seq, [_comm(pg, func, seq).Iallreduce(mine, every, MPI.MAX)])
+    stats = {p: (float(m), float(u)) for p, (m, u) in zip(entry.paths, every)}
+    entry.ratios = {p: m for p, (m, _) in stats.items()}
+    entry.path = tuning.pick(stats, MARGIN)
     if debug.LEVEL:
         debug.logger.info(
             "%s group=%s bytes>=%d: %s (time over MPI's own call: %s)",
@@ -263,14 +265,40 @@ def _decide(pg: Any, func: str, key: Tuple[str, int, int], entry: _Class) -> Non
         )
 
 
-def timed(entry: Optional[_Class], path: str, call: Callable[[], Any]) -> Any:
-    """``call()`` (the call's path), timed where ``entry`` is a trial's class;
-    a Work it returns is waited for within the timing, so it comes back complete."""
+def timed(pg: Any, func: str, entry: Optional[_Class], path: str, call: Callable[[], Any]) -> Any:
+    """``call()`` (the call's path), timed where ``entry`` is a trial's class.
+
+    A timed trial starts once every rank has come (a nonblocking barrier,
+    waited for within the group's timeout): timed from its own start alone, a
+    call would be charged for the ranks it waits for, so the path before it
+    in the rotation, whose ranks leave at different times, would pass on some
+    of its cost. A Work the call returns is waited for within the timing, so
+    it comes back complete."""
     if entry is None:
         return call()
+    from . import watch
+
+    seq = pg._seq + 1  # (the call, for a diagnosis)
+    watch.wait(pg, func, seq, [_comm(pg, func, seq).Ibarrier()])
     t0 = time.perf_counter()
     result = call()
     if result is not None:
         result.wait()
     Trials.took(entry, path, time.perf_counter() - t0)
     return result
+
+
+def _comm(pg: Any, func: str, seq: int) -> Any:
+    """The trials' own communicator, duplicated from the group's at its first
+    timed trial (within the group's timeout): an exchange or barrier a late
+    rank never joins stays pending after the timeout, and on a communicator
+    other collectives use (the call check's, on the side communicator) it
+    would be matched with the next."""
+    from . import watch
+
+    made = trials(pg)
+    if made.comm is None:
+        comm, request = pg.comm.Idup()
+        watch.wait(pg, func, seq, [request])
+        made.comm = comm
+    return made.comm

@@ -64,6 +64,8 @@ __all__ = [
     "decide",
     "path",
     "merged",
+    "summary",
+    "pick",
 ]
 
 ENV = "PYCOLL_TUNING"
@@ -214,6 +216,30 @@ def path(entries: Entries, nbytes: int) -> str:
     """The path of the last entry at or below ``nbytes`` (at least the first's)."""
     starts, paths = entries
     return paths[bisect_right(starts, nbytes) - 1]
+
+
+def summary(ratios: List[float]) -> Tuple[float, float]:
+    """The median and the upper quartile of a path's per-round times over
+    MPI's own call's (the upper quartile is the value itself for one round)."""
+    import statistics
+
+    if len(ratios) == 1:
+        return ratios[0], ratios[0]
+    return statistics.median(ratios), statistics.quantiles(ratios, n=4)[2]
+
+
+def pick(stats: Dict[str, Tuple[float, float]], margin: float) -> str:
+    """The path from each path's :func:`summary` (``"mpi"``, MPI's own call,
+    among them or not): the fastest whose median is at most ``margin`` and
+    whose upper quartile is under 1, so faster than MPI's call in three
+    rounds of four; MPI's own call where none is. The rule of
+    pycoll.bench.tune's tables and of pycoll.autotune's trials."""
+    fits = [
+        (median, upper, path)
+        for path, (median, upper) in stats.items()
+        if path != "mpi" and median <= margin and upper < 1.0
+    ]
+    return min(fits)[2] if fits else "mpi"  # (a tie of medians: the steadier)
 
 
 def merged(

@@ -121,11 +121,11 @@ def test_every_call_is_right_through_the_trials_and_after(live, op, dtype, monke
 
 def test_every_rank_takes_the_path_the_slowest_rank_timed_fastest(live, monkeypatch, rank,
                                                                   world_size):  # fmt: skip
-    # Alone, rank 0 would choose the ring and rank 1 MPI's call; the largest
-    # time of each path over the ranks is mpi 1.0, ring 2.0, window 0.8.
+    # Alone, rank 0 would choose the ring and rank 1 the window; the largest
+    # ratio to MPI's call of each path over the ranks is ring 2.0, window 0.8.
     mine = {
         0: {"mpi": 1.0, "ring": 0.5, "window": 0.8},
-        1: {"mpi": 0.6, "ring": 2.0, "window": 0.7},
+        1: {"mpi": 2.0, "ring": 4.0, "window": 1.4},
     }
     fake_times(monkeypatch, lambda path: mine.get(rank, mine[0])[path])
     rings = count_rings(monkeypatch)
@@ -148,6 +148,25 @@ def test_a_path_displaces_mpis_call_only_beyond_the_margin(live, window, wanted,
     taken = paths_taken(monkeypatch)
     calls(live, 8, rank, world_size)
     assert taken[6:] == [wanted] * 2
+
+
+@pytest.mark.parametrize(
+    "window,wanted", [((0.5, 1.3, 0.5, 1.3), "mpi"), ((0.5, 0.9, 0.5, 0.5), "window")]
+)
+def test_a_path_must_beat_mpis_call_in_three_rounds_of_four(live, window, wanted, monkeypatch,
+                                                            rank, world_size):  # fmt: skip
+    """A median of 0.9 is not enough where the path lost half the rounds."""
+    monkeypatch.setattr(autotune, "ROUNDS", 4)
+    rounds = iter(window)
+    fake_times(
+        monkeypatch, lambda path: next(rounds) if path == "window" else (1.0, 2.0)[path == "ring"]
+    )
+    taken = paths_taken(monkeypatch)
+    calls(live, 3 * 5 + 1, rank, world_size)
+    assert taken[15] == wanted
+    assert autotune.chosen(live)[next(iter(autotune.chosen(live)))][1]["window"] == (
+        0.9 if wanted == "mpi" else 0.5
+    )
 
 
 def test_the_class_decides_again_every_recheck_calls(live, monkeypatch, rank, world_size):

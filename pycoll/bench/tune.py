@@ -44,18 +44,10 @@ __all__ = ["main", "choose", "entries"]
 
 
 def choose(ratios: Dict[str, List[float]], margin: float) -> str:
-    """The way for one size from each way's per-round time over MPI's: the
-    fastest whose median is at most ``margin`` and whose upper quartile is
-    under 1; MPI's own call where none is."""
-    fits = []
-    for way, values in ratios.items():
-        if way == "mpi" or not values:
-            continue
-        median = statistics.median(values)
-        upper = statistics.quantiles(values, n=4)[2] if len(values) > 1 else values[0]
-        if median <= margin and upper < 1.0:
-            fits.append((median, upper, way))
-    return min(fits)[2] if fits else "mpi"  # (a tie of medians: the steadier)
+    """The way for one size from each way's per-round time over MPI's
+    (pycoll.tuning.pick: the fastest whose median is at most ``margin`` and
+    whose upper quartile is under 1; MPI's own call where none is)."""
+    return tuning.pick({w: tuning.summary(v) for w, v in ratios.items() if v}, margin)
 
 
 def entries(measured: List[int], chosen: List[str]) -> List[List[Any]]:

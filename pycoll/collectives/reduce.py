@@ -214,32 +214,20 @@ def all_reduce(
             ("all_reduce", how.key, nbytes.bit_length()),
             lambda: _live_paths(pg, how, tensor.dtype),
         )
-        if path == "ring":
-            return autotune.timed(
-                trial, path, lambda: _all_reduce_ring(pg, tensor, op, how, async_op, key)
-            )
         win = shm.usable(pg, how, tensor.dtype, "all_reduce") if path == "window" else None
-        if win is not None:
-            return autotune.timed(
-                trial, path, lambda: _all_reduce_shm(pg, win, tensor, op, how, async_op, key)
-            )
-        if trial is not None:
-            return autotune.timed(
-                trial,
-                path,
-                lambda: run(
-                    pg,
-                    "all_reduce",
-                    nbytes,
-                    pg.comm.Iallreduce,
-                    (_mpi.IN_PLACE, [tensor, how.datatype], how.mpi_op),
-                    async_op,
-                    None,
-                    [tensor],
-                    _desc(op, tensor),
-                    key=key,
-                ),
-            )
+        step: Optional[Callable[[], Optional[Work]]] = None
+        if path == "ring":
+            step = lambda: _all_reduce_ring(pg, tensor, op, how, async_op, key)  # noqa: E731
+        elif win is not None:
+            step = lambda: _all_reduce_shm(pg, win, tensor, op, how, async_op, key)  # noqa: E731
+        elif trial is not None:  # MPI's own call, a trial's: its general path
+            step = lambda: run(  # noqa: E731
+                pg, "all_reduce", nbytes, pg.comm.Iallreduce,
+                (_mpi.IN_PLACE, [tensor, how.datatype], how.mpi_op), async_op,
+                None, [tensor], _desc(op, tensor), key=key,
+            )  # fmt: skip
+        if step is not None:
+            return autotune.timed(pg, "all_reduce", trial, path, step)
         nbytes = 0  # MPI's own call: no size below is reached
     if (
         (how.split and nbytes >= _split_from(pg._size))
@@ -1254,18 +1242,22 @@ def reduce_scatter(
     way, win, trial = _scatter_way(pg, how, dtype, func, n * output.nbytes, op.name)
     if way == "window":
         return autotune.timed(
-            trial, way,
+            pg, func, trial, way,
             lambda: _reduce_scatter_shm(pg, win, func, output, inputs, op, how, async_op, desc),
         )  # fmt: skip
     if way == "pairwise":
         return autotune.timed(
-            trial, way,
+            pg, func, trial, way,
             lambda: _reduce_scatter_pairwise(pg, func, output, inputs, op, how, async_op, desc),
         )  # fmt: skip
     if trial is not None:  # MPI's own call, a trial's: its general path
         send = np.concatenate([x.reshape(-1) for x in inputs])
         return autotune.timed(
-            trial, way, lambda: _reduce_scatter_block(pg, func, send, output, how, async_op, desc)
+            pg,
+            func,
+            trial,
+            way,
+            lambda: _reduce_scatter_block(pg, func, send, output, how, async_op, desc),
         )
     if (  # (only what every rank shares: each lays out its arrays as it will)
         how.plain
@@ -1378,18 +1370,18 @@ def reduce_scatter_tensor(
             parts = [flat[d * count : (d + 1) * count] for d in range(n)]
             if way == "window":
                 return autotune.timed(
-                    trial, way,
+                    pg, func, trial, way,
                     lambda: _reduce_scatter_shm(pg, win, func, output, parts, op, how, async_op,
                                                 desc),
                 )  # fmt: skip
             return autotune.timed(
-                trial, way,
+                pg, func, trial, way,
                 lambda: _reduce_scatter_pairwise(pg, func, output, parts, op, how, async_op, desc),
             )  # fmt: skip
         if trial is not None:  # MPI's own call, a trial's: its general path
             into = scratch.beside(pg, output) if may_alias(input, output) else None
             return autotune.timed(
-                trial, way,
+                pg, func, trial, way,
                 lambda: _reduce_scatter_block(pg, func, input, output, how, async_op, desc, into),
             )  # fmt: skip
     if pg._plans is not None and how.plain and input.nbytes <= PLAN_LIMIT:  # repeated?
