@@ -208,26 +208,9 @@ def all_reduce(
         # The path this class of calls measured fastest in its first calls,
         # or the next of those trials (pycoll.autotune; not MIN or MAX of
         # floats, whose bits the paths' orders of folding change).
-        path, trial = autotune.trials(pg).choose(
-            pg,
-            "all_reduce",
-            ("all_reduce", how.key, nbytes.bit_length()),
-            lambda: _live_paths(pg, how, tensor.dtype),
-        )
-        win = shm.usable(pg, how, tensor.dtype, "all_reduce") if path == "window" else None
-        step: Optional[Callable[[], Optional[Work]]] = None
-        if path == "ring":
-            step = lambda: _all_reduce_ring(pg, tensor, op, how, async_op, key)  # noqa: E731
-        elif win is not None:
-            step = lambda: _all_reduce_shm(pg, win, tensor, op, how, async_op, key)  # noqa: E731
-        elif trial is not None:  # MPI's own call, a trial's: its general path
-            step = lambda: run(  # noqa: E731
-                pg, "all_reduce", nbytes, pg.comm.Iallreduce,
-                (_mpi.IN_PLACE, [tensor, how.datatype], how.mpi_op), async_op,
-                None, [tensor], _desc(op, tensor), key=key,
-            )  # fmt: skip
-        if step is not None:
-            return autotune.timed(pg, "all_reduce", trial, path, step)
+        done = _all_reduce_live(pg, tensor, op, how, async_op, key)
+        if done is not _BY_MPI:
+            return done
         nbytes = 0  # MPI's own call: no size below is reached
     if (
         (how.split and nbytes >= _split_from(pg._size))
@@ -423,6 +406,40 @@ def _pairwise_from() -> int:
     return PAIRWISE_BYTES_OPEN_MPI if _mpi.VENDOR == "Open MPI" else PAIRWISE_BYTES
 
 
+_BY_MPI: Any = object()  # _all_reduce_live's answer where MPI's own call takes the call
+
+
+def _all_reduce_live(
+    pg: ProcessGroup, tensor: np.ndarray, op: ReduceOp, how: Plan, async_op: bool, key: int
+) -> Any:
+    """all_reduce by the path its class measured fastest in its first calls,
+    or its next trial, timed (pycoll.autotune): the call's result, or
+    _BY_MPI where the class chose MPI's own call (the caller's path to it
+    follows). (A function of its own: the closures below would make the
+    caller's variables cells, 0.2 us on every small call.)"""
+    nbytes = tensor.nbytes
+    path, trial = autotune.trials(pg).choose(
+        pg,
+        "all_reduce",
+        ("all_reduce", how.key, nbytes.bit_length()),
+        lambda: _live_paths(pg, how, tensor.dtype),
+    )
+    win = shm.usable(pg, how, tensor.dtype, "all_reduce") if path == "window" else None
+    if path == "ring":
+        step = lambda: _all_reduce_ring(pg, tensor, op, how, async_op, key)  # noqa: E731
+    elif win is not None:
+        step = lambda: _all_reduce_shm(pg, win, tensor, op, how, async_op, key)  # noqa: E731
+    elif trial is not None:  # MPI's own call, a trial's: its general path
+        step = lambda: run(  # noqa: E731
+            pg, "all_reduce", nbytes, pg.comm.Iallreduce,
+            (_mpi.IN_PLACE, [tensor, how.datatype], how.mpi_op), async_op,
+            None, [tensor], _desc(op, tensor), key=key,
+        )  # fmt: skip
+    else:
+        return _BY_MPI
+    return autotune.timed(pg, "all_reduce", trial, path, step)
+
+
 def _live_paths(pg: ProcessGroup, how: Plan, dtype: np.dtype) -> List[str]:
     """The paths a large all_reduce's trials compare (pycoll.autotune): MPI's
     own call, and pycoll's ring and the node's shared window where they can
@@ -495,6 +512,45 @@ def _scatter_paths(pg: ProcessGroup, how: Plan, dtype: np.dtype, func: str) -> L
     if shm.for_scatter(pg, how, dtype, func) is not None:
         paths.append("window")
     return paths
+
+
+def _scatter_along(
+    pg: ProcessGroup,
+    func: str,
+    way: str,
+    win: Any,
+    trial: Any,
+    output: np.ndarray,
+    parts: List[np.ndarray],
+    whole: Optional[np.ndarray],
+    op: ReduceOp,
+    how: Plan,
+    async_op: bool,
+    desc: Callable[[], str],
+) -> Optional[Work]:
+    """A reduce-scatter of ``parts`` (``whole``: the input they are parts
+    of, reduce_scatter_tensor's; None for the list form) into ``output`` by
+    the path ``way`` that :func:`_scatter_way` chose: the window, pycoll's
+    pairwise exchange, or MPI's own call where it is a live trial's (its
+    general path; else the caller's own paths to MPI's call serve it), timed
+    where ``trial`` is a trial's class (pycoll.autotune)."""
+    if way == "window":
+        step = lambda: _reduce_scatter_shm(  # noqa: E731
+            pg, win, func, output, parts, op, how, async_op, desc
+        )
+    elif way == "pairwise":
+        step = lambda: _reduce_scatter_pairwise(  # noqa: E731
+            pg, func, output, parts, op, how, async_op, desc
+        )
+    else:
+        send = np.concatenate([x.reshape(-1) for x in parts]) if whole is None else whole
+        into = (
+            scratch.beside(pg, output) if whole is not None and may_alias(whole, output) else None
+        )
+        step = lambda: _reduce_scatter_block(  # noqa: E731
+            pg, func, send, output, how, async_op, desc, into
+        )
+    return autotune.timed(pg, func, trial, way, step)
 
 
 def _aside(
@@ -1240,25 +1296,9 @@ def reduce_scatter(
     how = _plan(op, dtype, func)
     desc = lambda: f"{func}({op.name}, output {sig(output)})"  # noqa: E731
     way, win, trial = _scatter_way(pg, how, dtype, func, n * output.nbytes, op.name)
-    if way == "window":
-        return autotune.timed(
-            pg, func, trial, way,
-            lambda: _reduce_scatter_shm(pg, win, func, output, inputs, op, how, async_op, desc),
-        )  # fmt: skip
-    if way == "pairwise":
-        return autotune.timed(
-            pg, func, trial, way,
-            lambda: _reduce_scatter_pairwise(pg, func, output, inputs, op, how, async_op, desc),
-        )  # fmt: skip
-    if trial is not None:  # MPI's own call, a trial's: its general path
-        send = np.concatenate([x.reshape(-1) for x in inputs])
-        return autotune.timed(
-            pg,
-            func,
-            trial,
-            way,
-            lambda: _reduce_scatter_block(pg, func, send, output, how, async_op, desc),
-        )
+    if way != "mpi" or trial is not None:
+        return _scatter_along(pg, func, way, win, trial, output, inputs, None, op, how, async_op,
+                              desc)  # fmt: skip
     if (  # (only what every rank shares: each lays out its arrays as it will)
         how.plain
         and pair.applies(func, n, n * output.nbytes)
@@ -1365,25 +1405,11 @@ def reduce_scatter_tensor(
         or nbytes >= pg._live_from
     ):
         way, win, trial = _scatter_way(pg, how, dtype, func, nbytes, op.name)
-        if way != "mpi":
+        if way != "mpi" or trial is not None:
             flat, count = input.reshape(-1), output.size
             parts = [flat[d * count : (d + 1) * count] for d in range(n)]
-            if way == "window":
-                return autotune.timed(
-                    pg, func, trial, way,
-                    lambda: _reduce_scatter_shm(pg, win, func, output, parts, op, how, async_op,
-                                                desc),
-                )  # fmt: skip
-            return autotune.timed(
-                pg, func, trial, way,
-                lambda: _reduce_scatter_pairwise(pg, func, output, parts, op, how, async_op, desc),
-            )  # fmt: skip
-        if trial is not None:  # MPI's own call, a trial's: its general path
-            into = scratch.beside(pg, output) if may_alias(input, output) else None
-            return autotune.timed(
-                pg, func, trial, way,
-                lambda: _reduce_scatter_block(pg, func, input, output, how, async_op, desc, into),
-            )  # fmt: skip
+            return _scatter_along(pg, func, way, win, trial, output, parts, input, op, how,
+                                  async_op, desc)  # fmt: skip
     if pg._plans is not None and how.plain and input.nbytes <= PLAN_LIMIT:  # repeated?
         key = how.key | OP_BITS[func] | output.size & COUNT
         made = persistent.for_reduce_scatter(pg, key, output, how.datatype, how.mpi_op)
