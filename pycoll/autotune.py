@@ -1,5 +1,5 @@
-"""Live tuning: the path a large all_reduce takes, chosen by timing each
-candidate during the job's own first calls of each size.
+"""Live tuning: the path a large all_reduce or reduce-scatter takes, chosen
+by timing each candidate during the job's own first calls of each size.
 
 Which of pycoll's paths beats MPI's own large all_reduce moves with the
 machine and with its state: on 2 ranks of the 2-core CI VM the node's shared
@@ -11,24 +11,27 @@ the run that made it. The job's own calls are the measurement that counts.
 
 So for each class of a group's all_reduce from :data:`LIVE_FROM` bytes (its
 op and dtype, and its size rounded down to a power of two) the first calls go
-in turn by each path that can carry it: MPI's own call, pycoll's ring
-(pycoll.collectives.ring) and the node's shared window
-(pycoll.collectives.shm); for a reduce-scatter MPI's call, pycoll's pairwise
-exchange (pycoll.collectives.pairwise) and the window. One untimed round
-first (the window is made, pages are touched), then :data:`ROUNDS` rounds in
-rotated orders, every call timed on every rank from a barrier of every rank
-(so that it is not charged for the ranks it waits for); an ``async_op`` call
-is waited for at once, so its Work comes back complete. The class's next
-call exchanges each rank's median and upper quartile over the rounds of each
-path's time over MPI's call's in the same round (the largest over the ranks
-is kept) in one nonblocking all-reduce on a communicator of the trials' own,
-waited for within the group's timeout, and every rank takes the same path
-from then on: the fastest whose median is at most :data:`MARGIN` and whose
-upper quartile is under 1 (faster than MPI's call in three rounds of four),
-else MPI's call, the rule of ``python -m pycoll.bench.tune``'s tables
-(pycoll.tuning.pick). Later calls of the class find it with one dictionary
-lookup; every :data:`RECHECK` calls the class makes :data:`RECHECK_ROUNDS`
-more rounds of trials and decides again, as the machine's state moves.
+in turn by each path that can carry it: the built-in rule's path first, MPI's
+own call, pycoll's ring (pycoll.collectives.ring) and the node's shared
+window (pycoll.collectives.shm); for a reduce-scatter the rule's, MPI's call,
+pycoll's pairwise exchange (pycoll.collectives.pairwise) and the window. One
+untimed round first (the window is made, pages are touched), then
+:data:`ROUNDS` rounds in rotated orders, every call timed on every rank from a
+barrier of every rank (so that it is not charged for the ranks it waits for);
+an ``async_op`` call is waited for at once, so its Work comes back complete.
+The class's next call exchanges each rank's median and upper quartile over
+the rounds of each path's time over the rule's path's in the same round (the
+largest over the ranks is kept) in one nonblocking all-reduce on a
+communicator of the trials' own, waited for within the group's timeout, and
+every rank takes the same path from then on: the fastest whose median is at
+most :data:`MARGIN` and whose upper quartile is under 1 (faster than the
+rule's path in three rounds of four), else the rule's path: the rule of
+``python -m pycoll.bench.tune``'s tables (pycoll.tuning.pick), with the rule's
+path where the tables have MPI's call. So the trials replace the rule only
+where they measured it beaten, MPI's own call included where the rule's path
+lost to it. Later calls of the class find it with one dictionary lookup;
+every :data:`RECHECK` calls the class makes :data:`RECHECK_ROUNDS` more rounds
+of trials and decides again, as the machine's state moves.
 
 Every rank makes the same calls in the same order with the same size, op and
 dtype (the call check verifies it: pycoll.crosscheck), and what decides which
@@ -94,12 +97,12 @@ ROUNDS = 7  # timed rounds of each candidate, after one untimed round
 # came minutes apart on the CI VM): every RECHECK calls of a class after its
 # decision, RECHECK_ROUNDS more rounds of trials, then the class decides
 # again from each path's latest ROUNDS timings (the new ones the majority).
-# On a class whose slowest path takes 2.5x MPI's time, that costs under 1%.
+# On a class whose slowest path takes 2.5x the rule's time, that costs about 1%.
 RECHECK = 1000
 RECHECK_ROUNDS = 4
-# A path replaces MPI's own call only where its median time over MPI's is at
-# most this, and its upper quartile under 1: within 5% the noise of a shared
-# machine could choose.
+# A path replaces the rule's only where its median time over the rule's path's
+# is at most this, and its upper quartile under 1: within 5% the noise of a
+# shared machine could choose.
 MARGIN = 0.95
 _OVERRIDES = ("PYCOLL_SHM_BYTES", "PYCOLL_SPLIT_BYTES")
 _KEY = "autotune"
@@ -149,16 +152,17 @@ class _Class:
     (seconds), the trials still to make, and, once decided, its path and
     how many calls have taken it since."""
 
-    __slots__ = ("paths", "times", "plan", "step", "path", "since", "ratios")
+    __slots__ = ("paths", "base", "times", "plan", "step", "path", "since", "ratios")
 
     def __init__(self, paths: Sequence[str]) -> None:
         self.paths = tuple(paths)
+        self.base = self.paths[0]  # the built-in rule's path, which the others must beat
         self.times: Dict[str, Deque[float]] = {p: deque(maxlen=ROUNDS) for p in self.paths}
         self.plan = _rounds(self.paths, 1 + ROUNDS, 1)
         self.step = 0
         self.path: Optional[str] = None if len(self.paths) > 1 else self.paths[0]
         self.since = 0
-        self.ratios: Dict[str, float] = {}  # each path's time over MPI's, once decided
+        self.ratios: Dict[str, float] = {}  # each path's time over the base's, once decided
 
 
 class Trials:
@@ -184,7 +188,7 @@ class Trials:
         """The path of this call of class ``key``; with it the class where
         the call is a timed trial (the caller reports its time with
         :meth:`took`), else None. Its first call asks ``candidates()`` which
-        paths can carry it ("mpi" first). The call after the last trial
+        paths can carry it (the rule's first). The call after the last trial
         decides (:func:`_decide`); every :data:`RECHECK` calls after that,
         :data:`RECHECK_ROUNDS` rounds of trials are made again and the class
         decides again, from each path's latest :data:`ROUNDS` timings."""
@@ -223,17 +227,20 @@ def trials(pg: Any) -> Trials:
     return made
 
 
-def chosen(pg: Any) -> Dict[Tuple[str, int, int], Tuple[str, Dict[str, float]]]:
-    """What the group's trials decided so far: for each class (op, dtype
-    key, size's power of two), its path and each path's time over MPI's."""
+def chosen(pg: Any) -> Dict[Tuple[str, int, int], Tuple[str, str, Dict[str, float]]]:
+    """What the group's trials decided so far: for each class (collective,
+    op and dtype key, size's power of two), its path, the built-in rule's
+    path, and each path's median time over the rule's path's."""
     made = pg.attached(_KEY)
     if made is None:
         return {}
-    return {k: (c.path, dict(c.ratios)) for k, c in made.classes.items() if c.path is not None}
+    return {
+        k: (c.path, c.base, dict(c.ratios)) for k, c in made.classes.items() if c.path is not None
+    }
 
 
 def _decide(pg: Any, func: str, key: Tuple[str, int, int], entry: _Class) -> None:
-    """Every rank's median ratio of each path's time to MPI's call's, the
+    """Every rank's median ratio of each path's time to the rule's path's, the
     largest over the ranks (one nonblocking all-reduce on the trials'
     communicator, waited for within the group's timeout), and from it the
     class's path, the same on every rank."""
@@ -241,26 +248,26 @@ def _decide(pg: Any, func: str, key: Tuple[str, int, int], entry: _Class) -> Non
 
     MPI = _mpi.MPI
     seq = pg._seq + 1  # (the call this decision precedes, for a diagnosis)
-    # Each round's time of a path over MPI's call's in the same round (a
+    # Each round's time of a path over the rule's path's in the same round (a
     # round's calls come one after the other, so a drift of the machine's
     # state between rounds cancels), the median over the rounds.
     last = min(len(entry.times[p]) for p in entry.paths)  # (a trial that raised has none)
     times = {p: np.array(list(entry.times[p])[len(entry.times[p]) - last :]) for p in entry.paths}
-    mine = np.array(
-        [tuning.summary((times[p] / times["mpi"]).tolist()) for p in entry.paths], np.float64
-    )
+    base = times[entry.base]
+    mine = np.array([tuning.summary((times[p] / base).tolist()) for p in entry.paths], np.float64)
     every = np.empty_like(mine)
     watch.wait(pg, func, seq, [_comm(pg, func, seq).Iallreduce(mine, every, MPI.MAX)])
     stats = {p: (float(m), float(u)) for p, (m, u) in zip(entry.paths, every)}
     entry.ratios = {p: m for p, (m, _) in stats.items()}
-    entry.path = tuning.pick(stats, MARGIN)
+    entry.path = tuning.pick(stats, MARGIN, entry.base)
     if debug.LEVEL:
         debug.logger.info(
-            "%s group=%s bytes>=%d: %s (time over MPI's own call: %s)",
+            "%s group=%s bytes>=%d: %s (time over the built-in rule's %s: %s)",
             func,
             pg.group_desc,
             1 << (key[2] - 1),
             entry.path,
+            entry.base,
             ", ".join(f"{p} {r:.2f}" for p, r in entry.ratios.items()),
         )
 

@@ -228,18 +228,18 @@ def summary(ratios: List[float]) -> Tuple[float, float]:
     return statistics.median(ratios), statistics.quantiles(ratios, n=4)[2]
 
 
-def pick(stats: Dict[str, Tuple[float, float]], margin: float) -> str:
-    """The path from each path's :func:`summary` (``"mpi"``, MPI's own call,
-    among them or not): the fastest whose median is at most ``margin`` and
-    whose upper quartile is under 1, so faster than MPI's call in three
-    rounds of four; MPI's own call where none is. The rule of
-    pycoll.bench.tune's tables and of pycoll.autotune's trials."""
+def pick(stats: Dict[str, Tuple[float, float]], margin: float, base: str = "mpi") -> str:
+    """The path from each path's :func:`summary` of its times over the path
+    ``base``'s (MPI's own call for pycoll.bench.tune's tables, the built-in
+    rule's path for pycoll.autotune's trials): the fastest whose median is
+    at most ``margin`` and whose upper quartile is under 1, so faster than
+    ``base`` in three rounds of four; ``base`` where none is."""
     fits = [
         (median, upper, path)
         for path, (median, upper) in stats.items()
-        if path != "mpi" and median <= margin and upper < 1.0
+        if path != base and median <= margin and upper < 1.0
     ]
-    return min(fits)[2] if fits else "mpi"  # (a tie of medians: the steadier)
+    return min(fits)[2] if fits else base  # (a tie of medians: the steadier)
 
 
 def merged(

@@ -17,6 +17,7 @@ import pytest
 import pycoll
 from pycoll import ReduceOp, autotune, tuning, watch
 from pycoll.arrays import BFLOAT16
+from pycoll.collectives import reduce as reduce_mod
 from pycoll.errors import DistTimeoutError
 from support import assert_equal, count_rings, data, reduce_all, window_chunk
 
@@ -53,6 +54,16 @@ def live(world_size, monkeypatch):
     yield g
     if g._broken is None:
         pycoll.destroy_process_group(g)
+
+
+@pytest.fixture
+def rule_is_mpi(monkeypatch):
+    """The built-in rule takes MPI's own call for every all_reduce (no size
+    reaches its ring, window or doubling): what the trials' other paths must
+    beat, whatever the MPI and the number of ranks."""
+    for name in ("RING_BYTES", "SHM_BYTES", "SHM_BYTES_MPICH", "SHM_BYTES_PAIR"):
+        monkeypatch.setattr(reduce_mod, name, 1 << 50)
+    monkeypatch.setattr(reduce_mod, "DOUBLING_BYTES", 0)
 
 
 def fake_times(monkeypatch, times):
@@ -111,14 +122,15 @@ def test_every_call_is_right_through_the_trials_and_after(live, op, dtype, monke
     calls(live, 9, rank, world_size, dtype, op, async_every=2)
     decided = autotune.chosen(live)
     assert len(decided) == 1
-    ((path, ratios),) = decided.values()
-    assert set(ratios) == {"mpi", "ring", "window"} and ratios["mpi"] == 1.0
+    ((path, base, ratios),) = decided.values()
+    assert set(ratios) == {"mpi", "ring", "window"} and ratios[base] == 1.0
     # One untimed round and one timed round of the three paths, then the decision.
     assert sorted(taken[:3]) == sorted(taken[3:6]) == ["mpi", "ring", "window"]
     assert taken[6:] == [path] * 3
     same_on_every_rank((taken, path))
 
 
+@pytest.mark.usefixtures("rule_is_mpi")
 def test_every_rank_takes_the_path_the_slowest_rank_timed_fastest(live, monkeypatch, rank,
                                                                   world_size):  # fmt: skip
     # Alone, rank 0 would choose the ring and rank 1 the window; the largest
@@ -133,6 +145,7 @@ def test_every_rank_takes_the_path_the_slowest_rank_timed_fastest(live, monkeypa
     assert autotune.chosen(live) == {
         ("all_reduce", ReduceOp.SUM._plans[np.dtype(np.float32)].key, 21): (
             "window",
+            "mpi",
             {"mpi": 1.0, "ring": 2.0, "window": 0.8},
         )
     }
@@ -141,6 +154,7 @@ def test_every_rank_takes_the_path_the_slowest_rank_timed_fastest(live, monkeypa
     assert len(rings) == before and window_chunk(live) is not None
 
 
+@pytest.mark.usefixtures("rule_is_mpi")
 @pytest.mark.parametrize("window,wanted", [(0.97, "mpi"), (0.94, "window")])
 def test_a_path_displaces_mpis_call_only_beyond_the_margin(live, window, wanted, monkeypatch,
                                                            rank, world_size):  # fmt: skip
@@ -150,6 +164,7 @@ def test_a_path_displaces_mpis_call_only_beyond_the_margin(live, window, wanted,
     assert taken[6:] == [wanted] * 2
 
 
+@pytest.mark.usefixtures("rule_is_mpi")
 @pytest.mark.parametrize(
     "window,wanted", [((0.5, 1.3, 0.5, 1.3), "mpi"), ((0.5, 0.9, 0.5, 0.5), "window")]
 )
@@ -164,11 +179,25 @@ def test_a_path_must_beat_mpis_call_in_three_rounds_of_four(live, window, wanted
     taken = paths_taken(monkeypatch)
     calls(live, 3 * 5 + 1, rank, world_size)
     assert taken[15] == wanted
-    assert autotune.chosen(live)[next(iter(autotune.chosen(live)))][1]["window"] == (
+    assert autotune.chosen(live)[next(iter(autotune.chosen(live)))][2]["window"] == (
         0.9 if wanted == "mpi" else 0.5
     )
 
 
+@pytest.mark.parametrize("mpi,wanted", [(0.97, "window"), (0.8, "mpi")])
+def test_the_rule_path_stays_unless_beaten_mpis_call_included(live, mpi, wanted, monkeypatch,
+                                                              rank, world_size):  # fmt: skip
+    """Where the built-in rule takes the window (here from 1 MiB), MPI's own
+    call must beat it as any other path must: 3% is not enough, 20% is."""
+    monkeypatch.setattr(reduce_mod, "SHM_BYTES", MIB)
+    fake_times(monkeypatch, {"mpi": mpi, "ring": 1.5, "window": 1.0}.__getitem__)
+    calls(live, 7, rank, world_size)
+    ((path, base, ratios),) = autotune.chosen(live).values()
+    assert (path, base) == (wanted, "window")
+    assert ratios == {"window": 1.0, "mpi": mpi, "ring": 1.5}
+
+
+@pytest.mark.usefixtures("rule_is_mpi")
 def test_the_class_decides_again_every_recheck_calls(live, monkeypatch, rank, world_size):
     monkeypatch.setattr(autotune, "RECHECK", 3)
     monkeypatch.setattr(autotune, "RECHECK_ROUNDS", 1)
@@ -185,6 +214,29 @@ def test_the_class_decides_again_every_recheck_calls(live, monkeypatch, rank, wo
     same_on_every_rank(taken)
 
 
+@pytest.mark.usefixtures("rule_is_mpi")
+def test_at_info_each_decision_is_logged_with_its_figures(live, monkeypatch, caplog, rank,
+                                                          world_size):  # fmt: skip
+    import logging
+
+    fake_times(monkeypatch, {"mpi": 1.0, "ring": 0.5, "window": 2.0}.__getitem__)
+    before = pycoll.get_debug_level()
+    pycoll.set_debug_level(pycoll.DebugLevel.INFO)
+    try:
+        with caplog.at_level(logging.INFO, logger="pycoll"):
+            calls(live, 7, rank, world_size)
+    finally:
+        pycoll.set_debug_level(before)
+    said = [
+        r.getMessage() for r in caplog.records if "time over the built-in rule's" in r.getMessage()
+    ]
+    assert said == [
+        f"all_reduce group={live.group_desc} bytes>=1048576: ring "
+        "(time over the built-in rule's mpi: mpi 1.00, ring 0.50, window 2.00)"
+    ]
+
+
+@pytest.mark.usefixtures("rule_is_mpi")
 def test_classes_by_op_dtype_and_power_of_two(live, monkeypatch, rank, world_size):
     fake_times(monkeypatch, {"mpi": 1.0, "ring": 2.0, "window": 3.0}.__getitem__)
     calls(live, 7, rank, world_size, nbytes=MIB)
@@ -249,8 +301,8 @@ def test_a_reduce_scatter_is_right_through_the_trials_and_after(live, form, op, 
     rs_calls(live, form, trials + 3, rank, world_size, dtype, op)
     decided = autotune.chosen(live)
     assert [k[0] for k in decided] == [func]
-    ((path, ratios),) = decided.values()
-    assert sorted(ratios) == want
+    ((path, base, ratios),) = decided.values()
+    assert sorted(ratios) == want and ratios[base] == 1.0
     assert sorted(taken[: len(want)]) == sorted(taken[len(want) : trials]) == want
     assert taken[trials:] == [path] * 3
     same_on_every_rank((taken, path))

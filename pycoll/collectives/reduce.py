@@ -212,19 +212,21 @@ def all_reduce(
         if done is not _BY_MPI:
             return done
         nbytes = 0  # MPI's own call: no size below is reached
-    if (
-        (how.split and nbytes >= _split_from(pg._size))
-        or (nbytes >= RING_BYTES and not how.average and _ring_from() > 0)
-    ) and _ring_carries(pg, how, tensor.dtype):
-        return _all_reduce_ring(pg, tensor, op, how, async_op, key)
-    if (
-        nbytes >= SHM_BYTES_PAIR or nbytes >= SHM_BYTES_MPICH or nbytes >= SHM_BYTES
-    ) and _takes_window(pg._size, nbytes):
-        win = shm.usable(pg, how, tensor.dtype, "all_reduce")  # (made on its first call)
-        if win is not None:
+    if (  # (the sizes first: small calls, the hot path, make no call)
+        how.split
+        or nbytes >= RING_BYTES
+        or nbytes >= SHM_BYTES_PAIR
+        or nbytes >= SHM_BYTES_MPICH
+        or nbytes >= SHM_BYTES
+        or 0 < DOUBLING_BYTES <= nbytes
+    ):
+        way, win = _rule_path(pg, how, tensor.dtype, nbytes)
+        if way == "ring":
+            return _all_reduce_ring(pg, tensor, op, how, async_op, key)
+        if way == "window":
             return _all_reduce_shm(pg, win, tensor, op, how, async_op, key)
-    if 0 < DOUBLING_BYTES <= nbytes and _doubles(pg._size) and _ring_carries(pg, how, tensor.dtype):
-        return _all_reduce_doubling(pg, tensor, op, how, async_op, key)
+        if way == "doubling":
+            return _all_reduce_doubling(pg, tensor, op, how, async_op, key)
     mpi_op, plainly, average = how.mpi_op, how.plain, how.average
     if average and pg._size == 2 and _mean_of_two(tensor):
         # Two ranks: each element is combined exactly once, so AVG is one user
@@ -406,6 +408,28 @@ def _pairwise_from() -> int:
     return PAIRWISE_BYTES_OPEN_MPI if _mpi.VENDOR == "Open MPI" else PAIRWISE_BYTES
 
 
+def _rule_path(pg: ProcessGroup, how: Plan, dtype: np.dtype, nbytes: int) -> Tuple[str, Any]:
+    """The built-in rule's path for an all_reduce of ``nbytes`` that neither
+    a tuning table nor the live trials decided: ``("ring", None)``,
+    ``("window", win)`` (the group's window, made on its first call),
+    ``("doubling", None)`` or ``("mpi", None)``, MPI's own call (or, below
+    these sizes, the two-rank exchange)."""
+    if (
+        (how.split and nbytes >= _split_from(pg._size))
+        or (nbytes >= RING_BYTES and not how.average and _ring_from() > 0)
+    ) and _ring_carries(pg, how, dtype):
+        return "ring", None
+    if (
+        nbytes >= SHM_BYTES_PAIR or nbytes >= SHM_BYTES_MPICH or nbytes >= SHM_BYTES
+    ) and _takes_window(pg._size, nbytes):
+        win = shm.usable(pg, how, dtype, "all_reduce")  # (made on its first call)
+        if win is not None:
+            return "window", win
+    if 0 < DOUBLING_BYTES <= nbytes and _doubles(pg._size) and _ring_carries(pg, how, dtype):
+        return "doubling", None
+    return "mpi", None
+
+
 _BY_MPI: Any = object()  # _all_reduce_live's answer where MPI's own call takes the call
 
 
@@ -422,13 +446,15 @@ def _all_reduce_live(
         pg,
         "all_reduce",
         ("all_reduce", how.key, nbytes.bit_length()),
-        lambda: _live_paths(pg, how, tensor.dtype),
+        lambda: _live_paths(pg, how, tensor.dtype, nbytes),
     )
     win = shm.usable(pg, how, tensor.dtype, "all_reduce") if path == "window" else None
     if path == "ring":
         step = lambda: _all_reduce_ring(pg, tensor, op, how, async_op, key)  # noqa: E731
     elif win is not None:
         step = lambda: _all_reduce_shm(pg, win, tensor, op, how, async_op, key)  # noqa: E731
+    elif path == "doubling":
+        step = lambda: _all_reduce_doubling(pg, tensor, op, how, async_op, key)  # noqa: E731
     elif trial is not None:  # MPI's own call, a trial's: its general path
         step = lambda: run(  # noqa: E731
             pg, "all_reduce", nbytes, pg.comm.Iallreduce,
@@ -440,16 +466,17 @@ def _all_reduce_live(
     return autotune.timed(pg, "all_reduce", trial, path, step)
 
 
-def _live_paths(pg: ProcessGroup, how: Plan, dtype: np.dtype) -> List[str]:
-    """The paths a large all_reduce's trials compare (pycoll.autotune): MPI's
-    own call, and pycoll's ring and the node's shared window where they can
-    carry it (the window is made here, on every rank alike)."""
-    paths = ["mpi"]
+def _live_paths(pg: ProcessGroup, how: Plan, dtype: np.dtype, nbytes: int) -> List[str]:
+    """The paths a large all_reduce's trials compare (pycoll.autotune): the
+    built-in rule's first (what the others must beat), then MPI's own call,
+    pycoll's ring and the node's shared window where they can carry it (the
+    window is made here, on every rank alike)."""
+    paths = [_rule_path(pg, how, dtype, nbytes)[0], "mpi"]
     if _ring_carries(pg, how, dtype):
         paths.append("ring")
     if shm.usable(pg, how, dtype, "all_reduce") is not None:
         paths.append("window")
-    return paths
+    return list(dict.fromkeys(paths))
 
 
 def _ring_carries(pg: ProcessGroup, how: Plan, dtype: np.dtype) -> bool:
@@ -477,21 +504,17 @@ def _scatter_way(
     call is a timed trial (pycoll.autotune; else None). From its first size
     the group's tuning table (pycoll.tuning) decides; else, for the ops MPI
     carries whole from the trials' first size, the path its class measured
-    fastest (or its next trial); else the sizes above: on two ranks the
-    pairwise exchange, on more the window."""
+    fastest (or its next trial); else the built-in rule (:func:`_scatter_rule`)."""
     trial = None
     if nbytes >= pg._tuned_rs_from:
         wanted = tuning.path(pg._tuned_rs, nbytes)
     elif nbytes >= pg._live_from and how.plain and not _order_matters(name, dtype):
         wanted, trial = autotune.trials(pg).choose(
             pg, func, (func, how.key, nbytes.bit_length()),
-            lambda: _scatter_paths(pg, how, dtype, func),
+            lambda: _scatter_paths(pg, how, dtype, func, nbytes),
         )  # fmt: skip
-    elif pg._size == 2 and 0 < _pairwise_from() <= nbytes:
-        wanted = "pairwise"
     else:
-        least = SCATTER_SHM_BYTES_OPEN_MPI if _mpi.VENDOR == "Open MPI" else SCATTER_SHM_BYTES
-        wanted = "window" if 0 < least <= nbytes else "mpi"
+        wanted = _scatter_rule(pg, how, dtype, func, nbytes)
     if wanted == "window":
         win = shm.for_scatter(pg, how, dtype, func)
         if win is not None:
@@ -501,17 +524,32 @@ def _scatter_way(
     return "mpi", None, trial
 
 
-def _scatter_paths(pg: ProcessGroup, how: Plan, dtype: np.dtype, func: str) -> List[str]:
+def _scatter_rule(pg: ProcessGroup, how: Plan, dtype: np.dtype, func: str, nbytes: int) -> str:
+    """The built-in rule's way for a reduce-scatter of ``nbytes`` of input:
+    on two ranks pycoll's pairwise exchange from its size, on more the
+    window from its size, else MPI's own call (a way that cannot carry the
+    call: MPI's call)."""
+    if pg._size == 2 and 0 < _pairwise_from() <= nbytes:
+        return "pairwise" if _ring_carries(pg, how, dtype) else "mpi"
+    least = SCATTER_SHM_BYTES_OPEN_MPI if _mpi.VENDOR == "Open MPI" else SCATTER_SHM_BYTES
+    if 0 < least <= nbytes and shm.for_scatter(pg, how, dtype, func) is not None:
+        return "window"
+    return "mpi"
+
+
+def _scatter_paths(
+    pg: ProcessGroup, how: Plan, dtype: np.dtype, func: str, nbytes: int
+) -> List[str]:
     """The paths a large reduce-scatter's trials compare (pycoll.autotune):
-    MPI's own call, and pycoll's pairwise exchange (two ranks) and the node's
-    shared window where they can carry it (the window is made here, on every
-    rank alike)."""
-    paths = ["mpi"]
+    the built-in rule's first (what the others must beat), then MPI's own
+    call, pycoll's pairwise exchange (two ranks) and the node's shared window
+    where they can carry it (the window is made here, on every rank alike)."""
+    paths = [_scatter_rule(pg, how, dtype, func, nbytes), "mpi"]
     if pg._size == 2 and _ring_carries(pg, how, dtype):
         paths.append("pairwise")
     if shm.for_scatter(pg, how, dtype, func) is not None:
         paths.append("window")
-    return paths
+    return list(dict.fromkeys(paths))
 
 
 def _scatter_along(
