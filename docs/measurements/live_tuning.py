@@ -16,7 +16,8 @@ SUM in place:
 Every side's result is checked on every rank (each call doubles an array of
 ones on two ranks: the block's last value is known). Rank 0 prints per size
 the median over rounds of each side's time over mpi4py's, the live group's
-choice and its trials' times over MPI's call (the largest over the ranks),
+choice and its trials' times over the built-in rule's path's (the largest
+over the ranks),
 and the trials' cost. With ``rs`` as the third argument the same for
 reduce_scatter_tensor out of place (sizes of input; mpi4py's
 Reduce_scatter_block; inputs of ones, so every output holds the rank count).
@@ -127,7 +128,7 @@ for decided, nbytes in enumerate(sizes):
             ratios[s].append(times[s] / times["mpi4py"])
         mpi4py_us = times["mpi4py"] * 1e6
     if comm.rank == 0:
-        ((path, tried),) = [
+        ((path, base, tried),) = [
             v for k, v in autotune.chosen(made["live"]).items() if k[2] == nbytes.bit_length()
         ]
         print(
@@ -136,7 +137,8 @@ for decided, nbytes in enumerate(sizes):
             f"({min(ratios['rule']):.2f}-{max(ratios['rule']):.2f})  "
             f"live {statistics.median(ratios['live']):.2f} "
             f"({min(ratios['live']):.2f}-{max(ratios['live']):.2f})  "
-            f"chose {path} ({', '.join(f'{p} {t:.2f}' for p, t in tried.items())})  "
+            f"chose {path} (over the rule's {base}: "
+            f"{', '.join(f'{p} {t:.2f}' for p, t in tried.items() if p != base)})  "
             f"trials: {calls} calls, {spent / theirs:.2f}x mpi4py's",
             flush=True,
         )
