@@ -191,7 +191,13 @@ class Trials:
         paths can carry it (the rule's first). The call after the last trial
         decides (:func:`_decide`); every :data:`RECHECK` calls after that,
         :data:`RECHECK_ROUNDS` rounds of trials are made again and the class
-        decides again, from each path's latest :data:`ROUNDS` timings."""
+        decides again, from each path's latest :data:`ROUNDS` timings. On a
+        group an earlier operation broke, raises as any call on it does,
+        before the trials' own waits."""
+        if pg._broken is not None:
+            from . import watch
+
+            raise watch.broken(pg, func)
         with self.lock:
             entry = self.classes.get(key)
             if entry is None:
@@ -254,7 +260,13 @@ def _decide(pg: Any, func: str, key: Tuple[str, int, int], entry: _Class) -> Non
     last = min(len(entry.times[p]) for p in entry.paths)  # (a trial that raised has none)
     times = {p: np.array(list(entry.times[p])[len(entry.times[p]) - last :]) for p in entry.paths}
     base = times[entry.base]
-    mine = np.array([tuning.summary((times[p] / base).tolist()) for p in entry.paths], np.float64)
+    mine = np.array(
+        [
+            tuning.summary((times[p] / base).tolist()) if last else (np.inf, np.inf)
+            for p in entry.paths
+        ],
+        np.float64,
+    )  # (every rank joins the exchange, one with no timings too: its infinities keep the rule)
     every = np.empty_like(mine)
     watch.wait(pg, func, seq, [_comm(pg, func, seq).Iallreduce(mine, every, MPI.MAX)])
     stats = {p: (float(m), float(u)) for p, (m, u) in zip(entry.paths, every)}

@@ -385,6 +385,10 @@ def test_a_rank_that_never_comes_to_the_decision_is_named(monkeypatch, rank, wor
             assert time.monotonic() - started < 60
             message = str(caught.value)
             assert "all_reduce (seq 7)" in message and "rank 1: has not reached it" in message
+            started = time.monotonic()  # and the group's next call raises at once
+            with pytest.raises(DistTimeoutError, match="is unusable"):
+                pycoll.all_reduce(x, group=g)
+            assert time.monotonic() - started < 1
     pycoll.barrier()
 
 
