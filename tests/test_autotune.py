@@ -215,6 +215,24 @@ def test_the_class_decides_again_every_recheck_calls(live, monkeypatch, rank, wo
 
 
 @pytest.mark.usefixtures("rule_is_mpi")
+def test_device_memory_aliased_for_mpi_keeps_mpis_call(live, monkeypatch, rank, world_size):
+    """A call whose arrays alias device memory (a CUDA-aware MPI's) is MPI's
+    to carry, whatever the class decided for host arrays."""
+    from pycoll.collectives._common import device_aliases
+
+    fake_times(monkeypatch, {"mpi": 1.0, "ring": 0.5, "window": 2.0}.__getitem__)
+    rings = count_rings(monkeypatch)
+    calls(live, 7, rank, world_size)
+    assert [c.path for c in autotune.trials(live).classes.values()] == ["ring"]
+    before = len(rings)
+    with device_aliases(live):
+        calls(live, 2, rank, world_size)
+    assert len(rings) == before
+    calls(live, 1, rank, world_size)
+    assert len(rings) == before + 1
+
+
+@pytest.mark.usefixtures("rule_is_mpi")
 def test_at_info_each_decision_is_logged_with_its_figures(live, monkeypatch, caplog, rank,
                                                           world_size):  # fmt: skip
     import logging

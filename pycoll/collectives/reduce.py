@@ -204,10 +204,16 @@ def all_reduce(
                 return _all_reduce_shm(pg, win, tensor, op, how, async_op, key)
         if how.plain and how.builtin:
             nbytes = 0  # MPI's own call, as the table says: no size below is reached
-    elif nbytes >= pg._live_from and how.plain and not _order_matters(op.name, tensor.dtype):
+    elif (
+        nbytes >= pg._live_from
+        and how.plain
+        and not _order_matters(op.name, tensor.dtype)
+        and not pg._aliases
+    ):
         # The path this class of calls measured fastest in its first calls,
         # or the next of those trials (pycoll.autotune; not MIN or MAX of
-        # floats, whose bits the paths' orders of folding change).
+        # floats, whose bits the paths' orders of folding change, nor device
+        # memory aliased for a CUDA-aware MPI, which only MPI's call carries).
         done = _all_reduce_live(pg, tensor, op, how, async_op, key)
         if done is not _BY_MPI:
             return done
@@ -508,7 +514,12 @@ def _scatter_way(
     trial = None
     if nbytes >= pg._tuned_rs_from:
         wanted = tuning.path(pg._tuned_rs, nbytes)
-    elif nbytes >= pg._live_from and how.plain and not _order_matters(name, dtype):
+    elif (
+        nbytes >= pg._live_from
+        and how.plain
+        and not _order_matters(name, dtype)
+        and not pg._aliases  # (device memory aliased for a CUDA-aware MPI: MPI's call)
+    ):
         wanted, trial = autotune.trials(pg).choose(
             pg, func, (func, how.key, nbytes.bit_length()),
             lambda: _scatter_paths(pg, how, dtype, func, nbytes),
