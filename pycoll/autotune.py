@@ -83,6 +83,7 @@ __all__ = [
     "Trials",
     "trials",
     "chosen",
+    "unsettled",
     "timed",
 ]
 
@@ -243,6 +244,14 @@ def chosen(pg: Any) -> Dict[Tuple[str, int, int], Tuple[str, str, Dict[str, floa
     return {
         k: (c.path, c.base, dict(c.ratios)) for k, c in made.classes.items() if c.path is not None
     }
+
+
+def unsettled(pg: Any) -> bool:
+    """Whether some class of the group's calls is still in its trials (the
+    same on every rank: pycoll.bench makes calls until it is not, so that it
+    times the path a job's later calls take)."""
+    made = pg.attached(_KEY)
+    return made is not None and any(c.path is None for c in made.classes.values())
 
 
 def _decide(pg: Any, func: str, key: Tuple[str, int, int], entry: _Class) -> None:

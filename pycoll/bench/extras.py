@@ -328,11 +328,12 @@ def targets(
     the two cases' bandwidth ratio within the round; its quartiles, min and
     max over rounds, and each round's ratio (to pool several runs) are
     reported too. Every case's result is checked against
-    numpy once, before it is timed."""
+    numpy once, before it is timed, and made until the live trials of its
+    class have decided (pycoll.autotune), so the rounds time its path."""
     from mpi4py import MPI
 
     from ..arrays import BFLOAT16
-    from .table import Case, RawOps, time_block
+    from .table import Case, RawOps, settle, time_block
 
     cases = [(dtype, op) for op in ("SUM", "AVG") for dtype in ("float32", "float16", "bfloat16")]
     dtypes: Dict[str, np.dtype] = {
@@ -356,6 +357,9 @@ def targets(
                 call = case.pycoll["in-place"]
                 for _ in range(warmup):
                     call()
+                run = case.runner("pycoll", "in-place")
+                if run is not None:
+                    settle({"pycoll": run})
             seconds: Dict[Tuple[str, str], List[float]] = {key: [] for key in cases}
             for r in range(rounds):
                 for key in cases[r % len(cases) :] + cases[: r % len(cases)]:

@@ -142,6 +142,7 @@ KINDS = ("in-place", "out-of-place")
 SIDES = ("pycoll", "plans", "mpi4py", "c")
 BLOCK_S = 0.01  # a block of calls lasts about this long (calibrated on mpi4py's)
 MAX_ITERS = 2000
+SETTLE_CALLS = 100  # at most, to finish the live trials of a size before its rounds
 
 
 def _fill(target: np.ndarray, values: np.ndarray, *zeroed: np.ndarray) -> Callable[[], None]:
@@ -438,6 +439,22 @@ def rotated(
     return times
 
 
+def settle(runs: Dict[str, Callable[[int], None]], plans_group: Any = None) -> None:
+    """Make pycoll's calls (its side's on the default group, the plans side's
+    on ``plans_group``) until their groups' live trials (pycoll.autotune)
+    have decided, so that the rounds time the path a job's later calls take,
+    not the trials' turns; at most SETTLE_CALLS each."""
+    import pycoll
+    from pycoll import autotune
+
+    for side, group in (("pycoll", pycoll.group.WORLD), ("plans", plans_group)):
+        run = runs.get(side)
+        for _ in range(SETTLE_CALLS):
+            if run is None or group is None or not autotune.unsettled(group):
+                break
+            run(1)
+
+
 def calibrate(run: Callable[[int], None], comm: Any) -> int:
     """Calls per block: as many as fill about ``BLOCK_S`` (at most
     ``MAX_ITERS``), from the slowest rank's time for a few calls, so every
@@ -496,6 +513,7 @@ def measure(
             calls = (20 if case.bytes <= 8 << 10 else 2) if warmup is None else warmup
             for run in runs.values():
                 run(calls)
+            settle(runs, plans_group)
             block = calibrate(runs["mpi4py"], comm) if iters is None else iters
             seconds = rotated(runs, block, rounds, comm)
             row: Dict[str, Any] = dict(

@@ -119,6 +119,21 @@ def test_a_broken_gather_is_reported(comm, world_size):
         assert r["mpi4py"]["wrong"] == 0
 
 
+def test_the_rounds_time_the_path_the_live_trials_chose(comm, pg, world_size, monkeypatch):
+    """A large call's first calls are the live trials' turns (pycoll.autotune):
+    the bench makes calls until they decided, so its rounds time the path a
+    job's later calls take (here 3 rounds of 3 calls, fewer than the trials)."""
+    from pycoll import autotune
+
+    if world_size == 1:
+        pytest.skip("the trials decide groups of 2 or more ranks")
+    monkeypatch.setattr(pg, "_live_from", autotune.LIVE_FROM)  # (any group size)
+    (r,) = table.measure("all_reduce", 2 << 20, comm, "uint16", "BXOR", rounds=3, iters=3)
+    assert r["correct"] is True
+    assert not autotune.unsettled(pg)
+    assert [k[2] for k in autotune.chosen(pg) if k[0] == "all_reduce"].count(22) >= 1
+
+
 def test_expected_values_do_not_come_from_pycoll():
     inputs = [table.pattern(r, 6, np.dtype("float16"), "AVG") for r in range(3)]
     got = table.expected_reduction(inputs, "AVG")
