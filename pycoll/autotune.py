@@ -185,12 +185,16 @@ class Trials:
         func: str,
         key: Tuple[str, int, int],
         candidates: Callable[[], Sequence[str]],
-    ) -> Tuple[str, Optional[_Class]]:
-        """The path of this call of class ``key``; with it the class where
-        the call is a timed trial (the caller reports its time with
-        :meth:`took`), else None. Its first call asks ``candidates()`` which
-        paths can carry it (the rule's first). The call after the last trial
-        decides (:func:`_decide`); every :data:`RECHECK` calls after that,
+    ) -> Tuple[str, Optional[Tuple[_Class, bool]]]:
+        """The path of this call of class ``key``; with it, where the call is
+        one of the trials, the class and whether the call is timed (the
+        caller hands both to :func:`timed`), else None. (A trial of MPI's own
+        call takes its general path, and the compiled path, pycoll.native,
+        keeps no call of these sizes, so that every rank counts every call.)
+
+        The class's first call asks ``candidates()`` which paths can carry it
+        (the rule's first). The call after the last trial decides
+        (:func:`_decide`); every :data:`RECHECK` calls after that,
         :data:`RECHECK_ROUNDS` rounds of trials are made again and the class
         decides again, from each path's latest :data:`ROUNDS` timings. On a
         group an earlier operation broke, raises as any call on it does,
@@ -218,7 +222,7 @@ class Trials:
                 return entry.path, None  # type: ignore[return-value]
             path, timed = entry.plan[entry.step]
             entry.step += 1
-            return path, entry if timed else None
+            return path, (entry, timed)
 
     @staticmethod
     def took(entry: _Class, path: str, seconds: float) -> None:
@@ -293,8 +297,11 @@ def _decide(pg: Any, func: str, key: Tuple[str, int, int], entry: _Class) -> Non
         )
 
 
-def timed(pg: Any, func: str, entry: Optional[_Class], path: str, call: Callable[[], Any]) -> Any:
-    """``call()`` (the call's path), timed where ``entry`` is a trial's class.
+def timed(
+    pg: Any, func: str, trial: Optional[Tuple[_Class, bool]], path: str, call: Callable[[], Any]
+) -> Any:
+    """``call()`` (the call's path), timed where ``trial`` (from
+    :meth:`Trials.choose`) says the call is a timed trial.
 
     A timed trial starts once every rank has come (a nonblocking barrier,
     waited for within the group's timeout): timed from its own start alone, a
@@ -302,8 +309,9 @@ def timed(pg: Any, func: str, entry: Optional[_Class], path: str, call: Callable
     in the rotation, whose ranks leave at different times, would pass on some
     of its cost. A Work the call returns is waited for within the timing, so
     it comes back complete."""
-    if entry is None:
+    if trial is None or not trial[1]:
         return call()
+    entry = trial[0]
     from . import watch
 
     seq = pg._seq + 1  # (the call, for a diagnosis)

@@ -197,6 +197,34 @@ def test_the_rule_path_stays_unless_beaten_mpis_call_included(live, mpi, wanted,
     assert ratios == {"window": 1.0, "mpi": mpi, "ring": 1.5}
 
 
+def test_ranks_reusing_an_array_or_not_count_every_call(live, monkeypatch, rank, world_size):
+    """The compiled path (pycoll.native) keeps a call made again on the same
+    array and makes it without the trials' count; rank 0 gives the same
+    array every time, the others a new one. No trial, and no call of a
+    class MPI's call won, may be kept: every rank must count every call, so
+    the recheck falls on the same call everywhere (else the ranks would
+    wait in different operations)."""
+    from pycoll import native
+
+    native.attach(live)
+    monkeypatch.setattr(reduce_mod, "SHM_BYTES", MIB)  # the rule's window: MPI's call 2nd
+    monkeypatch.setattr(autotune, "RECHECK", 3)
+    monkeypatch.setattr(autotune, "RECHECK_ROUNDS", 1)
+    fake_times(monkeypatch, {"mpi": 0.5, "ring": 1.5, "window": 1.0}.__getitem__)
+    taken = paths_taken(monkeypatch)
+    mine = np.ones(MIB // 8, np.float64)
+    for _ in range(15):
+        x = mine if rank == 0 else np.ones(MIB // 8, np.float64)
+        if rank == 0:
+            x[:] = 1.0
+        pycoll.all_reduce(x, group=live)
+        assert_equal(x, np.full(x.size, float(world_size)))
+    # 6 trials, the decision and 2 calls, 3 trials again, the decision and 2 calls
+    assert len(taken) == 15 and taken[6:9] == ["mpi"] * 3 and taken[12:] == ["mpi"] * 3
+    assert sorted(taken[9:12]) == ["mpi", "ring", "window"]
+    same_on_every_rank(taken)
+
+
 @pytest.mark.usefixtures("rule_is_mpi")
 def test_the_class_decides_again_every_recheck_calls(live, monkeypatch, rank, world_size):
     monkeypatch.setattr(autotune, "RECHECK", 3)

@@ -249,6 +249,11 @@ def all_reduce(
             pg, tensor, mpi_op, how.datatype, ordered, async_op, key, _desc(op, tensor), op, kept
         )
     comm = pg.comm
+    # (The compiled path keeps no call of the live trials' sizes: a kept call
+    # would skip its class's count on one rank, and the ranks' rechecks
+    # would fall on different calls: pycoll.autotune.)
+    if kept is False and tensor.nbytes >= pg._live_from:
+        kept = None
     if plainly and not async_op and debug.PLAIN:
         if kept is False and native.call(
             pg, "all_reduce", key, native.ALL_REDUCE, _mpi.IN_PLACE, tensor, tensor.size,
@@ -506,8 +511,8 @@ def _scatter_way(
     with the op ``name`` goes: ``("window", win)`` through the group's shared
     window (one node, an op the kernels reduce, a window at all:
     shm.for_scatter), ``("pairwise", None)`` by pycoll's pairwise exchange, or
-    ``("mpi", None)``, MPI's own call; and the live trial's class where the
-    call is a timed trial (pycoll.autotune; else None). From its first size
+    ``("mpi", None)``, MPI's own call; and, where the call is one of the live
+    trials, what pycoll.autotune.timed takes of it (else None). From its first size
     the group's tuning table (pycoll.tuning) decides; else, for the ops MPI
     carries whole from the trials' first size, the path its class measured
     fastest (or its next trial); else the built-in rule (:func:`_scatter_rule`)."""
@@ -582,7 +587,7 @@ def _scatter_along(
     the path ``way`` that :func:`_scatter_way` chose: the window, pycoll's
     pairwise exchange, or MPI's own call where it is a live trial's (its
     general path; else the caller's own paths to MPI's call serve it), timed
-    where ``trial`` is a trial's class (pycoll.autotune)."""
+    where ``trial`` says it is a timed trial (pycoll.autotune)."""
     if way == "window":
         step = lambda: _reduce_scatter_shm(  # noqa: E731
             pg, win, func, output, parts, op, how, async_op, desc
@@ -1366,7 +1371,8 @@ def reduce_scatter(
         # compiled path (the inputs copied side by side into a buffer the
         # call keeps, there), ... (docs/benchmarks.md).
         key = how.key | OP_BITS[func] | output.size & COUNT
-        if fast and pg._native is not None:
+        # (no call of the live trials' sizes kept, as in all_reduce)
+        if fast and pg._native is not None and n * output.nbytes < pg._live_from:
             what = native.REDUCE_SCATTER
             if _mpi.reduce_scatter_v(output.nbytes):  # (as _mpi_reduce_scatter chooses)
                 what = native.REDUCE_SCATTER_V
@@ -1495,7 +1501,7 @@ def reduce_scatter_tensor(
         # of the kept call's own: with a Work, not kept, pycoll.native.call).
         aliased = may_alias(input, output)
         key = how.key | _REDUCE_SCATTER_TENSOR | output.size & COUNT
-        if pg._native is not None:
+        if pg._native is not None and nbytes < pg._live_from:  # (as in all_reduce)
             what = native.REDUCE_SCATTER
             if _mpi.reduce_scatter_v(output.nbytes):  # (as _mpi_reduce_scatter chooses)
                 what = native.REDUCE_SCATTER_V
