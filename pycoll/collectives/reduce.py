@@ -204,16 +204,9 @@ def all_reduce(
                 return _all_reduce_shm(pg, win, tensor, op, how, async_op, key)
         if how.plain and how.builtin:
             nbytes = 0  # MPI's own call, as the table says: no size below is reached
-    elif (
-        nbytes >= pg._live_from
-        and how.plain
-        and not _order_matters(op.name, tensor.dtype)
-        and not pg._aliases
-    ):
+    elif nbytes >= pg._live_from and _tried(pg, how, op.name, tensor.dtype):
         # The path this class of calls measured fastest in its first calls,
-        # or the next of those trials (pycoll.autotune; not MIN or MAX of
-        # floats, whose bits the paths' orders of folding change, nor device
-        # memory aliased for a CUDA-aware MPI, which only MPI's call carries).
+        # or the next of those trials (pycoll.autotune).
         done = _all_reduce_live(pg, tensor, op, how, async_op, key)
         if done is not _BY_MPI:
             return done
@@ -441,6 +434,14 @@ def _rule_path(pg: ProcessGroup, how: Plan, dtype: np.dtype, nbytes: int) -> Tup
     return "mpi", None
 
 
+def _tried(pg: ProcessGroup, how: Plan, name: str, dtype: np.dtype) -> bool:
+    """Whether a call of the live trials' sizes (pycoll.autotune) is theirs
+    to decide: an op MPI carries whole, but MIN or MAX of floats, whose bits
+    the paths' orders of folding change, and arrays that alias device memory
+    for a CUDA-aware MPI, which only MPI's call carries."""
+    return how.plain and not _order_matters(name, dtype) and not pg._aliases
+
+
 _BY_MPI: Any = object()  # _all_reduce_live's answer where MPI's own call takes the call
 
 
@@ -519,12 +520,7 @@ def _scatter_way(
     trial = None
     if nbytes >= pg._tuned_rs_from:
         wanted = tuning.path(pg._tuned_rs, nbytes)
-    elif (
-        nbytes >= pg._live_from
-        and how.plain
-        and not _order_matters(name, dtype)
-        and not pg._aliases  # (device memory aliased for a CUDA-aware MPI: MPI's call)
-    ):
+    elif nbytes >= pg._live_from and _tried(pg, how, name, dtype):
         wanted, trial = autotune.trials(pg).choose(
             pg, func, (func, how.key, nbytes.bit_length()),
             lambda: _scatter_paths(pg, how, dtype, func, nbytes),
