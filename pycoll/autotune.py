@@ -63,7 +63,7 @@ import os
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -83,7 +83,7 @@ __all__ = [
     "Trials",
     "trials",
     "chosen",
-    "unsettled",
+    "pending",
     "timed",
 ]
 
@@ -250,12 +250,14 @@ def chosen(pg: Any) -> Dict[Tuple[str, int, int], Tuple[str, str, Dict[str, floa
     }
 
 
-def unsettled(pg: Any) -> bool:
-    """Whether some class of the group's calls is still in its trials (the
-    same on every rank: pycoll.bench makes calls until it is not, so that it
-    times the path a job's later calls take)."""
+def pending(pg: Any) -> FrozenSet[Tuple[str, int, int]]:
+    """The classes of the group's calls still in their trials (the same on
+    every rank: pycoll.bench makes calls until those its own calls started
+    have decided, so that it times the path a job's later calls take)."""
     made = pg.attached(_KEY)
-    return made is not None and any(c.path is None for c in made.classes.values())
+    if made is None:
+        return frozenset()
+    return frozenset(k for k, c in made.classes.items() if c.path is None)
 
 
 def _decide(pg: Any, func: str, key: Tuple[str, int, int], entry: _Class) -> None:

@@ -333,7 +333,7 @@ def targets(
     from mpi4py import MPI
 
     from ..arrays import BFLOAT16
-    from .table import Case, RawOps, settle, time_block
+    from .table import Case, RawOps, in_trials, settle, time_block
 
     cases = [(dtype, op) for op in ("SUM", "AVG") for dtype in ("float32", "float16", "bfloat16")]
     dtypes: Dict[str, np.dtype] = {
@@ -353,13 +353,14 @@ def targets(
                 for key in cases
             }
             for case in made.values():
+                before = in_trials()
                 wrong += comm.allreduce(case.wrong("pycoll", "in-place"), op=MPI.SUM)
                 call = case.pycoll["in-place"]
                 for _ in range(warmup):
                     call()
                 run = case.runner("pycoll", "in-place")
                 if run is not None:
-                    settle({"pycoll": run})
+                    settle({"pycoll": run}, before=before)
             seconds: Dict[Tuple[str, str], List[float]] = {key: [] for key in cases}
             for r in range(rounds):
                 for key in cases[r % len(cases) :] + cases[: r % len(cases)]:

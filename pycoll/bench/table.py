@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -439,18 +439,38 @@ def rotated(
     return times
 
 
-def settle(runs: Dict[str, Callable[[int], None]], plans_group: Any = None) -> None:
-    """Make pycoll's calls (its side's on the default group, the plans side's
-    on ``plans_group``) until their groups' live trials (pycoll.autotune)
-    have decided, so that the rounds time the path a job's later calls take,
-    not the trials' turns; at most SETTLE_CALLS each."""
+def _sides(plans_group: Any) -> List[Tuple[str, Any]]:
+    """pycoll's sides and their groups: its own on the default group, the
+    plans side's on ``plans_group``."""
     import pycoll
+
+    return [("pycoll", pycoll.group.WORLD), ("plans", plans_group)]
+
+
+def in_trials(plans_group: Any = None) -> Dict[str, FrozenSet[Any]]:
+    """For each of pycoll's sides, the classes of its group's calls in the
+    live trials now (pycoll.autotune), before a size's first call."""
     from pycoll import autotune
 
-    for side, group in (("pycoll", pycoll.group.WORLD), ("plans", plans_group)):
+    return {side: autotune.pending(g) for side, g in _sides(plans_group) if g is not None}
+
+
+def settle(
+    runs: Dict[str, Callable[[int], None]],
+    plans_group: Any = None,
+    before: Optional[Dict[str, FrozenSet[Any]]] = None,
+) -> None:
+    """Make pycoll's calls until the live trials (pycoll.autotune) of the
+    classes they started (those not in ``before``, from :func:`in_trials`)
+    have decided, so that the rounds time the path a job's later calls take,
+    not the trials' turns; at most SETTLE_CALLS each."""
+    from pycoll import autotune
+
+    for side, group in _sides(plans_group):
         run = runs.get(side)
+        old = (before or {}).get(side, frozenset())
         for _ in range(SETTLE_CALLS):
-            if run is None or group is None or not autotune.unsettled(group):
+            if run is None or group is None or not autotune.pending(group) - old:
                 break
             run(1)
 
@@ -505,6 +525,7 @@ def measure(
         n = comm.Get_size()
         fac = factor(collective, n)
         for kind in case.kinds:
+            before = in_trials(plans_group)
             runs = {s: go for s in SIDES if (go := case.runner(s, kind)) is not None}
             wrong: Dict[str, Optional[int]] = dict.fromkeys(runs)
             if check:
@@ -513,7 +534,7 @@ def measure(
             calls = (20 if case.bytes <= 8 << 10 else 2) if warmup is None else warmup
             for run in runs.values():
                 run(calls)
-            settle(runs, plans_group)
+            settle(runs, plans_group, before)
             block = calibrate(runs["mpi4py"], comm) if iters is None else iters
             seconds = rotated(runs, block, rounds, comm)
             row: Dict[str, Any] = dict(

@@ -130,8 +130,8 @@ def test_the_rounds_time_the_path_the_live_trials_chose(comm, pg, world_size, mo
     monkeypatch.setattr(pg, "_live_from", autotune.LIVE_FROM)  # (any group size)
     (r,) = table.measure("all_reduce", 2 << 20, comm, "uint16", "BXOR", rounds=3, iters=3)
     assert r["correct"] is True
-    assert not autotune.unsettled(pg)
-    assert [k[2] for k in autotune.chosen(pg) if k[0] == "all_reduce"].count(22) >= 1
+    key = ("all_reduce", pycoll.ReduceOp.BXOR._plans[np.dtype("uint16")].key, 22)  # (2 MiB)
+    assert key in autotune.chosen(pg) and key not in autotune.pending(pg)
 
 
 def test_expected_values_do_not_come_from_pycoll():
