@@ -207,22 +207,26 @@ class Agent:
         return (self.rank, next(self._ids))
 
     def resolve(self, to: Any, what: str) -> int:
-        """The rank of ``to``: a worker name, a WorkerInfo or a rank."""
+        """The rank of ``to``: a worker name, a WorkerInfo or a rank.
+
+        A destination that is no worker of the job is a RuntimeError, as in
+        torch.distributed.rpc (code written for torch catches that type).
+        """
         if isinstance(to, WorkerInfo):
             known = self.workers[to.id] if 0 <= to.id < len(self.workers) else None
             if known != to:
-                raise ValueError(f"{what}: {to} is not a worker of this job ({self._names()})")
+                raise RuntimeError(f"{what}: {to} is not a worker of this job ({self._names()})")
             return to.id
         if isinstance(to, str):
             info = self.by_name.get(to)
             if info is None:
-                raise ValueError(
+                raise RuntimeError(
                     f"{what}: unknown destination worker {to!r}; the workers are {self._names()}"
                 )
             return info.id
         if isinstance(to, int) and not isinstance(to, bool):
             if not 0 <= to < len(self.workers):
-                raise ValueError(
+                raise RuntimeError(
                     f"{what}: unknown destination rank {to}; the workers are ranks "
                     f"0..{len(self.workers) - 1}"
                 )
