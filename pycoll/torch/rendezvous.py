@@ -10,10 +10,12 @@ variable is read or needed.
 
 ``env://`` (torch's default init_method) still reads RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT where they are set (pycoll-run and torchrun set
-them). Where none of them is set and the process was started by an MPI
-launcher (mpiexec, mpirun, srun), pycoll.torch's env:// does what mpi://
+them). Where the process was started by an MPI launcher (mpiexec, mpirun,
+srun) and any of them is missing, pycoll.torch's env:// does what mpi://
 does, so that a plain ``init_process_group("pycoll")`` works under any of
-them. With any of them set, torch's own env:// runs unchanged.
+them, also with only RANK and WORLD_SIZE set, as many scripts do: a RANK or
+WORLD_SIZE that disagrees with MPI is refused, naming both. With all four
+set, torch's own env:// runs unchanged.
 """
 
 from __future__ import annotations
@@ -76,13 +78,19 @@ def mpi_rendezvous(
     assert world is not None
     rank, size = world.rank(), world.size()
     asked = _query(url)
-    for key, mine in (("rank", rank), ("world_size", size)):
+    for key, var, mine in (("rank", "RANK", rank), ("world_size", "WORLD_SIZE", size)):
         given = int(asked.get(key, "-1"))
         if given not in (-1, mine):
             raise ValueError(
                 f"init_process_group: {key}={given} was given, but MPI started this "
                 f"process as rank {rank} of {size}; leave rank and world_size out "
                 f"(MPI knows them), or launch the number of processes you meant"
+            )
+        if os.environ.get(var, str(mine)).strip() != str(mine):
+            raise ValueError(
+                f"init_process_group: the environment sets {var}={os.environ[var]}, but MPI "
+                f"started this process as rank {rank} of {size}; unset {var} (MPI knows it), "
+                f"or launch the number of processes you meant"
             )
     yield (_store(world, timeout), rank, size)
     raise RuntimeError("mpi:// rendezvous cannot run again: the MPI job is fixed")
@@ -119,10 +127,11 @@ def _store(world: Any, timeout: timedelta) -> Any:
 
 def _env_or_mpi(original: Any) -> Any:
     def env_rendezvous(url: str, **kwargs: Any) -> Iterator[Tuple[Any, int, int]]:
-        if launched_by_mpi() and not any(os.environ.get(v) for v in ENV_VARS):
-            query = _query(url)
-            if query.get("rank", "-1") == "-1":
-                return mpi_rendezvous(url, **kwargs)
+        # Under an MPI launcher, what env:// lacks comes from MPI: with none of
+        # the variables set, and with some set (RANK and WORLD_SIZE alone, as
+        # many scripts do), where mpi_rendezvous checks those given against MPI.
+        if launched_by_mpi() and not all(os.environ.get(v) for v in ENV_VARS):
+            return mpi_rendezvous(url, **kwargs)
         return original(url, **kwargs)
 
     env_rendezvous.pycoll_wraps = original  # type: ignore[attr-defined]

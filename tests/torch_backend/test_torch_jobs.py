@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +66,24 @@ def test_rendezvous_needs_no_variables(scenario):
         assert r["gloo"] == 2.0 and r["backend"] == "pycoll"
 
 
+def test_rank_and_world_size_alone_take_the_rest_from_mpi():
+    reports = run_job("half_env")  # torch's env:// alone: "MASTER_ADDR expected"
+    assert sorted(r.get("rank_seen") for r in reports) == [0, 1], reports
+    for r in reports:
+        assert r["size"] == 2 and r["sum"] == [3.0, 3.0, 3.0] and r["gloo"] == 2.0
+
+
+def test_a_world_size_in_the_environment_that_disagrees_with_mpi_is_refused():
+    reports = run_job("half_env_wrong")
+    assert len(reports) == 2
+    for r in reports:
+        assert (
+            "the environment sets WORLD_SIZE=3, but MPI started this process as rank"
+            in (r["error"])
+        )
+        assert "unset WORLD_SIZE" in r["error"]
+
+
 def test_a_rank_that_disagrees_with_mpi_is_refused_by_name():
     reports = run_job("wrong_rank")
     assert len(reports) == 2
@@ -82,6 +101,22 @@ def test_a_hang_ends_in_torchs_error_family_with_pycolls_diagnosis(via):
     assert r0["is_torch"], r0["kind"]
     assert "DistTimeoutError" in r0["kind"]
     assert "all_reduce" in r0["error"] and "rank 1" in r0["error"], r0["error"]
+    # torch's wording first (the regex torch's own suite matches), then pycoll's diagnosis
+    # (a future's completer raises the error once the deadline has passed: its own short wait)
+    waited = "3000" if via == "wait" else r"\d+"
+    assert re.match(
+        rf"\[Rank 0\] Timed out waiting {waited}ms for all_reduce \(seq \d+\)", r0["error"]
+    )
+    assert re.search(" (Timed out|closed|timeout) ", r0["error"]), r0["error"]
+    assert "failed to pass monitoredBarrier" not in r0["error"]
+
+
+def test_a_hang_at_detail_says_torchs_monitored_barrier_words():
+    reports = run_job("timeout", PYCOLL_TIMEOUT="3", TORCH_DISTRIBUTED_DEBUG="DETAIL")
+    r0 = next(r for r in reports if "kind" in r)
+    assert "DistTimeoutError" in r0["kind"], r0
+    assert "Rank 1 failed to pass monitoredBarrier in 3000 ms" in r0["error"], r0["error"]
+    assert re.search(" (Timed out|closed|timeout) ", r0["error"]), r0["error"]
 
 
 def test_a_mismatch_under_detail_is_named(tmp_path):

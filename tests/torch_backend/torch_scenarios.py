@@ -48,6 +48,13 @@ def main(scenario: str) -> None:
         all_reduce_once(init_method="mpi://")
     elif scenario == "plain":  # env:// (torch's default) with no variables set
         all_reduce_once()
+    elif scenario in ("half_env", "half_env_wrong"):  # RANK and WORLD_SIZE alone, as many scripts
+        os.environ["RANK"] = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", ""))
+        os.environ["WORLD_SIZE"] = "2" if scenario == "half_env" else "3"
+        try:
+            all_reduce_once()
+        except ValueError as exc:
+            report(error=str(exc))
     elif scenario == "wrong_rank":
         try:
             dist.init_process_group("pycoll", init_method="mpi://", rank=5, world_size=9)
