@@ -18,16 +18,18 @@ How:
   communicator (a duplicate made with the group) and goes on. The exchange points are
   fixed sequence numbers, so every rank makes the same exchanges in the same
   order whatever its timing.
-- A rank tests the exchanges it has started at each later exchange point and
-  whenever it waits long inside pycoll (pycoll.watch.wait); it blocks on the
-  oldest only when more than PENDING are outstanding (a rank far ahead of
-  the others, with async calls), within the group's timeout.
+- A rank tests the exchange in flight whenever it waits long inside pycoll
+  (pycoll.watch.wait), and at the next exchange point completes it before
+  starting the next one: it waits there, within the group's timeout, only
+  for ranks more than EVERY calls behind it (a broadcast root, which never
+  waits in its calls, or a rank far ahead with async calls).
 - Every rank gets the same gathered keys, so every rank finds the same
   disagreement and raises CollectiveMismatchError naming the first sequence
   number where the ranks differ, what each of them called there, and which
   ranks those were; the group is unusable afterwards (its MPI state is
-  unknown). A disagreement is found at most ``2 * EVERY`` calls after it
-  happened, or when the rank next waits long in pycoll.
+  unknown). A disagreement is found on every rank at most ``2 * EVERY``
+  calls after it happened (the exchange that holds it completes by the next
+  exchange point), or earlier when the rank waits long in pycoll.
 - :func:`final` exchanges the calls since the last exchange point, and how
   many calls each rank made, at ``destroy_process_group`` (within the group's
   timeout) and at exit (within a few seconds), so a short program is checked
@@ -55,7 +57,10 @@ __all__ = ["ENV_VAR", "key", "reduction_bits"]
 
 ENV_VAR = "PYCOLL_CHECK_EVERY"
 DEFAULT_EVERY = 128
-PENDING = 8  # exchanges a rank may have in flight before it waits for the oldest
+# Exchanges a rank may have in flight when it reaches an exchange point before
+# it waits for the oldest: 1, so that the one started EVERY calls earlier is
+# complete by then on every rank, which is what bounds the check (2 * EVERY).
+PENDING = 1
 EXIT_WAIT = 5.0  # seconds the last exchange may take at exit
 FINAL_WAIT = 10.0  # ... and at destroy_process_group (or the group's timeout, if shorter)
 # While a rank waits for that last exchange, how often it reads the others'

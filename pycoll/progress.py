@@ -75,8 +75,10 @@ SLOTS = 64
 # EVICTED counts the slots this rank took from live groups (see SLOTS), and
 # the LOST_KEPT words from LOST hold the ids of the last such groups (a ring):
 # a group missing from a record is "not reached" there unless it is one of them.
-PID, HOST, LAST, BEAT, EVICTED = 0, 1, 2, 3, 4
-LOST, LOST_KEPT = 5, 16
+# LEFT is set once this rank's teardown left the board to MPI_Finalize
+# without the others (its MPI state is unknown: see Board.close).
+PID, HOST, LAST, BEAT, EVICTED, LEFT = 0, 1, 2, 3, 4, 5
+LOST, LOST_KEPT = 6, 16
 HEADER = LOST + LOST_KEPT
 SINK = HEADER + 2 * SLOTS
 WORDS = SINK + 1
@@ -95,6 +97,9 @@ READ_TIMEOUT = 2.0  # seconds to wait for one peer's record
 # operation: longer than the blocking-mode watchdog's tick (watch.py).
 BEAT_WATCH_S = 0.6
 EXIT_WAIT = 5.0  # at exit, seconds to wait for the other ranks to free the board
+# While a rank waits for the others' teardown votes, how often it reads their
+# records to see whether one left without voting (LEFT).
+LOOK_S = 0.05
 
 
 def uid_of(name: str) -> int:
@@ -206,22 +211,26 @@ class Board:
 
         MPI_Win_free cannot be interrupted, so one rank freeing while another
         does not hangs the first for good. Two nonblocking rounds decide it:
-        a MIN-reduction of every rank's vote (0 once an operation timed out
-        on that rank: its MPI state is unknown), then, only where that came
+        a MIN-reduction of every rank's vote, then, only where that came
         back 1, a barrier among the ranks that saw it. A rank that gives up
         in round one never enters round two, so the others give up there too
         instead of freeing a window it will not free.
+
+        A rank whose operation timed out, or whose call check found the
+        ranks disagreeing, makes no collective call here: its MPI state is
+        unknown (MPICH was seen to crash in the vote's MPI_Iallreduce after
+        mismatched broadcasts). It sets LEFT in its own record instead, a
+        store into its own memory, and the others, while they wait for the
+        votes, read their peers' records every LOOK_S and give up as soon as
+        one says LEFT, instead of at their timeout.
         """
         if self.closed:
             return
         self.closed = True
         atexit.unregister(self._end_epoch)
         limit = self.timeout if timeout is None else timeout
-        vote = np.array([0 if self.abandoned else 1], np.int32)
-        agreed = np.zeros(1, np.int32)
-        votes = self.comm.Iallreduce(vote, agreed, op=_mpi.MPI.MIN)
-        if self.abandoned:  # say no, and wait for nobody
-            keep_alive([votes, vote, agreed])
+        if self.abandoned:  # no vote: leave word in the record, and wait for nobody
+            self.rec[LEFT] = 1
             self.win.Unlock_all()
             sys.stderr.write(
                 f"pycoll: rank {self.comm.Get_rank()}: {self.abandoned} on this rank, "
@@ -230,7 +239,10 @@ class Board:
             )
             sys.stderr.flush()
             return
-        if not _complete(votes, limit) or not agreed[0]:
+        vote = np.ones(1, np.int32)
+        agreed = np.zeros(1, np.int32)
+        votes = self.comm.Iallreduce(vote, agreed, op=_mpi.MPI.MIN)
+        if not self._votes_in(votes, limit) or not agreed[0]:
             keep_alive([votes, vote, agreed])
             self.win.Unlock_all()
             return
@@ -243,6 +255,28 @@ class Board:
         self.rec.release()
         self.win.Free()
         self.comm.Free()
+
+    def _votes_in(self, votes: Any, timeout: float) -> bool:
+        """Poll the votes for at most ``timeout`` seconds; False at once when a
+        peer's record says it left without voting (LEFT)."""
+        me = self.comm.Get_rank()
+        others = [r for r in range(self.comm.Get_size()) if r != me]
+        end = time.monotonic() + timeout
+        look = time.monotonic() + LOOK_S
+        while not votes.Test():
+            now = time.monotonic()
+            if now > end:
+                return False
+            if now > look:
+                for rank in others:
+                    rec = self.read(rank, min(READ_TIMEOUT, max(0.0, end - now)))
+                    if rec is not None and rec[LEFT]:
+                        return False
+                # (reading many ranks' records takes a while: at most a tenth of the wait)
+                done = time.monotonic()
+                look = done + max(LOOK_S, 9 * (done - now))
+            time.sleep(1e-4)
+        return True
 
 
 def _complete(request: Any, timeout: float) -> bool:

@@ -23,6 +23,7 @@ import pycoll
 from pycoll import CollectiveMismatchError, DistTimeoutError
 
 TIMEOUT = timedelta(seconds=1.5)
+SELF_ROOT_CALLS = 300  # past 2 x the call check's EVERY (128)
 
 
 def report(rank: int, **facts: object) -> None:
@@ -116,11 +117,24 @@ def main(scenario: str, then: str = "") -> None:
     elif scenario == "dtype":  # MPI runs it without a word; then exit, no destroy
         y = np.ones(4, np.int32 if rank == 1 else np.float32)
         attempt(rank, lambda: pycoll.all_reduce(y))
+    elif scenario == "self_root":  # every rank broadcasts as the root: no rank ever waits
+        y = np.full(4, float(rank), np.float32)
+        made = {"n": 0}
+
+        def broadcasts() -> None:
+            for made["n"] in range(1, SELF_ROOT_CALLS + 1):
+                pycoll.broadcast(y, src=rank)
+
+        attempt(rank, broadcasts)
+        report(rank, made=made["n"])
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
     if then == "destroy":
         start = time.monotonic()
-        pycoll.destroy_process_group()
+        try:
+            pycoll.destroy_process_group()
+        except CollectiveMismatchError:  # said again once everything is freed: seen already
+            pass
         report(rank, destroyed=True, seconds=time.monotonic() - start)
 
 

@@ -114,6 +114,17 @@ def test_different_roots(group, rank, world_size):
     assert error.calls[last] == f"broadcast(src={last}, int64, 4 elements)"
 
 
+def test_roots_that_never_wait_find_it_within_two_exchanges_too(group, rank, world_size):
+    """Every rank broadcasts naming itself the root, so no rank ever waits in
+    its calls: the bound must hold all the same, on every rank."""
+    x = np.full(4, rank, np.int64)
+    seq = group.sequence_number() + 1
+    error, made = until_found(group, lambda: pycoll.broadcast(x, src=rank, group=group))
+    assert made <= 2 * EVERY, made
+    assert f"called different collectives at seq {seq}: " in str(error)
+    assert error.calls[rank] == f"broadcast(src={rank}, int64, 4 elements)"
+
+
 def test_different_reductions(group, rank, world_size):
     x = np.ones(2, np.float32)
     pycoll.all_reduce(x, op=ReduceOp.MAX if rank == 0 else ReduceOp.SUM, group=group)

@@ -32,20 +32,22 @@ def one_rank(world_size):
         pytest.skip("launches its own 4-rank jobs; runs in the single-rank pass")
 
 
-def run_job(scenario: str, *then: str, **env: str) -> Tuple[int, List[Dict], str, float]:
+def run_job(
+    scenario: str, *then: str, ranks: int = RANKS, **env: str
+) -> Tuple[int, List[Dict], str, float]:
     environ = job_env()
     environ.pop("PYCOLL_DEBUG", None)
     environ.update(env)
     start = time.monotonic()
     argv = [sys.executable, str(SCRIPT), scenario, *then]
-    proc = run_mpiexec(RANKS, argv, env=environ, timeout=JOB_LIMIT_S)
+    proc = run_mpiexec(ranks, argv, env=environ, timeout=JOB_LIMIT_S)
     elapsed = time.monotonic() - start
     return proc.returncode, json_reports(proc.stdout), proc.stderr, elapsed
 
 
-def by_rank(reports: List[Dict]) -> Dict[int, Dict]:
-    ranks = {r["rank"]: r for r in reports if "destroyed" not in r}
-    assert sorted(ranks) == list(range(RANKS)), reports
+def by_rank(reports: List[Dict], size: int = RANKS) -> Dict[int, Dict]:
+    ranks = {r["rank"]: r for r in reports if "destroyed" not in r and "made" not in r}
+    assert sorted(ranks) == list(range(size)), reports
     return ranks
 
 
@@ -158,6 +160,26 @@ def test_destroy_after_a_timeout_ends_on_every_rank(scenario):
     for rank in timed_out:
         assert f"pycoll: rank {rank}: an operation timed out on this rank" in err, err
     assert err.count("an operation timed out on this rank") == len(timed_out), err
+
+
+def test_a_mismatch_no_rank_waits_in_is_found_in_bound_and_teardown_makes_no_call():
+    """Two ranks broadcast 300 times, each naming itself the root: no rank ever
+    waits, yet the call check must find it on every rank within 2 x EVERY
+    calls (a root ran all 300 before), and teardown must then make no
+    collective call on the mismatched state (MPICH crashed with SIGSEGV in
+    the progress board's vote, 1 run in 3). Intermittent: several jobs."""
+    every = 128  # pycoll.crosscheck.DEFAULT_EVERY
+    for _ in range(4):
+        rc, reports, err, elapsed = run_job("self_root", "destroy", ranks=2)
+        assert rc == 0 and "Segmentation fault" not in err, err[-3000:]
+        made = {r["rank"]: r["made"] for r in reports if "made" in r}
+        for rank, report in by_rank(reports, 2).items():
+            assert report["error"] == "CollectiveMismatchError", report
+            assert "called different collectives at seq 2: " in report["message"], report
+            assert made[rank] <= 2 * every, (rank, made)  # seq 2 is the first broadcast
+        assert sorted(r["rank"] for r in reports if "destroyed" in r) == [0, 1], reports
+        assert err.count("the call check found a group's ranks disagreeing") == 2, err[-3000:]
+        assert elapsed < JOB_LIMIT_S
 
 
 def test_an_uncaught_exception_on_one_rank_ends_the_job():
