@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-__all__ = ["DistError", "DistBackendError", "DistTimeoutError", "CollectiveMismatchError"]
+__all__ = [
+    "DistError",
+    "DistBackendError",
+    "DistTimeoutError",
+    "CollectiveMismatchError",
+    "monitored_barrier_words",
+    "timed_out_words",
+]
 
 
 class DistError(RuntimeError):
@@ -41,6 +48,7 @@ class DistTimeoutError(DistError):
         elapsed: seconds waited before giving up.
         ranks: global ranks known not to have reached the operation (empty
             when this rank cannot know).
+        timeout: the timeout that was armed, in seconds (None where unknown).
     """
 
     def __init__(
@@ -50,12 +58,14 @@ class DistTimeoutError(DistError):
         seq: Optional[int] = None,
         elapsed: float = 0.0,
         ranks: Optional[List[int]] = None,
+        timeout: Optional[float] = None,
     ):
         super().__init__(message)
         self.op = op
         self.seq = seq
         self.elapsed = elapsed
         self.ranks = list(ranks or [])
+        self.timeout = timeout
 
 
 class CollectiveMismatchError(DistError):
@@ -79,3 +89,28 @@ class CollectiveMismatchError(DistError):
         self.op = op
         self.seq = seq
         self.calls = calls
+
+
+# torch's wording, which its test suite and user code match with regexes
+# (" (Timed out|closed|timeout) ", "failed to pass monitoredBarrier"): gloo's
+# and NCCL's phrasing, written once here for pycoll's messages to start with.
+
+
+def timed_out_words(rank: int, what: str, seconds: Optional[float]) -> str:
+    """torch's phrase for a timeout, e.g. "[Rank 0] Timed out waiting 1000ms
+    for barrier (seq 3) to complete"."""
+    waited = f" {round(seconds * 1000)}ms" if seconds is not None else ""
+    return f"[Rank {rank}] Timed out waiting{waited} for {what} to complete"
+
+
+def monitored_barrier_words(ranks: List[int], seconds: Optional[float]) -> str:
+    """torch's phrase for ranks that missed a monitored barrier, e.g. "Rank 3
+    failed to pass monitoredBarrier in 1000 ms" ("Ranks 1, 2 ..." for several)."""
+    if not ranks:
+        who = "A rank"
+    elif len(ranks) == 1:
+        who = f"Rank {ranks[0]}"
+    else:
+        who = f"Ranks {', '.join(map(str, ranks))}"
+    within = f" in {round(seconds * 1000)} ms" if seconds is not None else ""
+    return f"{who} failed to pass monitoredBarrier{within}"

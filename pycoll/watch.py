@@ -198,6 +198,7 @@ def broken(pg: ProcessGroup, op: str) -> DistError:
         first.seq,
         first.elapsed,
         first.ranks,
+        first.timeout,
     )
 
 
@@ -469,7 +470,7 @@ def timed_out(
                 f"\n  flight record: {path} (every rank's that dumped: python -m pycoll.trace "
                 f"flight {os.path.dirname(path)})"
             )
-    error = DistTimeoutError(message, op, seq, elapsed, missing)
+    error = DistTimeoutError(message, op, seq, elapsed, missing, limit)
     pg._broken = error
     progress.keep_alive(requests)  # MPI may still write into their buffers, even in MPI_Finalize
     if board is not None:

@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 
 from .. import _mpi, crosscheck, debug, native, watch
-from ..errors import DistTimeoutError
+from ..errors import DistTimeoutError, monitored_barrier_words
 from ..groups import STATE, ProcessGroup, resolve
 from ..work import Work, to_seconds
 from ._common import MONITOR_TAG, claim, plain, run
@@ -157,14 +157,13 @@ def _collect_arrivals(pg: ProcessGroup, seq: int, seconds: float, wait_all: bool
         pg._strays = True  # their tokens may still come
         missing = [pg._ranks[r] for r in sorted(waiting)]
         named = missing if wait_all else missing[:1]
-        who = f"Rank {named[0]}" if len(named) == 1 else f"Ranks {', '.join(map(str, named))}"
         raise DistTimeoutError(
-            f"{who} failed to pass monitoredBarrier in {round(seconds * 1000)} ms "
-            f"(group {pg.group_name!r}, seq {seq})",
+            f"{monitored_barrier_words(named, seconds)} (group {pg.group_name!r}, seq {seq})",
             "monitored_barrier",
             seq,
             time.monotonic() - start,
             missing,
+            seconds,
         )
     token = np.array([seq], np.int64)
     sends = [pg.comm.Isend([token, MPI.INT64_T], r, MONITOR_TAG) for r in range(1, pg.size())]
@@ -190,4 +189,5 @@ def _arrive(pg: ProcessGroup, seq: int, seconds: float) -> None:
             "monitored_barrier",
             seq,
             time.monotonic() - start,
+            timeout=seconds,
         )
