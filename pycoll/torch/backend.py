@@ -41,6 +41,7 @@ import pycoll
 
 from ..groups import ProcessGroup as PycollGroup
 from ..torchcompat import host_view, kept_view, lane_op, reduce_op
+from . import sparse
 from .errors import as_torch
 from .work import COMPLETER, TorchWork, done
 
@@ -260,6 +261,12 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> TorchWork:
         opts = opts if opts is not None else dist.AllreduceOptions()
         op = _op(opts.reduceOp, "all_reduce")
+        if len(tensors) == 1 and tensors[0].layout == torch.sparse_coo:
+            try:  # (synchronous: see pycoll.torch.sparse)
+                sparse.all_reduce(tensors[0], op, self._channel())
+            except Exception as exc:
+                _reraise(exc)
+            return done(tensors)
         if len(tensors) == 1:
             x = _array(tensors[0], "all_reduce", "tensor")
             return self._run(opts, tensors, pycoll.all_reduce, x, op)

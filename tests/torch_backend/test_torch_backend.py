@@ -428,3 +428,43 @@ def test_torch_collectives_are_on_pycolls_timeline(tdist, rank, world_size, tmp_
     assert reduces[0]["args"]["call"] == "all_reduce(SUM, float32, 16 elements)"
     assert reduces[1]["args"]["seq"] == reduces[0]["args"]["seq"] + 1
     assert any(e["name"] == "barrier" for e in events), events
+
+
+def sparse_input(rank: int, dtype=torch.float32):
+    """Rank r's sparse (6, 3) tensor: rows r and r+1 (some shared with the
+    next rank, so the sum has duplicate indices to merge), uncoalesced (row r
+    twice), with values that say whose they are."""
+    rows = torch.tensor([[rank % 6, (rank + 1) % 6, rank % 6]])
+    vals = torch.tensor([[1.0, 2.0, 3.0], [10.0, 20.0, 30.0], [100.0, 0.0, 0.0]]) * (rank + 1)
+    return torch.sparse_coo_tensor(rows, vals.to(dtype), (6, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_sparse_all_reduce_sums_as_dense(tdist, rank, world_size, dtype):
+    t = sparse_input(rank, dtype)
+    dist.all_reduce(t)
+    expected = sum(sparse_input(r, torch.float64).to_dense() for r in range(world_size))
+    assert t.layout == torch.sparse_coo and t.dtype == dtype
+    torch.testing.assert_close(t.to_dense().double(), expected, rtol=1e-2, atol=0)
+    assert t.is_coalesced()  # no duplicate index left
+
+
+def test_sparse_all_reduce_of_an_empty_rank_and_async(tdist, rank, world_size):
+    empty = torch.sparse_coo_tensor(
+        torch.empty((1, 0), dtype=torch.long), torch.empty(0, 3), (6, 3)
+    )
+    t = sparse_input(rank) if rank else empty
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    assert work.get_future().value()[0] is t
+    expected = sum((sparse_input(r).to_dense() for r in range(1, world_size)), torch.zeros(6, 3))
+    torch.testing.assert_close(t.to_dense(), expected)
+
+
+def test_sparse_all_reduce_refuses_other_reductions_and_unlike_tensors(tdist, rank):
+    with pytest.raises(ValueError, match="ReduceOp.SUM only"):
+        dist.all_reduce(sparse_input(rank), op=dist.ReduceOp.MAX)
+    unlike = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.ones(1, 3 + rank), (6, 3 + rank))
+    if pycoll.get_world_size() > 1:  # every rank sees every header, so every rank raises
+        with pytest.raises(ValueError, match="differ in shape, sparse dimensions or dtype"):
+            dist.all_reduce(unlike)

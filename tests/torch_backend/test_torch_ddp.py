@@ -198,3 +198,33 @@ def test_checkpoint_and_resume(tdist, rank, world_size, mpi_tmp_path):
     fresh.load_state_dict(torch.load(path, map_location="cpu"))
     train(fresh, data[2:], rank)
     assert_same_everywhere(resumed, ref, world_size)
+
+
+class SparseNet(nn.Module):
+    """An embedding with sparse gradients (a sparse all_reduce per step) and a dense head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(16, 6, sparse=True)
+        self.head = nn.Linear(6, 4)
+
+    def forward(self, ids):
+        return self.head(self.embedding(ids).mean(1))
+
+
+def test_ddp_with_sparse_gradients_matches_one_process(tdist, rank, world_size):
+    torch.manual_seed(4)
+    model = SparseNet()
+    g = torch.Generator().manual_seed(11)
+    data = [
+        (
+            torch.randint(0, 16, (PER_RANK * world_size, 3), generator=g),
+            torch.randn(PER_RANK * world_size, 4, generator=g),
+        )
+        for _ in range(STEPS)
+    ]
+    ref = reference(model, data)
+    ddp = DDP(model)
+    train(ddp, data, rank)
+    assert model.embedding.weight.grad.is_sparse  # the sparse path was taken
+    assert_same_everywhere(model, ref, world_size)
