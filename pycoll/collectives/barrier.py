@@ -157,8 +157,11 @@ def _collect_arrivals(pg: ProcessGroup, seq: int, seconds: float, wait_all: bool
         pg._strays = True  # their tokens may still come
         missing = [pg._ranks[r] for r in sorted(waiting)]
         named = missing if wait_all else missing[:1]
+        said = monitored_barrier_words(named, seconds)
+        if seconds <= 0:  # no time to wait for anyone: gloo's words for a spent budget first
+            said = f"Rank {pg._ranks[0]} timed out in monitoredBarrier after 0 ms: {said}"
         raise DistTimeoutError(
-            f"{monitored_barrier_words(named, seconds)} (group {pg.group_name!r}, seq {seq})",
+            f"{said} (group {pg.group_name!r}, seq {seq})",
             "monitored_barrier",
             seq,
             time.monotonic() - start,

@@ -28,6 +28,7 @@ numbers, the call check, bounded waits with a diagnosis.
 from __future__ import annotations
 
 import os
+import sys
 import types
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -463,15 +464,27 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     def shutdown(self) -> None:
         """Destroy the pycoll groups under this one (torch calls it from
         destroy_process_group); pycoll itself ends with torch's default group
-        when this module started it."""
+        when this module started it.
+
+        A disagreement the call check finds here (pycoll.crosscheck.final) is
+        written to stderr, not raised: torch's destroy_process_group clears
+        its own state only after every backend's shutdown has returned, so a
+        raise would leave torch half torn down (no new init_process_group).
+        """
         if self._closed:
             return
         self._closed = True
-        for group in self._owns:
-            pycoll.destroy_process_group(group)
+        rank = pycoll.get_rank()
+        groups: List[Optional[PycollGroup]] = list(self._owns)
         if self._group is pycoll.group.WORLD and _STARTED_HERE[0]:
             _STARTED_HERE[0] = False
-            pycoll.destroy_process_group()
+            groups.append(None)  # pycoll's default group, last
+        for group in groups:
+            try:
+                pycoll.destroy_process_group(group)
+            except pycoll.CollectiveMismatchError as exc:
+                sys.stderr.write(f"pycoll: rank {rank}: destroy_process_group: {exc}\n")
+                sys.stderr.flush()
 
     def abort(self) -> None:
         self.shutdown()
@@ -528,9 +541,14 @@ def world_group(timeout: Optional[timedelta]) -> PycollGroup:
     world = pycoll.group.WORLD
     if world is None:
         debug = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").strip()
-        if debug and not os.environ.get("PYCOLL_DEBUG"):
-            os.environ["PYCOLL_DEBUG"] = debug  # DETAIL: pycoll's call check
-        pycoll.init_process_group(timeout=timeout)
+        lend = bool(debug) and not os.environ.get("PYCOLL_DEBUG")
+        if lend:  # DETAIL: pycoll's call check; for this start only (torch's may change)
+            os.environ["PYCOLL_DEBUG"] = debug
+        try:
+            pycoll.init_process_group(timeout=timeout)
+        finally:
+            if lend:
+                del os.environ["PYCOLL_DEBUG"]
         _STARTED_HERE[0] = True
         world = pycoll.group.WORLD
     assert world is not None

@@ -85,6 +85,19 @@ def test_monitored_barrier_names_the_missing_rank(pg, rank, world_size):
     destroy_out_of_step(g, [last], world_size)
 
 
+def test_monitored_barrier_with_no_time_says_so_in_gloos_words(pg, rank, world_size):
+    if world_size == 1:
+        pytest.skip("needs a rank to wait for")
+    g = pycoll.new_group()
+    if rank == 0:  # the others never come: a timeout of zero gives up at once
+        with pytest.raises(DistTimeoutError) as info:
+            pycoll.monitored_barrier(group=g, timeout=timedelta(seconds=0))
+        assert str(info.value).startswith(
+            "Rank 0 timed out in monitoredBarrier after 0 ms: Rank 1 failed to pass"
+        ), info.value
+    destroy_out_of_step(g, list(range(1, world_size)), world_size)
+
+
 def test_monitored_barrier_names_every_missing_rank(pg, rank, world_size):
     if world_size < 3:
         pytest.skip("needs two ranks to be missing")
