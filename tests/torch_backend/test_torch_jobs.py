@@ -14,7 +14,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import pytest
 
@@ -44,9 +44,11 @@ def clean_env(**extra: str) -> Dict[str, str]:
     return env
 
 
-def run_job(scenario: str, **env: str) -> List[Dict]:
+def run_job(scenario: str, stderr: Optional[List[str]] = None, **env: str) -> List[Dict]:
     argv = [sys.executable, str(SCRIPT), scenario]
     proc = run_mpiexec(2, argv, env=clean_env(**env), timeout=JOB_LIMIT_S)
+    if stderr is not None:
+        stderr.append(proc.stderr)
     reports, decoder, text = [], json.JSONDecoder(), proc.stdout
     at = text.find("{")
     while at != -1:  # launchers may glue the ranks' lines together
@@ -82,6 +84,24 @@ def test_a_world_size_in_the_environment_that_disagrees_with_mpi_is_refused():
             in (r["error"])
         )
         assert "unset WORLD_SIZE" in r["error"]
+
+
+def test_torchs_debug_level_applies_to_the_start_it_was_given_to():
+    reports = run_job("debug_lent")
+    assert len(reports) == 2
+    for r in reports:  # (PYCOLL_DEBUG was once left set for good: later groups kept DETAIL)
+        assert r["first"] == "DETAIL" and r["then"] == "OFF" and r["env"] is None, r
+
+
+def test_a_mismatch_found_at_destroy_is_said_and_torch_starts_again():
+    err: List[str] = []
+    reports = run_job("mismatch_at_destroy", stderr=err)
+    assert sorted(r["rank_seen"] for r in reports) == [0, 1], (reports, err[0][-3000:])
+    for r in reports:
+        assert r["sum"] == [3.0, 3.0, 3.0], r
+    for rank in (0, 1):
+        assert f"pycoll: rank {rank}: destroy_process_group: the ranks of group" in err[0], err[0]
+    assert "called different collectives at seq " in err[0]
 
 
 def test_a_rank_that_disagrees_with_mpi_is_refused_by_name():

@@ -55,6 +55,23 @@ def main(scenario: str) -> None:
             all_reduce_once()
         except ValueError as exc:
             report(error=str(exc))
+    elif scenario == "debug_lent":  # TORCH_DISTRIBUTED_DEBUG is lent to pycoll's start only
+        import pycoll
+
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        dist.init_process_group("pycoll", init_method="mpi://")
+        level = pycoll.get_debug_level().name
+        dist.destroy_process_group()
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "OFF"
+        dist.init_process_group("pycoll", init_method="mpi://")
+        report(first=level, then=pycoll.get_debug_level().name, env=os.environ.get("PYCOLL_DEBUG"))
+        dist.destroy_process_group()
+    elif scenario == "mismatch_at_destroy":  # found by the call check at destroy: torch goes on
+        dist.init_process_group("pycoll", init_method="mpi://")
+        y = torch.ones(4, dtype=torch.int32 if dist.get_rank() == 1 else torch.float32)
+        dist.all_reduce(y)  # one size, two dtypes: MPI runs it without a word
+        dist.destroy_process_group()
+        all_reduce_once(init_method="mpi://")  # torch's state was torn down whole
     elif scenario == "wrong_rank":
         try:
             dist.init_process_group("pycoll", init_method="mpi://", rank=5, world_size=9)
