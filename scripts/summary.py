@@ -49,7 +49,7 @@ def main(reports: str, times: str, cpu: str, failed_runs: int) -> int:
             seconds = float(case.get("time", 0) or 0)
             name = f"{case.get('classname', '')}::{case.get('name', '')}"
             slow.append((seconds, run, name))
-            per_file[case.get("classname", "").rsplit(".", 1)[0] or "?"] += seconds
+            per_file[case.get("classname", "") or "?"] += seconds  # (the module's dotted path)
     if os.path.exists(times):
         rows = [line.split("\t", 1) for line in open(times).read().splitlines() if line]
         print("\n== time per pass (wall seconds; two run at once)")
