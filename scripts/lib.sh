@@ -30,3 +30,31 @@ ensure_venv() {
     fi
     echo "$stamp" > "$dir/.pycoll-installed"
 }
+
+# clean_stale_shm: remove Open MPI's shared-memory segments in /dev/shm that no
+# live process maps (left by a job that was killed: a later job whose name
+# comes round again can crash on one). Says how many went. Run before and
+# after the passes.
+clean_stale_shm() {
+    "$PYTHON" - <<'PY'
+import glob, os
+segments = {
+    path
+    for path in glob.glob("/dev/shm/sm_segment.*") + glob.glob("/dev/shm/vader_segment.*")
+    if os.stat(path).st_uid == os.getuid()  # this user's only
+}
+for maps in glob.glob("/proc/[0-9]*/maps"):
+    try:
+        with open(maps) as f:
+            segments -= {line.split()[-1] for line in f if "/dev/shm/" in line}
+    except OSError:  # the process ended, or is not ours to read
+        pass
+for path in sorted(segments):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+if segments:
+    print(f"== removed {len(segments)} stale Open MPI shared-memory segment(s) from /dev/shm")
+PY
+}
