@@ -63,14 +63,16 @@ def _address(world: Any) -> str:
 
 
 def mpi_rendezvous(
-    url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any
+    url: str, timeout: timedelta = timedelta(minutes=30), from_env: bool = False, **kwargs: Any
 ) -> Iterator[Tuple[Any, int, int]]:
     """torch's rendezvous handler for ``mpi://``: (store, rank, world size)
-    from MPI (see the module's docstring).
+    from MPI (see the module's docstring). ``from_env``: env:// sent it here,
+    so RANK and WORLD_SIZE, where set, must agree with MPI too (``mpi://``
+    itself reads no variable).
 
     Raises:
-        ValueError: a rank or world_size given to init_process_group
-            disagrees with MPI's.
+        ValueError: a rank or world_size given to init_process_group (or,
+            with ``from_env``, in the environment) disagrees with MPI's.
     """
     if not pycoll.is_initialized():
         world_group(torch_timeout(timeout))
@@ -86,7 +88,7 @@ def mpi_rendezvous(
                 f"process as rank {rank} of {size}; leave rank and world_size out "
                 f"(MPI knows them), or launch the number of processes you meant"
             )
-        if os.environ.get(var, str(mine)).strip() != str(mine):
+        if from_env and os.environ.get(var, str(mine)).strip() != str(mine):
             raise ValueError(
                 f"init_process_group: the environment sets {var}={os.environ[var]}, but MPI "
                 f"started this process as rank {rank} of {size}; unset {var} (MPI knows it), "
@@ -131,7 +133,7 @@ def _env_or_mpi(original: Any) -> Any:
         # the variables set, and with some set (RANK and WORLD_SIZE alone, as
         # many scripts do), where mpi_rendezvous checks those given against MPI.
         if launched_by_mpi() and not all(os.environ.get(v) for v in ENV_VARS):
-            return mpi_rendezvous(url, **kwargs)
+            return mpi_rendezvous(url, from_env=True, **kwargs)
         return original(url, **kwargs)
 
     env_rendezvous.pycoll_wraps = original  # type: ignore[attr-defined]
