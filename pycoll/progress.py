@@ -20,6 +20,7 @@ import ctypes
 import os
 import socket
 import sys
+import threading
 import time
 import weakref
 import zlib
@@ -188,20 +189,42 @@ class Board:
 
     def read(self, rank: int, timeout: float = READ_TIMEOUT) -> Optional[np.ndarray]:
         """Rank ``rank``'s record (its default-group rank), or None if it
-        cannot be read within ``timeout`` seconds."""
-        MPI = _mpi.MPI
+        cannot be read within ``timeout`` seconds.
+
+        The read runs on a thread of its own and this waits for it at most
+        ``timeout``: across hosts over TCP, with no hardware RMA, MPI_Rget
+        itself can block until the target makes progress (Open MPI was seen
+        to block in it for good on a rank cut off from the network), so only
+        a thread bounds it. A read that never returns leaves its thread
+        parked (a daemon) and its buffer alive."""
         out = np.zeros(WORDS, np.int64)
+        got: List[bool] = []
+        reader = threading.Thread(
+            target=self._read_into, args=(rank, out, timeout, got), daemon=True,
+            name=f"pycoll-board-read-{rank}",
+        )  # fmt: skip
+        reader.start()
+        reader.join(timeout + 0.5)
+        if reader.is_alive() or not got or not got[0]:
+            keep_alive([out])  # MPI may still write into it
+            return None
+        return out
+
+    def _read_into(self, rank: int, out: np.ndarray, timeout: float, got: List[bool]) -> None:
+        MPI = _mpi.MPI
         try:
             req = self.win.Rget([out, MPI.INT64_T], rank, (0, WORDS, MPI.INT64_T))
             end = time.monotonic() + timeout
             while not req.Test():
                 if time.monotonic() > end:
-                    keep_alive([req, out])  # MPI may still write into it
-                    return None
+                    keep_alive([req, out])
+                    got.append(False)
+                    return
                 time.sleep(1e-4)
         except MPI.Exception:
-            return None
-        return out
+            got.append(False)
+            return
+        got.append(True)
 
     def close(self, timeout: Optional[float] = None) -> None:
         """Free the window, which is collective over the default group, only
