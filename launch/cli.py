@@ -240,7 +240,11 @@ def plan(args: argparse.Namespace, kind: str, target: List[str]):
         env=_env_pairs(args.env, args.env_forward, args.trace),
         srun_mpi=srun_mpi,
     )
-    advertise = "127.0.0.1" if _local(hosts) else socket.getfqdn()
+    # Where the ranks reach pycoll-run: loopback only when every rank runs on
+    # this host (the hosts given, else the allocation's, which srun spreads
+    # the ranks over without being handed them).
+    spread = hosts if hosts is not None else (alloc.hosts if alloc is not None else None)
+    advertise = "127.0.0.1" if _local(spread) else socket.getfqdn()
     options = Options(
         tag=not args.no_tag,
         output_dir=args.output_dir,

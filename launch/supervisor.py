@@ -239,10 +239,20 @@ class Supervisor:
         }
         start = self.began  # --timeout and the start timeout count from the first start
         launcher_open = True
+        launcher_gone: Optional[float] = None  # when the launcher itself exited
         try:
             while launcher_open or self._waiting_for_ranks(proc):
                 now = time.monotonic()
                 self._check_deadlines(now, start, proc)
+                if launcher_open and launcher_gone is None and proc.poll() is not None:
+                    launcher_gone = now
+                if launcher_open and launcher_gone is not None and now - launcher_gone > 2.0:
+                    # The launcher has exited but something it started still
+                    # holds its output open (Open MPI's ssh to a node cut
+                    # off from the network): end those, and stop waiting.
+                    self._kill_session(proc.pid)
+                    self.sel.unregister(proc.stdout)
+                    launcher_open = False
                 # Once the launcher's output has closed, it is about to exit:
                 # look again soon (a 0.2 s select here was most of pycoll-run's
                 # own start-and-exit cost).
@@ -355,6 +365,7 @@ class Supervisor:
 
     def _kill_launcher(self, proc: subprocess.Popen) -> None:
         if proc.poll() is not None:
+            self._kill_session(proc.pid)
             return
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -363,6 +374,29 @@ class Supervisor:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        self._kill_session(proc.pid)
+
+    @staticmethod
+    def _kill_session(sid: int) -> None:
+        """SIGKILL what is left in the launcher's session (it leads one of its
+        own): processes it put in other process groups, such as the ssh
+        clients Open MPI starts to other nodes, which outlive it when the
+        node they reach is cut off. Linux (/proc) only; elsewhere nothing."""
+        try:
+            entries = os.listdir("/proc")
+        except OSError:
+            return
+        for entry in entries:
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    stat = f.read()
+                # Field 6, counted after the command's closing parenthesis.
+                if int(stat[stat.rindex(b")") + 2 :].split()[3]) == sid:
+                    os.kill(int(entry), signal.SIGKILL)
+            except (OSError, ValueError, IndexError):
+                continue
 
     def _read_rank(self, conn: socket.socket) -> None:
         try:
