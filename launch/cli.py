@@ -68,7 +68,11 @@ def _launch_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--gpus-per-rank", metavar="N|auto", help="set CUDA_VISIBLE_DEVICES per local rank"
     )
-    g.add_argument("--no-tag", action="store_true", help="do not prefix output lines with [rank]")
+    g.add_argument(
+        "--no-tag",
+        action="store_true",
+        help="do not prefix output lines with [rank] (or [rank@host] across hosts)",
+    )
     g.add_argument("--output-dir", metavar="DIR", help="also write one log per rank into DIR")
     g.add_argument(
         "--timeout",
@@ -247,6 +251,7 @@ def plan(args: argparse.Namespace, kind: str, target: List[str]):
     advertise = "127.0.0.1" if _local(spread) else socket.getfqdn()
     options = Options(
         tag=not args.no_tag,
+        tag_host=not _local(spread),
         output_dir=args.output_dir,
         timeout=args.timeout,
         start_timeout=args.start_timeout,

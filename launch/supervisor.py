@@ -39,6 +39,8 @@ class Options:
     def __init__(
         self,
         tag: bool = True,
+        # Tag with the host too ([3@node2]): the ranks run on more hosts than this one.
+        tag_host: bool = False,
         output_dir: Optional[str] = None,
         timeout: Optional[float] = None,
         start_timeout: float = 120.0,
@@ -52,6 +54,7 @@ class Options:
         deadline: Optional[Callable[[], Optional[float]]] = None,
     ) -> None:
         self.tag = tag
+        self.tag_host = tag_host
         self.output_dir = output_dir
         self.timeout = timeout
         self.start_timeout = start_timeout
@@ -131,7 +134,13 @@ class Supervisor:
             state.log.flush()
 
     def _print(self, rank: Optional[int], stream: int, line: str) -> None:
-        prefix = f"[{rank}] " if rank is not None and self.options.tag else ""
+        prefix = ""
+        if rank is not None and self.options.tag:
+            state = self.ranks.get(rank)
+            if self.options.tag_host and state is not None:
+                prefix = f"[{rank}@{state.host.split('.')[0]}] "
+            else:
+                prefix = f"[{rank}] "
         out = sys.stdout if stream == 1 else sys.stderr
         try:
             out.write(f"{prefix}{line}\n")

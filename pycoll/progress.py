@@ -123,6 +123,8 @@ class Board:
         rec: this rank's record as a writeable memoryview of int64 words:
             pid, host id, the word index of the last operation started, then
             per group slot its id and ``seq << 8 | op code << 1 | busy``.
+        hosts: every rank's host name where the ranks run on more than one
+            host, else empty (a diagnosis then names no host).
     """
 
     def __init__(self, comm: Any, timeout: float) -> None:
@@ -136,6 +138,10 @@ class Board:
             self.rec[i] = 0
         self.rec[PID] = os.getpid()
         self.rec[HOST] = _host_id()
+        # Every rank's host name, to name the node in a diagnosis (a rank on
+        # another node that cannot be read says nothing of where it runs).
+        hosts = self.comm.allgather(socket.gethostname())
+        self.hosts: List[str] = hosts if len(set(hosts)) > 1 else []
         # The slots claimed, oldest first, each with its group (weakly: its
         # word is moved to SINK if the slot is taken from it); the first
         # claim's (the default group's) is never taken.
@@ -364,15 +370,16 @@ def describe(
     lines: Dict[int, str] = {}
     here = _host_id()
     for rank in ranks:
+        who = f"rank {rank} on {board.hosts[rank]}" if board.hosts else f"rank {rank}"
         rec = board.read(rank)
         if rec is None:
             missing.append(rank)
-            lines[rank] = f"rank {rank}: its progress record could not be read (no answer)"
+            lines[rank] = f"{who}: its progress record could not be read (no answer)"
             continue
         word_here = _word_of(rec, uid)
         if word_here < 0:
             if uid in rec[LOST : LOST + LOST_KEPT]:  # its slot was taken: where it is, unknown
-                lines[rank] = f"rank {rank}: {UNFOLLOWED}"
+                lines[rank] = f"{who}: {UNFOLLOWED}"
                 continue
             word_here = 0  # it has not made the group yet
         reached = word_here >> 8
@@ -397,7 +404,7 @@ def describe(
             status += "; has started no collective"
         if int(rec[HOST]) == here and rec[PID] and not _alive(int(rec[PID])):
             status += f"; its process (pid {int(rec[PID])}) has exited"
-        lines[rank] = f"rank {rank}: {status}"
+        lines[rank] = f"{who}: {status}"
     stalled: List[int] = []
     if started and not missing and not other_op:
         time.sleep(BEAT_WATCH_S)
@@ -414,6 +421,14 @@ def describe(
                     1,
                 )
     return missing, sorted(other_op), stalled, [lines[r] for r in ranks]
+
+
+def hosts_of(board: Board, ranks: List[int]) -> str:
+    """`` on node2`` (or `` on node2,node3``): where ``ranks`` run, when the
+    job spans hosts; else nothing."""
+    if not board.hosts:
+        return ""
+    return " on " + ",".join(dict.fromkeys(board.hosts[r] for r in ranks))
 
 
 def _word_of(rec: np.ndarray, uid: int) -> int:

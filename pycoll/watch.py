@@ -423,7 +423,7 @@ def timed_out(
         names = {g._uid: f"group {g.group_desc!r}" for g in STATE.groups.values()}
         if seq is None:  # point-to-point: only what the peer last started matters
             *_, lines = progress.describe(members, pg._uid, pg._seq + 1, op, board, names)
-            lines = [re.sub(r"^(rank \d+: )[^;]*; ", r"\1", line) for line in lines]
+            lines = [re.sub(r"^(rank \d+(?: on \S+)?: )[^;]*; ", r"\1", line) for line in lines]
         else:
             missing, other_op, stalled, lines = progress.describe(
                 members, pg._uid, seq, op, board, names
@@ -435,8 +435,9 @@ def timed_out(
             else "no rank of the group matched it"
         )
     elif missing:
-        who = "rank {} has" if len(missing) == 1 else "ranks {} have"
-        summary = f"{who.format(','.join(map(str, missing)))} not reached seq {seq}"
+        who = "rank {}{} has" if len(missing) == 1 else "ranks {}{} have"
+        where = progress.hosts_of(board, missing) if board is not None else ""
+        summary = f"{who.format(','.join(map(str, missing)), where)} not reached seq {seq}"
     elif other_op:
         summary = (
             f"{_ranks(other_op)} called a different collective at seq {seq} (see below): "

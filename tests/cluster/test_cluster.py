@@ -72,10 +72,14 @@ def leftovers(pattern: str) -> List[str]:
 
 
 def oks(out: str) -> Dict[int, dict]:
-    """The CLUSTER-OK lines of cross_target.py, by rank, with the tag pycoll-run put on each."""
+    """The CLUSTER-OK lines of a target, by rank; pycoll-run's tag on each
+    ([rank@host], the job spanning hosts) must agree with what the rank said."""
     found = {}
-    for m in re.finditer(r"^\[(\d+)\] CLUSTER-OK (\{.*\})$", out, re.M):
-        found[int(m.group(1))] = json.loads(m.group(2))
+    for m in re.finditer(r"^\[(\d+)@(\w+)\] CLUSTER-OK (\{.*\})$", out, re.M):
+        said = json.loads(m.group(3))
+        assert (said["rank"], said["host"]) == (int(m.group(1)), m.group(2)), m.group(0)
+        found[int(m.group(1))] = said
+    assert found, f"no tagged CLUSTER-OK line in:\n{out}"
     return found
 
 
@@ -96,10 +100,9 @@ def test_every_call_across_nodes(family: str, layout: str) -> None:
 @pytest.mark.parametrize("init", ["mpi://", "env://"])
 def test_torch_backend_and_ddp_across_nodes(init: str) -> None:
     """torch.distributed over pycoll across two nodes: a gloo subgroup's store
-    at rank 0's host name, and DDP's gradient against one process's."""
-    bin_ = ROOT / ".venv-torch/bin"
-    if not (bin_ / "pycoll-run").exists():
-        pytest.skip(f"no torch venv here ({bin_.parent})")
+    at rank 0's host name, DDP's gradient against one process's, and FSDP2's
+    parameters after two steps against one process's."""
+    bin_ = torch_venv("mpich")
     done = on_node1(
         f"{bin_}/pycoll-run --hosts node1:2,node2:2 {bin_}/python "
         f"tests/cluster/torch_target.py {init}"
@@ -107,6 +110,43 @@ def test_torch_backend_and_ddp_across_nodes(init: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     got = oks(done.stdout)
     assert {r: v["host"] for r, v in got.items()} == TWO_BY_TWO
+
+
+def torch_venv(family: str) -> str:
+    bin_ = ROOT / {"mpich": ".venv-torch", "openmpi": ".venv-torch-openmpi"}[family] / "bin"
+    if not (bin_ / "pycoll-run").exists():
+        pytest.skip(f"no torch venv here ({bin_.parent})")
+    return str(bin_)
+
+
+@pytest.mark.parametrize("family", ["mpich", "openmpi"])
+def test_rpc_and_distributed_autograd_across_nodes(family: str) -> None:
+    """pycoll.rpc between nodes both ways (arrays, an RRef, a future) and a
+    backward pass through a call to the other node, gradients checked."""
+    bin_ = torch_venv(family)
+    done = on_node1(
+        f"{bin_}/pycoll-run --hosts node1:2,node2:2 {bin_}/python tests/cluster/rpc_target.py calls"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = oks(done.stdout)
+    want = {0: "node1", 1: "node2", 2: "node2", 3: "node1"}  # the next rank's host
+    assert {r: (v["host"], v["next_host"]) for r, v in got.items()} == {
+        r: (TWO_BY_TWO[r], want[r]) for r in range(4)
+    }
+
+
+def test_gpus_per_rank_counts_per_node() -> None:
+    """--gpus-per-rank 1 across 2 nodes: the device index restarts on each
+    node (a node's local ranks share its GPUs), not across the job."""
+    bin_ = venv("mpich")
+    code = "import os; print('GPUS', os.environ['CUDA_VISIBLE_DEVICES'], os.environ['LOCAL_RANK'])"
+    done = on_node1(
+        f"{bin_}/pycoll-run --hosts node1:2,node2:2 --gpus-per-rank 1 -- {bin_}/python -c "
+        + shlex.quote(code)
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = dict(re.findall(r"^\[(\d)@node\d\] GPUS (\d \d)$", done.stdout, re.M))
+    assert got == {"0": "0 0", "1": "1 1", "2": "0 0", "3": "1 1"}, done.stdout
 
 
 @pytest.mark.parametrize("family", ["mpich", "openmpi"])
@@ -190,16 +230,18 @@ for i in range(10**8):
 """
 
 
-def _fault(family: str, tmp_path: Path, act) -> subprocess.CompletedProcess:
-    """Start a 2x2 job of all_reduces with a 15 s timeout, ``act`` once every
-    rank runs, and return how the job ended."""
-    bin_ = venv(family)
+def _fault(family: str, tmp_path: Path, act, rpc: bool = False) -> subprocess.CompletedProcess:
+    """Start a 2x2 job with a 15 s timeout, of all_reduces (or, ``rpc``, of
+    calls round a ring: rpc_target.py ring), ``act`` once every rank runs,
+    and return how the job ended."""
+    bin_ = torch_venv(family) if rpc else venv(family)
     script = tmp_path / "fault_job.py"
     script.write_text(FAULT_JOB)
     assign = " ".join(f"{k}={v}" for k, v in {**ROOT_OK, "PYCOLL_TIMEOUT": "15"}.items())
+    args = f"{ROOT}/tests/cluster/rpc_target.py ring" if rpc else str(script)
     line = (
         f"cd {ROOT} && env {assign} timeout 150 {bin_}/pycoll-run "
-        f"--hosts node1:2,node2:2 {bin_}/python {script}"
+        f"--hosts node1:2,node2:2 {bin_}/python {args}"
     )
     job = subprocess.Popen(
         ["ssh", "node1", line], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -271,9 +313,32 @@ def test_node_cut_off(family: str, tmp_path: Path) -> None:
     assert done.returncode not in (0, 124), done.stdout
     assert float(done.stderr) < 15 + 30, (done.stderr, done.stdout)
     assert "DistTimeoutError" in done.stdout, done.stdout
-    assert re.search(r"ranks 2,3 have not reached seq \d+", done.stdout), done.stdout
-    assert "rank 2: its progress record could not be read (no answer)" in done.stdout, done.stdout
+    assert re.search(r"ranks 2,3 on node2 have not reached seq \d+", done.stdout), done.stdout
+    assert "rank 2 on node2: its progress record could not be read (no answer)" in done.stdout
     assert not _node_pids("node1", "fault_job"), "ranks left running on node1"
+
+
+@pytest.mark.parametrize("family", ["mpich", "openmpi"])
+def test_node_cut_off_during_rpc(family: str, tmp_path: Path) -> None:
+    """node2's link set down while every rank calls the next round a ring:
+    the calls to node2 time out within the call timeout plus a bound, naming
+    the worker that did not answer, and the job ends."""
+    try:
+        done = _fault(
+            family,
+            tmp_path,
+            lambda: subprocess.run(["ip", "link", "set", "pycoll-v2", "down"], check=True),
+            rpc=True,
+        )
+    finally:
+        subprocess.run(["ip", "link", "set", "pycoll-v2", "up"], check=True)
+        for pid in _node_pids("node2", r"rpc_target|hydra_pmi_proxy|prted|wrap\.py"):
+            os.kill(pid, 9)
+    assert done.returncode not in (0, 124), done.stdout
+    assert float(done.stderr) < 15 + 30, (done.stderr, done.stdout)
+    assert "DistTimeoutError" in done.stdout, done.stdout
+    assert "got no reply in time" in done.stdout and "worker2" in done.stdout, done.stdout
+    assert not _node_pids("node1", "rpc_target"), "ranks left running on node1"
 
 
 @pytest.mark.parametrize("family", ["mpich", "openmpi"])
@@ -300,7 +365,7 @@ def test_rank_on_other_node_stopped(family: str, tmp_path: Path) -> None:
     assert float(done.stderr) < 15 + 30, (done.stderr, done.stdout)
     assert "DistTimeoutError" in done.stdout, done.stdout
     assert re.search(
-        r"rank [23]: (its progress record could not be read|.*not progressing)", done.stdout
+        r"rank [23] on node2: (its progress record could not be read|.*not progressing)", done.stdout
     ), done.stdout
 
 
@@ -314,3 +379,27 @@ def test_host_not_there(family: str) -> None:
     assert done.returncode != 0
     assert done.elapsed < 30, done.elapsed  # type: ignore[attr-defined]
     assert "nosuchnode9" in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("family", ["mpich", "openmpi"])
+def test_node_without_sshd(family: str) -> None:
+    """node3's sshd down (the node is up, nothing listens on port 22):
+    pycoll-run fails fast, naming the host, and leaves nothing running."""
+    bin_ = venv(family)
+    conf = STATE / "sshd-node3.conf"
+    os.kill(int((STATE / "sshd-node3.pid").read_text()), 15)  # the listener, not its sessions
+    try:
+        done = on_node1(
+            f"{bin_}/pycoll-run --hosts node1:1,node3:1 {bin_}/python {TARGET}", timeout=90
+        )
+    finally:
+        holder = (STATE / "node3.pid").read_text().strip()
+        subprocess.run(
+            ["nsenter", "-t", holder, "-n", "-u", "-m", "/usr/sbin/sshd", "-f", str(conf)],
+            check=True,
+        )
+    assert done.returncode != 0
+    assert done.elapsed < 30, done.elapsed  # type: ignore[attr-defined]
+    said = done.stdout + done.stderr
+    assert "node3" in said and "refused" in said, said
+    assert not leftovers("cross_target.py"), leftovers("cross_target.py")
