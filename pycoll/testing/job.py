@@ -12,9 +12,11 @@ timeout collects every rank's Python stack before killing it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -22,8 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import pytest
+
 from pycoll.launch.cli import rank_program
 from pycoll.launch.families import Family, Job, choose
+from pycoll.launch.hosts import Host, HostError, parse_host_list
 from pycoll.launch.supervisor import Options, Supervisor
 
 
@@ -87,6 +92,32 @@ class Progress:
         return self.idle_since + self.allowance
 
 
+def host_names(text: str) -> List[str]:
+    """The host names of ``--mpi-hosts`` (names only: each job's ranks are
+    spread over them by ``spread``)."""
+    try:
+        hosts = parse_host_list(text)
+    except HostError as exc:
+        raise pytest.UsageError(str(exc).replace("--hosts", "--mpi-hosts")) from None
+    if any(":" in item for item in text.split(",")):
+        raise pytest.UsageError(
+            f"--mpi-hosts {text!r}: give host names only (h1,h2): each job's ranks are "
+            f"spread evenly over them"
+        )
+    names = [h.name for h in hosts]
+    if len(set(names)) != len(names):
+        raise pytest.UsageError(f"--mpi-hosts {text!r}: a host is named twice")
+    return names
+
+
+def spread(names: Sequence[str], ranks: int) -> List[Host]:
+    """``ranks`` ranks over the hosts ``names`` in even blocks, in order:
+    4 over two hosts 2 and 2, 3 over two 2 and 1, 1 on the first only."""
+    per = math.ceil(ranks / len(names))
+    used = math.ceil(ranks / per)
+    return [Host(name, per) for name in names[:used]]
+
+
 def run(
     nodeids: Sequence[str],
     files: Sequence[str],
@@ -96,11 +127,21 @@ def run(
     cwd: Path,
     pytest_args: Sequence[str],
     live: bool,
+    hosts: Optional[str] = None,
 ) -> JobResult:
     """Run the tests ``nodeids`` (collected from ``files``) on ``ranks`` ranks
-    from ``cwd``, each within its timeout (``timeouts``, by node id)."""
+    from ``cwd``, each within its timeout (``timeouts``, by node id); across
+    ``hosts`` (``--mpi-hosts``) where given.
+
+    Across hosts the ranks' record files go in a directory under ``cwd``,
+    which every host sees as it sees the checkout (/tmp is each host's own on
+    a cluster), and the ranks reach this process at its host name."""
     family, launcher, srun_mpi = _family()
-    results = Path(tempfile.mkdtemp(prefix="pycoll-test-"))
+    placed = spread(host_names(hosts), ranks) if hosts else None
+    if placed:
+        results = Path(tempfile.mkdtemp(prefix=".pycoll-test-", dir=cwd))
+    else:
+        results = Path(tempfile.mkdtemp(prefix="pycoll-test-"))
     output: List[Tuple[Optional[int], str]] = []
 
     def sink(rank: Optional[int], stream: int, line: str) -> None:
@@ -114,9 +155,15 @@ def run(
     # files and keep those ids.
     (results / "nodeids").write_text("\n".join(nodeids) + "\n")
     args = ["pytest", "-p", "no:cacheprovider", "--mpi-worker", str(results), *pytest_args]
-    job = Job(nprocs=ranks, program=rank_program("module", [*args, *files]), srun_mpi=srun_mpi)
+    program = rank_program("module", [*args, *files])
+    job = Job(nprocs=ranks, program=program, hosts=placed, srun_mpi=srun_mpi)
     progress = Progress(results, ranks, timeouts, allowance)
-    options = Options(start_timeout=allowance, sink=sink, deadline=progress.deadline)
+    options = Options(
+        start_timeout=allowance,
+        sink=sink,
+        deadline=progress.deadline,
+        advertise=socket.getfqdn() if placed else "127.0.0.1",
+    )
     supervisor = Supervisor(family, launcher, job, options)
     here = os.getcwd()
     try:

@@ -88,6 +88,13 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: Any) -> None:
         action="store_true",
         help="run tests that want more ranks than this machine has cores (else skipped)",
     )
+    group.addoption(
+        "--mpi-hosts",
+        metavar="H1,H2,...",
+        help="run each marked test's job across these hosts (over ssh, as pycoll-run "
+        "--hosts), its ranks spread evenly in blocks; the checkout must be at the same "
+        "path on every host",
+    )
     group.addoption("--mpi-worker", metavar="DIR", help=argparse.SUPPRESS)
 
 
@@ -101,6 +108,9 @@ def pytest_configure(config: pytest.Config) -> None:
     timeout = config.getoption("mpi_timeout")
     if timeout is not None and timeout <= 0:
         raise pytest.UsageError(f"--mpi-timeout {timeout:g}: give a positive number of seconds")
+    hosts = config.getoption("mpi_hosts")
+    if hosts is not None:
+        job_mod.host_names(hosts)  # a UsageError now, not at the first marked test
     worker = config.getoption("mpi_worker")
     if worker:
         config.pluginmanager.register(InPlace(config, Path(worker)), "pycoll-mpi-mode")
@@ -191,7 +201,8 @@ class Isolated:
         reports = self.ready.pop(item.nodeid, None)
         if reports is None:
             ranks = spec[0]
-            if ranks > _cores() and not self.config.getoption("mpi_oversubscribe"):
+            hosts = self.config.getoption("mpi_hosts")
+            if not hosts and ranks > _cores() and not self.config.getoption("mpi_oversubscribe"):
                 reports = _skip(
                     item,
                     f"needs {ranks} MPI ranks and this machine has {_cores()} cores "
@@ -245,6 +256,7 @@ class Isolated:
             Path(self.config.invocation_params.dir),
             args,
             live,
+            hosts=self.config.getoption("mpi_hosts"),
         )
         index = self.index(result)
         ran_any = any("start" in r for seen in index.values() for r in seen.values())

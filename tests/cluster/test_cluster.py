@@ -135,6 +135,32 @@ def test_rpc_and_distributed_autograd_across_nodes(family: str) -> None:
     }
 
 
+@pytest.mark.parametrize("family", ["mpich", "openmpi"])
+def test_pytest_marked_tests_across_hosts(family: str) -> None:
+    """pycoll.testing with --mpi-hosts node1,node2: each marked test's job
+    spread over both hosts; a failure on node2 only is reported as that
+    rank's, and the ranks' record files are cleaned from the checkout."""
+    bin_ = venv(family)
+    done = on_node1(
+        f"{bin_}/python -m pytest -p no:cacheprovider -q --mpi-hosts node1,node2 "
+        f"--mpi-reuse tests/cluster/spread_cases.py"
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert re.search(r"^1 failed, 2 passed", out, re.M), out
+    assert "FAILED tests/cluster/spread_cases.py::test_fails_on_node2_only" in out, out
+    assert "this rank runs on node2" in out and "rank 1" in out, out
+    assert not list(ROOT.glob(".pycoll-test-*")), list(ROOT.glob(".pycoll-test-*"))
+
+
+def test_mpi_hosts_with_counts_is_refused() -> None:
+    """--mpi-hosts takes names only: a count is a usage error, said at once."""
+    bin_ = venv("mpich")
+    done = on_node1(f"{bin_}/python -m pytest --mpi-hosts node1:2 tests/cluster/spread_cases.py")
+    assert done.returncode == 4, done.stdout + done.stderr  # pytest's usage error
+    assert "give host names only" in done.stderr, done.stderr
+
+
 def test_gpus_per_rank_counts_per_node() -> None:
     """--gpus-per-rank 1 across 2 nodes: the device index restarts on each
     node (a node's local ranks share its GPUs), not across the job."""
@@ -365,7 +391,8 @@ def test_rank_on_other_node_stopped(family: str, tmp_path: Path) -> None:
     assert float(done.stderr) < 15 + 30, (done.stderr, done.stdout)
     assert "DistTimeoutError" in done.stdout, done.stdout
     assert re.search(
-        r"rank [23] on node2: (its progress record could not be read|.*not progressing)", done.stdout
+        r"rank [23] on node2: (its progress record could not be read|.*not progressing)",
+        done.stdout,
     ), done.stdout
 
 
