@@ -10,7 +10,9 @@ arrival to this rank's end: the transfer, as far as it can be told).
 
 ``summarize(DIR)`` prints, per call kind and size, the count, total and
 median time and bytes per second, and which rank arrives last how often and
-by how much ("rank 3 arrived last in 87% of all_reduces, by 4.1 ms median").
+by how much ("rank 3 arrived last in 87% of all_reduces, by 4.1 ms median"),
+and, where the ranks ran on more than one host, the clock offset applied to
+each host's times and how far off it can be.
 """
 
 from __future__ import annotations
@@ -56,6 +58,27 @@ def load(directory: str) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
         for event in trace["traceEvents"]:
             (meta if event.get("ph") == "M" else events).append(event)
     return meta, events
+
+
+def clocks(directory: str) -> List[str]:
+    """The summary's lines on the clocks: per host, the offset applied to its
+    ranks' times (measured at start against rank 0's clock) and its bound.
+    Nothing when every rank ran on one host (one clock, nothing applied)."""
+    hosts: Dict[str, List[Tuple[int, float, float]]] = defaultdict(list)
+    for rank, path in rank_files(directory).items():
+        with open(path) as f:
+            said = json.load(f).get("otherData", {}).get("pycoll", {})
+        if "host" in said:
+            hosts[said["host"]].append((rank, said["clock_offset_s"], said["clock_rtt_s"]))
+    if len(hosts) < 2:
+        return []
+    lines = ["clocks: every host's times moved onto rank 0's clock by the offset measured at start"]
+    for host, ranks in sorted(hosts.items(), key=lambda kv: min(r for r, _, _ in kv[1])):
+        _, offset, rtt = ranks[0]
+        which = ",".join(str(r) for r, _, _ in ranks)
+        bound = f" (within {rtt / 2 * 1e6:.0f} us)" if rtt else " (rank 0's clock)"
+        lines.append(f"  {host:<20} ranks {which:<12} offset {offset * 1e6:+.0f} us{bound}")
+    return lines
 
 
 def arrivals(events: List[Dict[str, Any]]) -> Dict[Tuple[str, int], List[Dict[str, Any]]]:
@@ -130,6 +153,7 @@ def summarize(directory: str) -> str:
         row = (name, size, len(group), _ms(sum(durations)), _ms(median), rate)
         lines.append("{:<24} {:>8} {:>7} {:>10} {:>10} {:>8}".format(*row))
     lines.extend(lateness(events))
+    lines.extend(clocks(directory))
     return "\n".join(lines) + "\n"
 
 

@@ -10,9 +10,13 @@ one track per rank and group, with each collective's wait for the last rank
 to arrive.
 
 Clocks: starting is collective over the default group. Rank 0 measures every
-other rank's clock against its own (the round trip of the fewest
-microseconds out of several, over a duplicate of its communicator), and every
-rank writes its times on rank 0's clock, so the files line up.
+other host's clock against its own, once per host (ranks of one host share
+its clock): each rank answers a few pings, over a duplicate of the default
+communicator, and the host's offset is the one seen in the round trip of
+the fewest microseconds among its ranks; rank 0's own host has offset 0.
+Every rank writes its times on rank 0's clock, so the files line up, and
+writes its host, offset and that round trip (the offset's error is at most
+half of it), which ``python -m pycoll.trace summarize`` shows per host.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
+import zlib
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
@@ -34,7 +40,7 @@ PINGS = 8  # round trips per rank when measuring clocks
 TAG = 0  # (on a communicator of its own)
 _ITEMSIZE = {d.name: d.itemsize for d in arrays.SUPPORTED_DTYPES}
 
-_state: Dict[str, Any] = {"dir": None, "offset": 0.0, "origin": 0.0}
+_state: Dict[str, Any] = {"dir": None, "offset": 0.0, "origin": 0.0, "rtt": 0.0}
 
 
 def is_tracing() -> bool:
@@ -63,14 +69,15 @@ def _problem(pg: Any, directory: str) -> Optional[str]:
     return None
 
 
-def _measure(pg: Any, seq: int, comm: Any) -> Tuple[float, float]:
-    """(this rank's clock minus rank 0's, rank 0's clock at the start): rank
-    0 pings each rank, keeping the offset seen in its shortest round trip.
+def _measure(pg: Any, seq: int, comm: Any) -> Tuple[float, float, float]:
+    """(this host's clock minus rank 0's, rank 0's clock at the start, the
+    round trip the offset was measured in): rank 0 pings each rank, keeping,
+    per host, the offset seen in the shortest round trip among its ranks.
     Every wait is bounded by the group's timeout (pycoll.watch)."""
     MPI = _mpi.MPI
     me, size = comm.Get_rank(), comm.Get_size()
     clock = recorder.clock
-    buf = np.zeros(2)
+    buf = np.zeros(3)
 
     def exchange(send_to: Optional[int], recv_from: Optional[int]) -> None:
         requests = []
@@ -80,29 +87,36 @@ def _measure(pg: Any, seq: int, comm: Any) -> Tuple[float, float]:
             requests.append(comm.Isend([buf, MPI.DOUBLE], send_to, TAG))
         watch.wait(pg, OP, seq, requests)
 
+    here = float(_host_id())
     if me == 0:
-        offsets = np.zeros(size)
+        hosts = [here] * size
+        best = {here: (0.0, 0.0)}  # host -> (round trip, offset): rank 0's host is the clock
         for peer in range(1, size):
-            best = float("inf")
             for _ in range(PINGS):
                 t0 = clock()
                 exchange(peer, None)
                 exchange(None, peer)
                 t1 = clock()
-                if t1 - t0 < best:
-                    best = t1 - t0
-                    offsets[peer] = buf[0] - (t0 + t1) / 2
+                hosts[peer] = host = float(buf[1])
+                if host not in best or t1 - t0 < best[host][0]:
+                    best[host] = (t1 - t0, buf[0] - (t0 + t1) / 2)
         origin = clock()
         for peer in range(1, size):
-            buf[:] = offsets[peer], origin
+            rtt, offset = best[hosts[peer]]
+            buf[:] = offset, origin, rtt
             exchange(peer, None)
-        return 0.0, origin
+        return 0.0, origin, 0.0
     for _ in range(PINGS):
         exchange(None, 0)
-        buf[0] = clock()
+        buf[:2] = clock(), here
         exchange(0, None)
     exchange(None, 0)
-    return float(buf[0]), float(buf[1])
+    return float(buf[0]), float(buf[1]), float(buf[2])
+
+
+def _host_id() -> int:
+    """This host's name as a number (exact in a double), the same on its ranks."""
+    return zlib.crc32(socket.gethostname().encode())
 
 
 def start(directory: str) -> None:
@@ -126,8 +140,8 @@ def start(directory: str) -> None:
         raise not_initialized("pycoll.trace.start")
     problem = _problem(pg, directory)
     with sequenced(pg, OP, None) as seq:  # counted: a timeout names who never came
-        offset, origin = _agree_and_measure(pg, seq, directory, problem)
-    _state.update(dir=directory, offset=offset, origin=origin)
+        offset, origin, rtt = _agree_and_measure(pg, seq, directory, problem)
+    _state.update(dir=directory, offset=offset, origin=origin, rtt=rtt)
     del recorder.EVENTS[:]
     recorder.TRACING = True
     debug.set_tracing(True)  # synchronous calls take the path that times them
@@ -135,7 +149,7 @@ def start(directory: str) -> None:
 
 def _agree_and_measure(
     pg: Any, seq: int, directory: str, problem: Optional[str]
-) -> Tuple[float, float]:
+) -> Tuple[float, float, float]:
     """Every rank learns whether any cannot start (and raises if one cannot);
     then the clocks are measured. On a communicator of its own."""
     comm, request = pg.comm.Idup()  # no message of pycoll's can match these
@@ -254,7 +268,10 @@ def chrome_trace(entries: List[List[Any]]) -> Dict[str, Any]:
                 "args": {k: v for k, v in args.items() if v is not None},
             }
         )
-    meta = [{"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}}]
+    host = socket.gethostname()
+    meta = [
+        {"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank} ({host})"}}
+    ]
     meta += [
         {"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": track}}
         for track, tid in tracks.items()
@@ -263,6 +280,12 @@ def chrome_trace(entries: List[List[Any]]) -> Dict[str, Any]:
         "traceEvents": meta + events,
         "displayTimeUnit": "ms",
         "otherData": {
-            "pycoll": {"rank": rank, "job": recorder.JOB, "clock_offset_s": _state["offset"]}
+            "pycoll": {
+                "rank": rank,
+                "job": recorder.JOB,
+                "host": host,
+                "clock_offset_s": _state["offset"],
+                "clock_rtt_s": _state["rtt"],
+            }
         },
     }

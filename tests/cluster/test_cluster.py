@@ -175,6 +175,47 @@ def test_gpus_per_rank_counts_per_node() -> None:
     assert got == {"0": "0 0", "1": "1 1", "2": "0 0", "3": "1 1"}, done.stdout
 
 
+TRACE_JOB = """
+import numpy as np
+import pycoll
+pycoll.init_process_group()
+x = np.ones(1 << 16, np.float32)
+for _ in range(20):
+    pycoll.all_reduce(x)
+    pycoll.barrier()
+pycoll.destroy_process_group()
+"""
+
+
+def test_timeline_of_two_hosts_on_one_clock(tmp_path: Path) -> None:
+    """pycoll-run --trace across 2 nodes: the summary gives each host's clock
+    offset (node1 is rank 0's clock) and its bound, and on the merged clock
+    no rank ends a collective before the last rank started it."""
+    bin_ = venv("mpich")
+    script, trace = tmp_path / "traced.py", tmp_path / "trace"
+    script.write_text(TRACE_JOB)
+    done = on_node1(
+        f"{bin_}/pycoll-run --hosts node1:2,node2:2 --trace {trace} {bin_}/python {script}"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = on_node1(f"{bin_}/python -m pycoll.trace summarize {trace}").stdout
+    assert re.search(r"^  node1 +ranks 0,1 +offset \+0 us \(rank 0's clock\)$", summary, re.M), (
+        summary
+    )
+    bound = re.search(r"^  node2 +ranks 2,3 +offset [-+]\d+ us \(within (\d+) us\)$", summary, re.M)
+    assert bound, summary
+    events = json.loads((trace / "trace.json").read_text())["traceEvents"]
+    calls: Dict[tuple, list] = {}
+    for e in events:
+        if e.get("cat") == "collective":
+            calls.setdefault((e["args"]["group"], e["args"]["seq"]), []).append(e)
+    assert len([c for c in calls.values() if len(c) == 4]) >= 40, len(calls)
+    slack = 2 * int(bound.group(1)) + 1  # us: each clock's error, either way
+    for key, ranks in calls.items():
+        last_start = max(e["ts"] for e in ranks)
+        assert all(e["ts"] + e["dur"] + slack >= last_start for e in ranks), (key, ranks)
+
+
 @pytest.mark.parametrize("family", ["mpich", "openmpi"])
 @pytest.mark.parametrize("spelling", ["host:N", "host slots=N"])
 def test_hostfile_and_ppn(family: str, spelling: str, tmp_path: Path) -> None:

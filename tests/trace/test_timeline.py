@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -64,7 +65,9 @@ def test_one_event_per_operation_with_its_facts(rank, world_size, shared_dir):
             ("send", (rank + 1) % world_size), ("recv", (rank - 1) % world_size)
         ]  # fmt: skip
     names = {m["args"]["name"] for m in trace["traceEvents"] if m["ph"] == "M"}
-    assert f"rank {rank}" in names and "traced" in names
+    assert f"rank {rank} ({socket.gethostname()})" in names and "traced" in names
+    assert trace["otherData"]["pycoll"]["host"] == socket.gethostname()
+    assert trace["otherData"]["pycoll"]["clock_offset_s"] == 0.0  # one host: one clock
     pycoll.destroy_process_group(group)
 
 
