@@ -115,22 +115,24 @@ def test_complex_scale_on_real_dtype(pg):
         pycoll.all_reduce(np.zeros(2), op=make_premul_sum(1j))
 
 
-def _fresh(code: str, name: str, value, check: bool = True):
+def _fresh(code: str, name: str | dict, value=None, check: bool = True):
     """``code`` run by a fresh interpreter (pycoll reads these settings at
     import) with the environment variable ``name`` set to ``value``, or unset
-    where it is None; its completed process, output as text."""
+    where it is None (``name`` a dict: each of its variables so); its
+    completed process, output as text."""
     import os
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != name}
-    if value is not None:
-        env[name] = value
+    settings = name if isinstance(name, dict) else {name: value}
+    env = {k: v for k, v in os.environ.items() if k not in settings}
+    env.update({k: v for k, v in settings.items() if v is not None})
     return subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=check
     )
 
 
+@pytest.mark.one_process
 @pytest.mark.parametrize(
     "value,expected",
     [(None, (4 << 20, 8 << 20)), ("0", (0, 0)), ("1", (1, 1)), ("65536", (65536, 65536))],
@@ -143,6 +145,7 @@ def test_split_bytes_defaults_and_override(value, expected):
     assert tuple(map(int, out)) == expected
 
 
+@pytest.mark.one_process
 @pytest.mark.parametrize("value", [None, "0", "1048576"])
 def test_shm_bytes_default_and_override(value):
     """PYCOLL_SHM_BYTES, where set, is where every group's all_reduce takes the
@@ -160,6 +163,7 @@ def test_shm_bytes_default_and_override(value):
     assert list(map(int, out)) == want
 
 
+@pytest.mark.one_process
 def test_shm_bytes_must_be_a_number_of_bytes():
     out = _fresh("import pycoll.collectives.reduce", "PYCOLL_SHM_BYTES", "1M", check=False)
     assert out.returncode != 0
@@ -185,22 +189,29 @@ SIZE_VARIABLES = {
 }
 
 
+@pytest.mark.one_process
 @pytest.mark.parametrize("value", [None, "0", "4096"], ids=["unset", "0", "4096"])
-@pytest.mark.parametrize("name", list(SIZE_VARIABLES))
-def test_a_path_size_default_and_override(name, value):
+def test_a_path_size_default_and_override(value):
     """Each variable, where set, is its path's size on every MPI (0: never),
     the second name following it (the Open MPI size, or the flag that it was
-    set); unset, the measured defaults; a size that is not a number of bytes
-    stops the import with the fix. Read at import: a fresh interpreter each."""
-    names, default = SIZE_VARIABLES[name]
-    code = f"from pycoll.collectives import reduce as r; print(r.{names})"
-    out = _fresh(code, name, value)
+    set); unset, the measured defaults. Read at import: one fresh interpreter
+    with every variable set (or unset) the same."""
+    names = ", ".join(f"r.{names}" for names, _ in SIZE_VARIABLES.values())
+    code = f"from pycoll.collectives import reduce as r; print({names})"
+    out = _fresh(code, dict.fromkeys(SIZE_VARIABLES, value))
     got = tuple(map(int, out.stdout.split()))
-    if value is None:
-        assert got == default
-    else:
-        flag = "_SET" in names
-        assert got == (int(value), 1 if flag else int(value))
-    out = _fresh(code, name, "4M", check=False)
+    want: tuple = ()
+    for names, default in SIZE_VARIABLES.values():
+        if value is None:
+            want += default
+        else:
+            want += (int(value), 1 if "_SET" in names else int(value))
+    assert got == want
+
+
+@pytest.mark.one_process
+@pytest.mark.parametrize("name", list(SIZE_VARIABLES))
+def test_a_path_size_that_is_not_a_number_of_bytes_stops_the_import(name):
+    out = _fresh("import pycoll.collectives.reduce", name, "4M", check=False)
     assert out.returncode != 0
     assert f"{name}='4M': set it to a number of bytes (0: never)" in out.stderr
