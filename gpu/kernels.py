@@ -17,10 +17,10 @@ simulator.
 numba.cuda is imported on first use.
 
 Why numba.cuda and not cupy ElementwiseKernels: both were written and
-measured on an H100 (docs/benchmarks.md). cupy's ran float32 faster, but cupy
-compiles every kernel with flush-to-zero (``-ftz=true``, which its users
-cannot turn off), so float32 and bfloat16 subnormals come out as zero: not
-the host's answer. numba.cuda keeps IEEE subnormals, matched cupy on
+measured on an H100 (docs/benchmarks.md, "GPU"). cupy's ran float32 faster, but
+cupy compiles every kernel with flush-to-zero (``-ftz=true``, which its users
+cannot turn off), so float32 and bfloat16 subnormals come out as zero: not the
+host's answer. numba.cuda keeps IEEE subnormals, matched cupy on
 float16/bfloat16, and is the same source the simulator runs in CI.
 """
 

@@ -2,14 +2,14 @@
 
 A message over ``PYCOLL_STAGE_CHUNK`` bytes (default 4 MiB: against 1 MiB
 chunks 1.15x as fast at 64-256 MiB on an H200 machine and 1.0-1.3x on an
-H100, 2 ranks, float32; docs/benchmarks.md) goes in chunks through a ring of
-three chunk-sized pinned slots, so the pinned memory a call holds does not
-grow with the message. While MPI reduces (or broadcasts) chunk i, chunk i+1
-is being copied down on the caller's stream and chunk i-1 copied up on a
-second stream; a slot is refilled only after its last chunk has gone up (a
-wait on the GPU, not on the host). It is one collective (one sequence number,
-one DETAIL check, one timeout, one Work): each chunk is a stage of the Work
-(see pycoll.work).
+H100, 2 ranks, float32; docs/measurements/gpu_machine.sh) goes in chunks
+through a ring of three chunk-sized pinned slots, so the pinned memory a call
+holds does not grow with the message. While MPI reduces (or broadcasts) chunk
+i, chunk i+1 is being copied down on the caller's stream and chunk i-1 copied
+up on a second stream; a slot is refilled only after its last chunk has gone up
+(a wait on the GPU, not on the host). It is one collective (one sequence
+number, one DETAIL check, one timeout, one Work): each chunk is a stage of the
+Work (see pycoll.work).
 """
 
 from __future__ import annotations

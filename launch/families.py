@@ -82,9 +82,10 @@ class Family(NamedTuple):
             # The wheel's UCX one-sided component prints a bogus error at
             # start-up on machines without UCX hardware (ompi#14086); the
             # libnbc ring keeps large nonblocking all_reduce at blocking speed,
-            # and its binomial tree the nonblocking reduce (docs/benchmarks.md:
-            # pycoll sets that one itself where it starts MPI, this covers a
-            # program that imported mpi4py.MPI first).
+            # and its binomial tree the nonblocking reduce (docs/benchmarks.md,
+            # "Which path wins where": pycoll sets that one itself where it
+            # starts MPI, this covers a program that imported mpi4py.MPI
+            # first).
             return {
                 "OMPI_MCA_osc": "^ucx",
                 "OMPI_MCA_coll_libnbc_iallreduce_algorithm": "1",

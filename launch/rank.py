@@ -22,8 +22,8 @@ interpreter has built in and the C modules behind socket, signal and
 threading (``_socket``, ``_signal``, ``_thread``), and starts the target
 with ``os.fork`` and ``os.execvpe``: the standard library's socket, signal,
 subprocess, threading and json (with the enum, re and locale they import)
-were two thirds of the wrapper's start (docs/benchmarks.md, pycoll-run's
-start-up).
+were two thirds of the wrapper's start (docs/benchmarks.md, "pycoll-run's
+start-up and the test harness").
 """
 
 from __future__ import annotations

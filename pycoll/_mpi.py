@@ -22,11 +22,12 @@ VENDOR = ""  # "MPICH", "Open MPI", ...: what mpi4py.MPI.get_vendor() says, once
 # MPICH's nonblocking reduce-scatter in its default algorithm (recursive
 # halving) takes 5-11x its blocking call's time for inputs of 512 KiB-1.5 MiB
 # (MPICH 5.0.2, 2 and 4 ranks); its pairwise algorithm does not, and from
-# 32 KiB per rank's part is faster than either (docs/benchmarks.md). MPICH
-# picks the algorithm of each reduce-scatter form by a variable read at
-# MPI_Init: pycoll asks for pairwise on the v-form (MPI_Ireduce_scatter) and
-# sends large reduce-scatters through it, leaving the block form, and small
-# calls, to MPICH's own choice (pycoll.collectives.reduce).
+# 32 KiB per rank's part is faster than either (docs/benchmarks.md, "Which path
+# wins where"). MPICH picks the algorithm of each reduce-scatter form by a
+# variable read at MPI_Init: pycoll asks for pairwise on the v-form
+# (MPI_Ireduce_scatter) and sends large reduce-scatters through it, leaving the
+# block form, and small calls, to MPICH's own choice
+# (pycoll.collectives.reduce).
 REDUCE_SCATTER_CVAR = "MPIR_CVAR_IREDUCE_SCATTER_INTRA_ALGORITHM"
 # True once loaded when the v-form reduce-scatter runs pairwise (MPICH, the
 # variable set to sched_pairwise by pycoll or by the user before MPI_Init).
@@ -35,17 +36,18 @@ REDUCE_SCATTER_PAIRWISE = False
 # took 4.5-5.9x Open MPI's blocking reduce at 512 KiB-8 MiB on 2 ranks and
 # 3-15x at 128 B-32 KiB on 4; its binomial tree (2) took 1.2-1.4x and
 # 1.35-3.9x there, the same as the default at 8 B-32 KiB on 2 ranks, and
-# 0.85-1.05x from 512 KiB on 4 (Open MPI 5.0 wheel; docs/benchmarks.md).
-# pycoll's reduce is that nonblocking call in the default wait mode. Open MPI
-# reads the variable from the environment at MPI_Init; MPICH ignores it.
+# 0.85-1.05x from 512 KiB on 4 (Open MPI 5.0 wheel; docs/benchmarks.md, "Which
+# path wins where"). pycoll's reduce is that nonblocking call in the default
+# wait mode. Open MPI reads the variable from the environment at MPI_Init;
+# MPICH ignores it.
 REDUCE_MCA = "OMPI_MCA_coll_libnbc_ireduce_algorithm"
 # Open MPI's nonblocking all_reduce, in libnbc's default choice, takes its
 # binomial tree (a reduce to one rank, then a broadcast back) for every call
 # made in place, as pycoll's all_reduce always is: 1.6-2.7x Open MPI's
-# blocking all_reduce's time from 32 KiB on 2 ranks (docs/benchmarks.md).
-# pycoll leaves this variable as it finds it (pycoll-run sets it: the ring);
-# True once loaded where it names an algorithm, which pycoll's choice of path
-# (pycoll.collectives.reduce) then leaves to MPI.
+# blocking all_reduce's time from 32 KiB on 2 ranks (docs/benchmarks.md, "Which
+# path wins where"). pycoll leaves this variable as it finds it (pycoll-run
+# sets it: the ring); True once loaded where it names an algorithm, which
+# pycoll's choice of path (pycoll.collectives.reduce) then leaves to MPI.
 ALL_REDUCE_MCA = "OMPI_MCA_coll_libnbc_iallreduce_algorithm"
 ALL_REDUCE_CHOSEN = False
 STARTED_MPI = False  # whether load() was the import that started MPI (its variables counted)
@@ -70,7 +72,8 @@ def load() -> Any:
     thread (MPICH's MPIR_CVAR_ASYNC_PROGRESS, read at MPI_Init; mpi4py
     initializes with MPI_THREAD_MULTIPLE, which it needs), so that async
     collectives advance while the caller computes. It is off by default: it
-    costs a thread per rank spinning on a core (docs/benchmarks.md).
+    costs a thread per rank spinning on a core (docs/benchmarks.md,
+    "Functional collectives").
 
     Where this import starts MPI, MPICH's v-form nonblocking reduce-scatter
     is asked to run pairwise (``REDUCE_SCATTER_CVAR``) and Open MPI's

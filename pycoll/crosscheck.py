@@ -36,7 +36,8 @@ How:
   too.
 
 ``PYCOLL_CHECK_EVERY`` sets EVERY (a power of two, default 128; 0 turns the
-check off). Its cost is in docs/benchmarks.md.
+check off). Its cost is in docs/benchmarks.md ("Call check, DETAIL and bounded
+waits").
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ declaration here, and no table elsewhere repeats its parameters.
 Why the front is generated code rather than a ``*args, **kwargs`` wrapper:
 the 8-byte synchronous all_reduce, the call training loops make thousands of
 times a step, then pays one plain Python call and one type check, not
-argument binding (docs/benchmarks.md, "One door for devices").
+argument binding (measured with docs/measurements/ab_versions.py).
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ def _tensor_lane(spec: Spec, params: Any, lists: List[str]) -> str:
     recv). Anything else (a tensor seen once, CUDA, list arguments) takes
     :func:`route`. On the CI VM, an 8-byte all_reduce of a tensor took 14.7
     us through route with its view kept, and 35.6 us before views were kept;
-    a numpy array's 3.4 (docs/benchmarks.md, "torch tensors"); with
+    a numpy array's 3.4 (docs/measurements/torch_tensors.py); with
     ``async_op=True`` and ``wait()``, 21.0 us through route, where a numpy
     array's took 6.9."""
     if lists or ("async_op" not in params and not spec.synchronous):

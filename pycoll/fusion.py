@@ -42,10 +42,11 @@ __all__ = ["FusedAllReduce"]
 # From this many bytes in all, a call whose ranks share one node copies the
 # arrays straight into the node's shared window, reduces there and copies
 # straight out (pycoll.collectives.shm): it skips the fusion buffer and
-# MPI's own copies. Measured against the packed path (docs/benchmarks.md):
-# the window wins from 256 KiB on 2 ranks with a core each, and from 512 KiB
-# to 1 MiB where ranks outnumber the cores (3-4 ranks on 2 cores), as each
-# chunk's three barriers wait for every rank to be scheduled. 0 turns it off.
+# MPI's own copies. Measured against the packed path
+# (docs/measurements/fused_window.py): the window wins from 256 KiB on 2 ranks
+# with a core each, and from 512 KiB to 1 MiB where ranks outnumber the cores
+# (3-4 ranks on 2 cores), as each chunk's three barriers wait for every rank to
+# be scheduled. 0 turns it off.
 SHM_BYTES = 256 << 10
 SHM_BYTES_CROWDED = 768 << 10
 

@@ -40,7 +40,7 @@ done, which a small call mostly is, else waiting in Python for the request
 the compiled code left. MPI moves a nonblocking collective only inside its
 calls: a Work handed back after one test left each rank's next test behind
 Python's steps, 19 us an 8-byte all_reduce on 2 ranks, against 11.5 tested
-here (docs/benchmarks.md).
+here (docs/measurements/async_calls.py).
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ ENV = "PYCOLL_NATIVE"
 # more. At 1 MiB it still showed: the in-place all-to-all took 1.19-1.24x
 # MPICH's in-place call and the out-of-place one 1.11x on the plain path,
 # 1.04x and 1.01-1.02x kept; from 2 MiB keeping gained nothing measurable
-# (docs/benchmarks.md).
+# (docs/benchmarks.md, "The fixed cost of a small call").
 KEPT_CALLS = 1024
 KEPT_BYTES = 2 << 20
 KEPT_TOTAL = 16 << 20  # the most bytes of buffer one group's kept calls hold
@@ -832,7 +832,7 @@ def _sighted(pg: ProcessGroup, state: _State, main: Any) -> bool:
     else noted weakly (``state.seen``: a program's array, which it may pass
     again). A weak reference made on every array made afresh, and cleared
     with it, cost 1.5 us of an 8-byte all_reduce's 25 on 2 ranks of the CI
-    VM (docs/benchmarks.md)."""
+    VM (docs/measurements/native_fresh.py)."""
     if state.last is main:
         return state.last_seq != pg._seq
     seen = state.seen

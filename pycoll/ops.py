@@ -239,10 +239,11 @@ def env_bytes(name: str, zero: str) -> Optional[int]:
 
 
 # all_reduce calls with a Plan.split op from this many bytes go through
-# pycoll's ring (measured crossovers: docs/benchmarks.md). On two ranks MPI's
-# own way (every element combined once, in one exchange) is as fast up to
-# 4 MiB and the ring faster from 8 MiB; on more, the ring from 4 MiB.
-# PYCOLL_SPLIT_BYTES, where set, is the size for every number of ranks.
+# pycoll's ring (measured crossovers: docs/benchmarks.md, "Which path wins
+# where"). On two ranks MPI's own way (every element combined once, in one
+# exchange) is as fast up to 4 MiB and the ring faster from 8 MiB; on more, the
+# ring from 4 MiB. PYCOLL_SPLIT_BYTES, where set, is the size for every number
+# of ranks.
 _SET = env_bytes("PYCOLL_SPLIT_BYTES", "never split")
 SPLIT_BYTES = 4 << 20 if _SET is None else _SET
 SPLIT_BYTES_TWO_RANKS = 8 << 20 if _SET is None else _SET
@@ -255,9 +256,9 @@ SPLIT_BYTES_TWO_RANKS = 8 << 20 if _SET is None else _SET
 # and 1.07-1.24x on 4 of the VM. On Open MPI (2-4 ranks of the VM) it took
 # 0.41-0.98x the time of Open MPI's nonblocking call at 8-16 MiB and
 # 0.16-0.43x at 32-64 MiB, where the shared window took 0.55-0.92x
-# (docs/benchmarks.md). An AVG of complex numbers, whose division the kernels
-# do not do, stays with MPI.
-# PYCOLL_SPLIT_BYTES, where set, is this size too.
+# (docs/measurements/all_reduce_paths.py). An AVG of complex numbers, whose
+# division the kernels do not do, stays with MPI. PYCOLL_SPLIT_BYTES, where
+# set, is this size too.
 RING_BYTES = 8 << 20 if _SET is None else _SET
 # The MPIs whose own all_reduce the ring was measured against, which take it
 # by these rules; others (Intel MPI, MVAPICH...) keep their own call.

@@ -6,8 +6,8 @@ collectives (``MPI_Allreduce_init`` and kin) set such a call up once; each
 use is then ``MPI_Start`` and a test. On MPICH 5 an 8-byte all_reduce on 2
 ranks took 1.1 us that way against 2.3 us as ``MPI_Iallreduce`` (whose
 schedule MPICH builds on every call) and 2.6 us through mpi4py's blocking
-``Allreduce`` (docs/benchmarks.md): it is how pycoll's synchronous small calls
-come level with raw mpi4py despite their bookkeeping.
+``Allreduce``: it is how pycoll's synchronous small calls come level with raw
+mpi4py despite their bookkeeping.
 
 **Agreement.** Making a persistent collective is itself a collective call:
 every rank must make the same ones, in the same order, and from then on use
@@ -42,7 +42,7 @@ other ranks, so with plans such ranks wait for each other instead, until the
 group's timeout, whose diagnosis names them. ``PYCOLL_PERSISTENT=1`` turns
 plans on (where the MPI has persistent collectives, MPI-4); ``0``, the
 default, leaves them off. The gain measured on MPICH and Open MPI is in
-docs/benchmarks.md.
+docs/benchmarks.md ("Which path wins where").
 """
 
 from __future__ import annotations

@@ -107,14 +107,13 @@ class _Memory:
 # loop passes the same tensors every step, and a view that is the same
 # object each call is what pycoll.native keeps a call by. On the CI VM
 # ``Tensor.numpy()`` alone took 2.2 us, and an 8-byte all_reduce of a tensor
-# took 10x the same call on a numpy array (docs/benchmarks.md, "torch
-# tensors"). By id: (weak reference, then the view, address, shape,
-# strides and dtype). A tensor is first only seen (one made afresh for each
-# call is never seen again); its second call makes the kept view, over its
-# memory but not holding it: the view is handed out only while the tensor,
-# checked alive and unchanged, holds that memory. Only contiguous tensors'
-# (all a collective writes into). At most VIEWS entries (then the table
-# starts over).
+# took 10x the same call on a numpy array (docs/measurements/torch_tensors.py).
+# By id: (weak reference, then the view, address, shape, strides and dtype). A
+# tensor is first only seen (one made afresh for each call is never seen
+# again); its second call makes the kept view, over its memory but not holding
+# it: the view is handed out only while the tensor, checked alive and
+# unchanged, holds that memory. Only contiguous tensors' (all a collective
+# writes into). At most VIEWS entries (then the table starts over).
 _views: Dict[int, Tuple[Any, ...]] = {}
 VIEWS = 4096
 

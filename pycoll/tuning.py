@@ -6,7 +6,8 @@ pycoll's built-in rule (pycoll.collectives.reduce) was measured on two
 machines, and a path that wins on one can lose on the other: the shared
 window all_reduce took 0.68-0.92x MPICH's time at 1-8 MiB on 2 ranks of a
 2-core VM and 1.26-1.41x on 2 ranks of a 16-core Xeon, so the rule keeps
-MPI's own call there and leaves the VM's gain unused (docs/benchmarks.md).
+MPI's own call there and leaves the VM's gain unused
+(docs/measurements/all_reduce_paths.py).
 A table measured on the machine itself chooses per size and rank count.
 
 ``PYCOLL_TUNING=FILE`` names the table (``live`` and ``off`` name none:

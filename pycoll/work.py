@@ -298,7 +298,8 @@ class Work(BaseWork):
         It sets every field ``__init__`` does (tests/test_work.py checks that
         none is missed) without ``__init__``'s call and lock or ``_settle``'s
         steps: 1.8 us against 3.0 to make and wait on one on the CI VM, where
-        a point-to-point round trip is about 22 us (docs/benchmarks.md)."""
+        a point-to-point round trip is about 22 us
+        (docs/measurements/p2p.py)."""
         work = cls.__new__(cls)
         work.op = op
         work.seq = seq

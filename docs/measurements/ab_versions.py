@@ -1,8 +1,8 @@
 """Time pycoll.all_reduce against raw mpi4py for one checkout of pycoll.
 
-Used to compare two versions on the same machine in one session (the figures
-in docs/benchmarks.md, "Cost of bounded waits" and "One door for devices"):
-run it for each checkout in turn, round after round, e.g.
+Used to compare two versions on the same machine in one sitting (how
+pycoll.dispatch's generated front was measured): run it for each checkout in
+turn, round after round, e.g.
 
     git worktree add /tmp/old c5128cf
     for round in 1 2 3; do

@@ -1,5 +1,6 @@
 """The live tuning (pycoll.autotune) against the built-in rule and raw
-mpi4py, in one run: the measurement behind docs/benchmarks.md's section on it.
+mpi4py, in one run: the measurement behind the live tuning's figures in
+docs/benchmarks.md ("Which path wins where").
 
 Two groups of every rank: one made with the live tuning on (``"live"``, as
 PYCOLL_TUNING=live makes it; on two ranks the default's), one with it off

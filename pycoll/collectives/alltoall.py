@@ -46,7 +46,8 @@ __all__ = ["all_to_all", "all_to_all_single"]
 #   out on both sides (the output's own part copied from the input by pycoll,
 #   as MPI's call would; an in-place input's other parts sent from a copy).
 #   It measured level with the out-of-place call for an out-of-place caller,
-#   and spared an in-place one most of the copy (docs/benchmarks.md).
+#   and spared an in-place one most of the copy
+#   (docs/measurements/all_to_all_forms.py).
 # - OUT_OF_PLACE otherwise (an in-place input sent from a copy).
 OUT_OF_PLACE, IN_PLACE, PARTS = range(3)
 PAIR_IN_PLACE_BYTES = 64 << 10

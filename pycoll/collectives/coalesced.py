@@ -6,7 +6,7 @@ which ``torch.distributed._coalescing_manager`` and the functional
 ``*_coalesced`` collectives reach). One MPI operation per array pays MPI's
 latency and pycoll's per-call work for each: on 2 ranks, 1,000 arrays of
 1 KiB took 47 ms as separate all-gathers against 0.3 ms for one all-gather of
-their total size (docs/benchmarks.md). Here a list is one operation:
+their total size. Here a list is one operation:
 
 1. the inputs are copied into one buffer by one compiled call
    (pycoll.kernels.copy_pieces) from a table of (target, source, bytes)
@@ -80,17 +80,17 @@ KEEP_FROM = scratch.KEEP_FROM_LEAST
 # each rank's arrays straight into the group's shared window and every rank's
 # straight out to the outputs (pycoll.collectives.shm.Gathered): no pack, no
 # MPI copies, no unpack. Measured against the packed path from 16 KiB to
-# 16 MiB a rank (docs/benchmarks.md): 0.46-0.86x its time on 2 ranks (1.04 at
-# 2 MiB), 0.42-0.59x on 4. 0 turns it off.
+# 16 MiB a rank (docs/measurements/gather_window.py): 0.46-0.86x its time on 2
+# ranks (1.04 at 2 MiB), 0.42-0.59x on 4. 0 turns it off.
 SHM_FROM = 16 << 10
 # From this many bytes of input a rank, a reduce-scatter whose ranks share one
 # node copies each rank's inputs straight into the group's shared window,
 # reduces its own parts there and copies them straight out to the outputs
 # (pycoll.collectives.shm.Blocks): no pack, no MPI copies, no unpack. Measured
-# against the packed path from 16 KiB to 16 MiB (docs/benchmarks.md): from
-# 256 KiB 0.42-0.72x its time on 2 ranks, 0.52-0.90x on 3 and 4; at 128 KiB
-# level on 3 and 4; below, slower (the barrier costs more than the copies
-# saved). 0 turns it off.
+# against the packed path from 16 KiB to 16 MiB
+# (docs/measurements/scatter_window.py): from 256 KiB 0.42-0.72x its time on 2
+# ranks, 0.52-0.90x on 3 and 4; at 128 KiB level on 3 and 4; below, slower (the
+# barrier costs more than the copies saved). 0 turns it off.
 SHM_SCATTER_FROM = 256 << 10
 
 

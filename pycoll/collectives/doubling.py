@@ -10,7 +10,7 @@ other on two ranks, and 2 log2(n) on n.
 It is for Open MPI, whose nonblocking all_reduce (libnbc) takes its binomial
 tree for every call made in place, as pycoll's are, unless an algorithm is
 chosen for it: there it cost 1.5-2.0x Open MPI's blocking all_reduce's time
-at 8-512 KiB on 2 ranks of the CI VM (docs/benchmarks.md).
+at 8-512 KiB on 2 ranks of the CI VM (docs/measurements/all_reduce_paths.py).
 pycoll.collectives.reduce chooses it by size.
 
 The results are the same on every rank, bit for bit. At each step the two

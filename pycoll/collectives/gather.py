@@ -132,7 +132,7 @@ def all_gather(
         # generic path below took 2.9x a raw mpi4py all-gather and copy-out
         # at 8 B, this one 1.9x, and 1.6x at 64 KiB, now 1.4x; kept by the
         # compiled path (received into a buffer the call keeps, copied out
-        # there), ... (docs/benchmarks.md).
+        # there), ... (docs/measurements/list_forms.py).
         if (
             fast
             and pg._native is not None

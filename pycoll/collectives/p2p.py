@@ -40,8 +40,7 @@ def _source(pg: ProcessGroup, src: Any, func: str) -> int:
 # of an MPI type, a peer of the group named by an int, an int tag in range)
 # is checked inline, in one condition, as the collectives' common case is;
 # anything else takes the checks that name what is wrong. (The three small
-# helpers this condition replaces cost 0.15-0.2 us a call: docs/benchmarks.md,
-# "Point-to-point's own steps".)
+# helpers this condition replaces cost 0.15-0.2 us a call.)
 
 
 def _name(index: Optional[int]) -> str:

@@ -7,19 +7,19 @@ which pycoll's default wait mode makes, can cost several times that: in a C
 loop on 2 ranks of the CI VM an 8-byte ``MPI_Iallreduce`` and its tests took
 1.2 us on Open MPI (libnbc), ``MPI_Isendrecv`` and ``MPI_Reduce_local`` 0.5;
 on MPICH a 16 KiB ``MPI_Ireduce`` took 2.3x the one message and the fold,
-``MPI_Iallreduce`` 1.4x the exchange and the fold (docs/benchmarks.md).
-A reduce-scatter is one message each way too (each rank's part of the
-other's input) and a fold, where Open MPI's nonblocking call took 1.3-1.9x
-its blocking one from 2 KiB. Where :func:`applies` says so, such a call is
-made here instead: one ``Isendrecv`` over the group's side communicator (a
-side left empty with ``MPI_PROC_NULL``: the reduce's root sends nothing, its
-other rank receives nothing), tagged with the call's sequence number as the
-ring's messages are (pycoll.collectives.ring.side), then MPI's own op folds
-the peer's copy in (``MPI_Reduce_local``). A kept call (pycoll.native) makes
-the same messages and the same fold from compiled code, so ranks may mix the
-two; that is where the exchange gains most. On an array made afresh for each
-call the plain path's fold and copy in Python cost about what MPI's call
-saves.
+``MPI_Iallreduce`` 1.4x the exchange and the fold
+(docs/measurements/pair_floor.c). A reduce-scatter is one message each way too
+(each rank's part of the other's input) and a fold, where Open MPI's
+nonblocking call took 1.3-1.9x its blocking one from 2 KiB. Where
+:func:`applies` says so, such a call is made here instead: one ``Isendrecv``
+over the group's side communicator (a side left empty with ``MPI_PROC_NULL``:
+the reduce's root sends nothing, its other rank receives nothing), tagged with
+the call's sequence number as the ring's messages are
+(pycoll.collectives.ring.side), then MPI's own op folds the peer's copy in
+(``MPI_Reduce_local``). A kept call (pycoll.native) makes the same messages and
+the same fold from compiled code, so ranks may mix the two; that is where the
+exchange gains most. On an array made afresh for each call the plain path's
+fold and copy in Python cost about what MPI's call saves.
 
 An all_reduce's result is the same on every rank, bit for bit. Most ops
 give the same bits in either order (SUM and PRODUCT of integers and IEEE
@@ -57,8 +57,8 @@ __all__ = [
     "reduce_scatter",
 ]
 
-# Which calls are made here, by measured crossovers (docs/benchmarks.md;
-# docs/measurements/pair_paths.py, 2 ranks of the CI VM), in the default wait
+# Which calls are made here, by measured crossovers
+# (docs/measurements/pair_paths.py, 2 ranks of the CI VM), in the default wait
 # mode:
 # - On Open MPI an all_reduce below BYTES (from there pycoll's doubling takes
 #   over): on an array given again (the compiled path) it took 0.58-0.80x the

@@ -18,7 +18,8 @@ algorithm for large reduce-scatters, less what MPI's call adds around it:
 On 2 ranks of the 2-core CI VM (float32 SUM, either form) it took
 0.58-0.76x mpi4py's time at 2-16 MiB on MPICH 5.0.2 and 0.16-0.25x at
 64 MiB, where MPICH's call falls to 3 GB/s; 0.07-0.68x at 2-64 MiB on Open
-MPI (docs/benchmarks.md). pycoll.collectives.reduce chooses it by size.
+MPI (docs/measurements/rs_paths.py). pycoll.collectives.reduce chooses it by
+size.
 
 Messages go over the group's side communicator (pycoll.watch.side_comm) with
 a tag from the call's sequence number, as the ring's (pycoll.collectives.

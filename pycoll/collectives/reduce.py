@@ -73,7 +73,7 @@ _REDUCE_SCATTER_TENSOR = OP_BITS["reduce_scatter_tensor"]
 # it MPI's builtin SUM (Rabenseifner: each rank reduces half the buffer, where
 # a user op gets recursive doubling and reduces all of it) plus a division
 # measured faster. float16/bfloat16 are user ops anyway: always. A large
-# AVG takes pycoll's ring before this applies. (docs/benchmarks.md)
+# AVG takes pycoll's ring before this applies.
 MEAN_OF_TWO_BYTES = 32 << 20
 
 
@@ -293,21 +293,20 @@ def all_reduce(
 # From this size an all_reduce whose ranks share one node goes through the
 # node's shared memory (pycoll.collectives.shm): on 2-4 ranks it measured
 # 2.2-3.5x MPICH's own from 32 MiB, where MPICH's falls to 0.5-2 GB/s, and
-# 0.7-1.3x below (docs/benchmarks.md). pycoll's ring comes first (from
-# RING_BYTES, or SPLIT_BYTES for its ops), faster still. 0 turns the
-# window off. PYCOLL_SHM_BYTES, where set, is this size and SHM_BYTES_MPICH,
-# for any number of ranks and any MPI.
+# 0.7-1.3x below. pycoll's ring comes first (from RING_BYTES, or SPLIT_BYTES
+# for its ops), faster still. 0 turns the window off. PYCOLL_SHM_BYTES, where
+# set, is this size and SHM_BYTES_MPICH, for any number of ranks and any MPI.
 _SHM_SET = shm.SHM_SET
 SHM_BYTES = 32 << 20 if _SHM_SET is None else _SHM_SET
 # On MPICH the window is taken from this size already, up to where the ring
 # takes over, in groups whose size is not a power of two: there MPICH adds
 # steps for the ranks past a power of two, and the window measured 0.34-0.71x
-# its time on 3, 5 and 6 ranks (docs/benchmarks.md). On a power of two the
-# window was faster on one machine and slower on another (2 ranks: 0.68-0.92x
-# MPICH's time at 1-8 MiB on the 2-core CI VM, 1.15-1.98x on a 16-core Xeon
-# whatever its chunk size), so MPICH's own call stays. Open MPI's nonblocking
-# barriers, which the window waits on, made it slower there at 16 MiB: Open
-# MPI keeps SHM_BYTES.
+# its time on 3, 5 and 6 ranks (docs/measurements/all_reduce_paths.py). On a
+# power of two the window was faster on one machine and slower on another (2
+# ranks: 0.68-0.92x MPICH's time at 1-8 MiB on the 2-core CI VM, 1.15-1.98x on
+# a 16-core Xeon whatever its chunk size), so MPICH's own call stays. Open
+# MPI's nonblocking barriers, which the window waits on, made it slower there
+# at 16 MiB: Open MPI keeps SHM_BYTES.
 SHM_BYTES_MPICH = 1 << 20 if _SHM_SET is None else _SHM_SET
 # On Open MPI a group of two or four ranks takes the window from SHM_BYTES_PAIR up
 # to PAIR_BELOW already, where libnbc's nonblocking all_reduce is left to its
@@ -316,9 +315,9 @@ SHM_BYTES_MPICH = 1 << 20 if _SHM_SET is None else _SHM_SET
 # twice Open MPI's blocking all_reduce's time from 32 KiB on 2 ranks of the CI
 # VM, where the window took 0.58-0.68x the binomial tree's time at 256 KiB-4
 # MiB, level with the blocking call; 0.67-0.88x at 64-128 KiB, and 0.81-0.93x
-# at 8 MiB and 1.16-1.39x at 16 MiB (docs/benchmarks.md). An algorithm
-# chosen for libnbc (pycoll-run's ring: about the blocking call's time)
-# keeps MPI's call, and so does blocking mode, whose call is Open MPI's
+# at 8 MiB and 1.16-1.39x at 16 MiB (docs/measurements/all_reduce_paths.py). An
+# algorithm chosen for libnbc (pycoll-run's ring: about the blocking call's
+# time) keeps MPI's call, and so does blocking mode, whose call is Open MPI's
 # blocking one. On 4 ranks (sharing the VM's 2 cores) it took 0.51-0.86x the
 # tree's time at 256 KiB-4 MiB in four runs, 1.06-1.43x at 8 MiB; on 3 ranks
 # 0.74-1.96x at 128 KiB-4 MiB, so a group of three keeps MPI's call.
@@ -337,9 +336,9 @@ PAIR_BELOW = 8 << 20
 # 1.04-1.07x, so it starts at 64 KiB; below, its steps in Python cost more
 # than the tree's second message. On 4 ranks sharing 2 cores it took 1.2-2.6x
 # the tree's time at 8-128 KiB and 0.83-1.44x at 256 KiB-4 MiB, where the
-# window was faster (docs/benchmarks.md), so larger groups keep MPI's call.
-# PYCOLL_DOUBLING_BYTES, where set, is this size on every MPI and in either
-# wait mode (0: never).
+# window was faster (docs/measurements/all_reduce_paths.py), so larger groups
+# keep MPI's call. PYCOLL_DOUBLING_BYTES, where set, is this size on every MPI
+# and in either wait mode (0: never).
 _DOUBLING_SET = env_bytes("PYCOLL_DOUBLING_BYTES", "never")
 DOUBLING_BYTES = 64 << 10 if _DOUBLING_SET is None else _DOUBLING_SET
 
@@ -381,26 +380,28 @@ def _takes_window(ranks: int, nbytes: int) -> bool:
 # node goes through the node's shared window (pycoll.collectives.shm.Block):
 # each rank copies its input in, reduces its own part across
 # every rank's copy there and copies it out. Against MPI's own call on the CI
-# VM (docs/benchmarks.md): Open MPI's reduce-scatter falls to 0.5-1.5 GB/s of
-# input from 16-32 MiB, where the window took 0.16-0.21x its time on 2-4
-# ranks, and 0.43-0.69x at 1-16 MiB on 2 (at 256 KiB 1.6-2.7x on 3-4 ranks).
-# MPICH's keeps 4-8 GB/s up to 32 MiB, where the window took 0.83-2.05x its
-# time, and falls from 64 MiB, where it took 0.25-0.31x on 2 ranks and
-# 0.36-0.91x on 3-4. PYCOLL_SHM_BYTES=0 turns it off (no window at all).
+# VM (docs/measurements/scatter_window.py and pycoll-bench): Open MPI's
+# reduce-scatter falls to 0.5-1.5 GB/s of input from 16-32 MiB, where the
+# window took 0.16-0.21x its time on 2-4 ranks, and 0.43-0.69x at 1-16 MiB on 2
+# (at 256 KiB 1.6-2.7x on 3-4 ranks). MPICH's keeps 4-8 GB/s up to 32 MiB,
+# where the window took 0.83-2.05x its time, and falls from 64 MiB, where it
+# took 0.25-0.31x on 2 ranks and 0.36-0.91x on 3-4. PYCOLL_SHM_BYTES=0 turns it
+# off (no window at all).
 SCATTER_SHM_BYTES = 64 << 20
 SCATTER_SHM_BYTES_OPEN_MPI = 1 << 20
 # From this many bytes of input a reduce_scatter_tensor or reduce_scatter on
 # a group of two ranks goes by pycoll's pairwise exchange
 # (pycoll.collectives.pairwise), before the window. On 2 ranks of the CI VM
-# (docs/benchmarks.md) it took 0.58-0.76x mpi4py's time at 2-16 MiB on MPICH,
-# 0.97-1.04x at 1 MiB where pycoll's MPI call took 1.07-1.16x (1.10-1.22x on a
-# 16-core machine, against 0.97-1.04x), and 0.07-0.68x at 2-64 MiB on Open MPI,
-# where the window took 0.19-0.95x. On Open MPI it starts at 256 KiB: there it
-# took 0.26-0.86x mpi4py's time at 256 KiB and 0.14-0.64x at 512 KiB-1 MiB,
-# both forms, where Open MPI's call took 0.74-1.03x and the window 0.42-1.12x
-# (at 128 KiB 0.79-1.91x, and Open MPI's call 1.23-1.59x). On 4 ranks it was
-# no faster than MPI's call or the window, so larger groups keep the rule above.
-# PYCOLL_PAIRWISE_BYTES, where set, is this size on every MPI (0: never).
+# (docs/measurements/rs_paths.py) it took 0.58-0.76x mpi4py's time at 2-16 MiB
+# on MPICH, 0.97-1.04x at 1 MiB where pycoll's MPI call took 1.07-1.16x
+# (1.10-1.22x on a 16-core machine, against 0.97-1.04x), and 0.07-0.68x at 2-64
+# MiB on Open MPI, where the window took 0.19-0.95x. On Open MPI it starts at
+# 256 KiB: there it took 0.26-0.86x mpi4py's time at 256 KiB and 0.14-0.64x at
+# 512 KiB-1 MiB, both forms, where Open MPI's call took 0.74-1.03x and the
+# window 0.42-1.12x (at 128 KiB 0.79-1.91x, and Open MPI's call 1.23-1.59x). On
+# 4 ranks it was no faster than MPI's call or the window, so larger groups keep
+# the rule above. PYCOLL_PAIRWISE_BYTES, where set, is this size on every MPI
+# (0: never).
 _PAIRWISE_SET = env_bytes("PYCOLL_PAIRWISE_BYTES", "never")
 PAIRWISE_BYTES = 1 << 20 if _PAIRWISE_SET is None else _PAIRWISE_SET
 PAIRWISE_BYTES_OPEN_MPI = 256 << 10 if _PAIRWISE_SET is None else _PAIRWISE_SET
@@ -1086,15 +1087,15 @@ def reduce(
 # From this size a reduce on a group of two ranks goes by pycoll's own path
 # (pycoll.collectives.to_root: the other rank sends its array in pieces, the
 # root folds each in with pycoll's kernels). On 2 ranks of the CI VM
-# (docs/benchmarks.md), float32 SUM against mpi4py's blocking reduce: on MPICH
-# 0.80-0.86x its time at 64 KiB, 0.56-0.73x at 128 KiB-8 MiB, 0.43x at 16 MiB
-# and 0.12-0.16x at 32-64 MiB, where MPICH's falls to 1-1.4 GB/s (1.0-1.6x at
-# 16-32 KiB, where pycoll's MPI call took 1.03-1.12x); on Open MPI, whose own
-# reduce is faster below 8 MiB (there the path took 1.15-3.7x its time in the
-# VM's faster state), 0.65-0.97x at 8 MiB, where pycoll's MPI call took
-# 0.85-1.06x, and 0.17x at 64 MiB. Larger groups keep MPI's call (not
-# measured); other MPIs too, the path was not measured against them.
-# PYCOLL_TO_ROOT_BYTES, where set, is this size on every MPI (0: never).
+# (docs/measurements/reduce_paths.py), float32 SUM against mpi4py's blocking
+# reduce: on MPICH 0.80-0.86x its time at 64 KiB, 0.56-0.73x at 128 KiB-8 MiB,
+# 0.43x at 16 MiB and 0.12-0.16x at 32-64 MiB, where MPICH's falls to 1-1.4
+# GB/s (1.0-1.6x at 16-32 KiB, where pycoll's MPI call took 1.03-1.12x); on
+# Open MPI, whose own reduce is faster below 8 MiB (there the path took
+# 1.15-3.7x its time in the VM's faster state), 0.65-0.97x at 8 MiB, where
+# pycoll's MPI call took 0.85-1.06x, and 0.17x at 64 MiB. Larger groups keep
+# MPI's call (not measured); other MPIs too, the path was not measured against
+# them. PYCOLL_TO_ROOT_BYTES, where set, is this size on every MPI (0: never).
 _TO_ROOT_SET = env_bytes("PYCOLL_TO_ROOT_BYTES", "never")
 TO_ROOT_BYTES = 64 << 10 if _TO_ROOT_SET is None else _TO_ROOT_SET
 TO_ROOT_BYTES_OPEN_MPI = 8 << 20 if _TO_ROOT_SET is None else _TO_ROOT_SET
@@ -1164,9 +1165,9 @@ def _reduce_to_root(
 # MPICH's reduce falls to 0.5-1.3 GB/s; below, its figure moved with the VM's
 # state: 0.59-1.16x at 2-8 MiB (most runs faster than MPICH's call, some not),
 # 0.57-0.91x at 256 KiB-1 MiB in the slower state and 1.10-1.57x in the
-# faster (docs/benchmarks.md). On Open MPI the same two calls took 1.0-1.7x
-# its reduce's time, so it keeps its own. PYCOLL_SCATTERED_BYTES, where set,
-# is this size on every MPI (0: never).
+# faster (docs/measurements/reduce_paths.py). On Open MPI the same two calls
+# took 1.0-1.7x its reduce's time, so it keeps its own. PYCOLL_SCATTERED_BYTES,
+# where set, is this size on every MPI (0: never).
 _SCATTERED_SET = env_bytes("PYCOLL_SCATTERED_BYTES", "never")
 SCATTERED_BYTES = 16 << 20 if _SCATTERED_SET is None else _SCATTERED_SET
 
@@ -1365,7 +1366,7 @@ def reduce_scatter(
         # reduce_scatter_tensor's common case: the generic path's bookkeeping
         # cost 5.2 us a call of 8 B on one rank, this one 3.4 us; kept by the
         # compiled path (the inputs copied side by side into a buffer the
-        # call keeps, there), ... (docs/benchmarks.md).
+        # call keeps, there), ... (docs/measurements/list_forms.py).
         key = how.key | OP_BITS[func] | output.size & COUNT
         # (no call of the live trials' sizes kept, as in all_reduce)
         if fast and pg._native is not None and n * output.nbytes < pg._live_from:

@@ -6,8 +6,8 @@ an all-gather (n - 1 steps passing the reduced parts on). Each rank moves
 2 (n - 1) / n of the array, as MPI's own large-message algorithms do, but
 over point-to-point messages, which on one node measured 2-4x faster than
 MPICH's collectives on large buffers, and than Open MPI's nonblocking
-all_reduce (docs/benchmarks.md); and the combine is pycoll's kernel
-(pycoll.kernels), not MPI's call of a user op.
+all_reduce (docs/benchmarks.md, "Which path wins where"); and the combine is
+pycoll's kernel (pycoll.kernels), not MPI's call of a user op.
 
 Two callers: large host all_reduce, with pycoll's user ops or a float AVG
 and with MPI's own ops (pycoll.collectives.reduce, synchronous or async),

@@ -3,9 +3,9 @@ FusedAllReduce's many small ones, on one node.
 
 MPI's all_reduce on one node moves a large array several times through main
 memory: at 64 MiB on two ranks MPICH reached 2.1 GB/s here, where one core
-copies 19-40 GB/s (docs/benchmarks.md). This path works in chunks that stay
-in the caches, through an MPI-3 shared window (``MPI_Win_allocate_shared``)
-holding two chunk-sized halves per rank:
+copies 19-40 GB/s. This path works in chunks that stay in the caches, through
+an MPI-3 shared window (``MPI_Win_allocate_shared``) holding two chunk-sized
+halves per rank:
 
 1. each rank copies its next chunk of the array into its half of the window;
 2. (barrier) each rank reduces its 1/n slice of the chunk across every

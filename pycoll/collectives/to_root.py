@@ -5,7 +5,8 @@ The rank that is not the root sends its array to the root in pieces of
 own array with pycoll's kernel (pycoll.kernels.reduce), the next piece's
 receive started before the fold. MPI's own reduce falls to 1-1.5 GB/s from
 16-32 MiB on 2 ranks of the CI VM (MPICH 5.0.2 and Open MPI 5.0.11), where
-this took a fraction of its time (docs/benchmarks.md);
+this took a fraction of its time (docs/benchmarks.md, "Which path wins
+where");
 pycoll.collectives.reduce chooses it by size.
 
 Only the root's array changes (the other rank's is only read); the pieces

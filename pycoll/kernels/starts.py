@@ -6,8 +6,8 @@ nonblocking collective (or a persistent plan's request, its input copied in
 first), and test it up to a number of times, with no Python between the
 steps. mpi4py would turn each buffer argument into a message
 spec, make a Request object and go back to Python between tests; at 8 bytes
-that costs more than MPI's own call (docs/benchmarks.md, "A compiled fast
-path").
+that costs more than MPI's own call (docs/benchmarks.md, "The fixed cost of
+a small call").
 
 The C functions are those of the libmpi that mpi4py loaded (pycoll._mpi.library),
 bound by name with ``llvmlite.binding.add_symbol``, so the compiled code holds

@@ -189,7 +189,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         else nonblocking, a TorchWork over pycoll's Work (or list of them).
         Errors in torch's family. (Positional, without a closure: this is
         every call's path, and each step costs a few tenths of a
-        microsecond; docs/benchmarks.md, "The backend's own steps".)"""
+        microsecond; docs/measurements/backend_calls.py.)"""
         group = self._side if COMPLETER.is_own_thread() else self._group
         timeout = opts.timeout
         own = None if timeout <= _NO_TIMEOUT else timeout.total_seconds()

@@ -53,7 +53,8 @@ DIR_ENV = "PYCOLL_FLIGHT_DIR"
 STACKS_FD_ENV = "PYCOLL_STACKS_FD"  # set by pycoll-run's boot: where its stack dumps go
 # Kept per group by default. The cost per call grows with it (the ring and the
 # keys it keeps crowd the caches): on the 8-byte all_reduce at 2 ranks, +0.05 us
-# at 512, +0.15 us at 1024, +0.29 us at 2048 (docs/benchmarks.md).
+# at 512, +0.15 us at 1024, +0.29 us at 2048 (docs/benchmarks.md, "Timeline and
+# flight recorder").
 DEFAULT_RECORDS = 1024
 
 # An entry's fields.
