@@ -66,6 +66,9 @@ def dtype_class(dtype: np.dtype) -> str:
 # with the dtypes that stand for it (the 16-bit floats each: their arithmetic
 # is pycoll's own kernels). The other passes run them whole: each (op, dtype)
 # pair still runs under both MPIs, at 2 and 3 ranks, blocking and bounded.
+# Real-GPU tests skip without a GPU; PYCOLL_TEST_GPU=1 makes that a failure.
+REQUIRE_GPU = os.environ.get("PYCOLL_TEST_GPU", "") == "1"
+
 MATRIX = os.environ.get("PYCOLL_TEST_MATRIX", "full")
 if MATRIX not in ("full", "lean"):
     raise ValueError(f"PYCOLL_TEST_MATRIX must be full or lean, got {MATRIX!r}")

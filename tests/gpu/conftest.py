@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from pycoll.gpu import aware, runtime
-
-# Real-GPU tests skip without a GPU; PYCOLL_TEST_GPU=1 makes that a failure.
-REQUIRE_GPU = os.environ.get("PYCOLL_TEST_GPU", "") == "1"
+from support import REQUIRE_GPU
 
 
 @pytest.fixture

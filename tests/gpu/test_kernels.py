@@ -12,12 +12,11 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import REQUIRE_GPU
 from fakes import FakeDLPack
 
 from pycoll.gpu import kernels, runtime
 from pycoll.gpu.device import adapt
-from support import ufunc
+from support import REQUIRE_GPU, ufunc
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 HALVES = [np.dtype(np.float16), BF16]
