@@ -205,6 +205,20 @@ def _local(hosts: Optional[List[Host]]) -> bool:
     return hosts is None or all(h.name in names for h in hosts)
 
 
+def _resolve_all(hosts: List[Host], where: str) -> None:
+    """Every host given must resolve here, before anything starts: the MPI
+    launchers' own ssh error for such a host was seen lost when they killed
+    the ranks already started, leaving only "rank 0 was killed"."""
+    for host in hosts:
+        try:
+            socket.getaddrinfo(host.name, None)
+        except OSError as exc:
+            raise UsageError(
+                f"{where}: host {host.name!r} does not resolve here ({exc.strerror or exc}): "
+                "check its name, or give it an entry in /etc/hosts or DNS"
+            ) from None
+
+
 def plan(args: argparse.Namespace, kind: str, target: List[str]):
     """The family, launcher, job and supervisor options the arguments ask for."""
     family, launcher, srun_mpi = choose(args.launcher, os.environ)
@@ -215,6 +229,8 @@ def plan(args: argparse.Namespace, kind: str, target: List[str]):
         hosts = merge(parse_host_list(args.hosts))
     elif args.hostfile:
         hosts = merge(parse_hostfile(args.hostfile))
+    if hosts is not None and not args.dry_run:
+        _resolve_all(hosts, "--hosts" if args.hosts else "--hostfile")
     alloc = allocation()
     nprocs = args.np
     if nprocs is None:
