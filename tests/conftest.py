@@ -32,17 +32,14 @@ _OWN_JOBS = (
     "rpc/test_rpc_autograd_jobs.py",
     "trace/test_trace_jobs.py",
 )
-# Tests of one process's code (no MPI): the plain pass runs them once (and
-# those marked one_process).
-_ONE_PROCESS = ("gpu/test_kernels.py", "gpu/test_device.py")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "one_process: a test of one process's code that an N-rank pass would only "
-        "repeat N times (fresh interpreters reading a setting at import): the plain "
-        "pass runs it once, --suite-ranks leaves it out",
+        "one_process: a test of one process's code (no MPI, or fresh interpreters "
+        "reading a setting at import) that an N-rank pass would only repeat: the "
+        "plain pass runs it once, --suite-ranks leaves it out",
     )
 
 
@@ -62,7 +59,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
         return
     keep, drop = [], []
     for item in items:
-        own = any(part in item.nodeid for part in _OWN_JOBS + _ONE_PROCESS)
+        own = any(part in item.nodeid for part in _OWN_JOBS)
         own = own or item.get_closest_marker("one_process") is not None
         (drop if own else keep).append(item)
         if not own:

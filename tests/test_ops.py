@@ -115,16 +115,14 @@ def test_complex_scale_on_real_dtype(pg):
         pycoll.all_reduce(np.zeros(2), op=make_premul_sum(1j))
 
 
-def _fresh(code: str, name: str | dict, value=None, check: bool = True):
+def _fresh(code: str, settings: dict, check: bool = True):
     """``code`` run by a fresh interpreter (pycoll reads these settings at
-    import) with the environment variable ``name`` set to ``value``, or unset
-    where it is None (``name`` a dict: each of its variables so); its
-    completed process, output as text."""
+    import) with each environment variable of ``settings`` set to its value,
+    or unset where that is None; its completed process, output as text."""
     import os
     import subprocess
     import sys
 
-    settings = name if isinstance(name, dict) else {name: value}
     env = {k: v for k, v in os.environ.items() if k not in settings}
     env.update({k: v for k, v in settings.items() if v is not None})
     return subprocess.run(
@@ -141,7 +139,7 @@ def test_split_bytes_defaults_and_override(value, expected):
     # The defaults differ by rank count (measured crossovers); a value the user
     # sets applies to every rank count. Read at import: a fresh interpreter each.
     code = "from pycoll import ops; print(ops.SPLIT_BYTES, ops.SPLIT_BYTES_TWO_RANKS)"
-    out = _fresh(code, "PYCOLL_SPLIT_BYTES", value).stdout.split()
+    out = _fresh(code, {"PYCOLL_SPLIT_BYTES": value}).stdout.split()
     assert tuple(map(int, out)) == expected
 
 
@@ -158,14 +156,14 @@ def test_shm_bytes_default_and_override(value):
         "_mpi.VENDOR = 'MPICH'\n"
         "print(r._shm_least(), *(int(r._takes_window(n, 1 << 20)) for n in (2, 3, 4)))"
     )
-    out = _fresh(code, "PYCOLL_SHM_BYTES", value).stdout.split()
+    out = _fresh(code, {"PYCOLL_SHM_BYTES": value}).stdout.split()
     want = {None: [1 << 20, 0, 1, 0], "0": [0, 0, 0, 0], "1048576": [1 << 20, 1, 1, 1]}[value]
     assert list(map(int, out)) == want
 
 
 @pytest.mark.one_process
 def test_shm_bytes_must_be_a_number_of_bytes():
-    out = _fresh("import pycoll.collectives.reduce", "PYCOLL_SHM_BYTES", "1M", check=False)
+    out = _fresh("import pycoll.collectives.reduce", {"PYCOLL_SHM_BYTES": "1M"}, check=False)
     assert out.returncode != 0
     assert (
         "PYCOLL_SHM_BYTES='1M': set it to a number of bytes (0: never through the shared window)"
@@ -212,6 +210,6 @@ def test_a_path_size_default_and_override(value):
 @pytest.mark.one_process
 @pytest.mark.parametrize("name", list(SIZE_VARIABLES))
 def test_a_path_size_that_is_not_a_number_of_bytes_stops_the_import(name):
-    out = _fresh("import pycoll.collectives.reduce", name, "4M", check=False)
+    out = _fresh("import pycoll.collectives.reduce", {name: "4M"}, check=False)
     assert out.returncode != 0
     assert f"{name}='4M': set it to a number of bytes (0: never)" in out.stderr

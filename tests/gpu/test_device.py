@@ -9,6 +9,9 @@ from fakes import FakeCAI, FakeDLPack
 from pycoll import arrays
 from pycoll.gpu.device import adapt, host_alias, is_device
 
+# One process's code (no MPI): the plain pass runs it once.
+pytestmark = pytest.mark.one_process
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 

@@ -18,6 +18,9 @@ from pycoll.gpu import kernels, runtime
 from pycoll.gpu.device import adapt
 from support import REQUIRE_GPU, ufunc
 
+# One process's code (no MPI): the plain pass runs it once.
+pytestmark = pytest.mark.one_process
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 HALVES = [np.dtype(np.float16), BF16]
 FLOATS = HALVES + [np.dtype(np.float32), np.dtype(np.float64)]
