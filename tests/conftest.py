@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Optional
 
 import pytest
 
@@ -21,8 +22,11 @@ if os.environ.get("PYCOLL_TEST_GPU", "") != "1":
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 
-# Tests that start their own jobs or processes: they run in the plain pass only.
+# Tests that start their own jobs or processes: they run in the plain pass only
+# (an N-rank pass does not even collect them: tests/launch's collection alone
+# asks every venv's MPI its name, 9 s).
 _OWN_JOBS = (
+    "cluster/",
     "launch/",
     "testing/",
     "test_hangs.py",
@@ -51,6 +55,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run the suite's tests on N ranks: each is marked mpi(ranks=N) for "
         "pycoll.testing (with --mpi-reuse-all, one job runs them all)",
     )
+
+
+def pytest_ignore_collect(collection_path, config: pytest.Config) -> Optional[bool]:
+    if not config.getoption("suite_ranks"):
+        return None
+    path = collection_path.as_posix() + ("/" if collection_path.is_dir() else "")
+    return any(f"/tests/{part}" in path for part in _OWN_JOBS) or None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:

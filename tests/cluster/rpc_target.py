@@ -6,8 +6,9 @@ array, an RRef held there, and a backward pass through the remote part,
 each result and gradient checked against values worked out by hand. Then
 ``CLUSTER-OK {json}``.
 
-``ring``: every rank calls the rank after it, again and again, with a 15 s
-call timeout, saying RUNNING once; the test cuts a node off mid-call.
+``ring``: every rank calls the rank after it, again and again, with a call
+timeout of PYCOLL_TIMEOUT seconds (15 unset), saying RUNNING once; the test
+cuts a node off mid-call.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from pycoll.rpc import RpcBackendOptions
 
 rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 host = socket.gethostname()
-rpc.init_rpc(f"worker{rank}", rpc_backend_options=RpcBackendOptions(rpc_timeout=15))
+timeout = float(os.environ.get("PYCOLL_TIMEOUT", "15"))
+rpc.init_rpc(f"worker{rank}", rpc_backend_options=RpcBackendOptions(rpc_timeout=timeout))
 after = f"worker{(rank + 1) % size}"
 
 if sys.argv[1] == "ring":

@@ -297,14 +297,22 @@ for i in range(10**8):
 """
 
 
+# The fault jobs' group timeout: what each waits on once a node is gone. A
+# collective of the running job takes milliseconds; this leaves a busy
+# machine's stalls far behind it.
+FAULT_TIMEOUT_S = 8
+
+
 def _fault(family: str, tmp_path: Path, act, rpc: bool = False) -> subprocess.CompletedProcess:
-    """Start a 2x2 job with a 15 s timeout, of all_reduces (or, ``rpc``, of
+    """Start a 2x2 job with a FAULT_TIMEOUT_S timeout, of all_reduces (or, ``rpc``, of
     calls round a ring: rpc_target.py ring), ``act`` once every rank runs,
     and return how the job ended."""
     bin_ = torch_venv(family) if rpc else venv(family)
     script = tmp_path / "fault_job.py"
     script.write_text(FAULT_JOB)
-    assign = " ".join(f"{k}={v}" for k, v in {**ROOT_OK, "PYCOLL_TIMEOUT": "15"}.items())
+    assign = " ".join(
+        f"{k}={v}" for k, v in {**ROOT_OK, "PYCOLL_TIMEOUT": str(FAULT_TIMEOUT_S)}.items()
+    )
     args = f"{ROOT}/tests/cluster/rpc_target.py ring" if rpc else str(script)
     line = (
         f"cd {ROOT} && env {assign} timeout 150 {bin_}/pycoll-run "
@@ -357,7 +365,7 @@ def test_node_killed(family: str, tmp_path: Path) -> None:
 
     done = _fault(family, tmp_path, kill_node2)
     assert done.returncode not in (0, 124), done.stdout
-    assert float(done.stderr) < 15 + 30, (done.stderr, done.stdout)
+    assert float(done.stderr) < FAULT_TIMEOUT_S + 30, (done.stderr, done.stdout)
     assert "node2" in done.stdout, done.stdout
     assert not leftovers("fault_job.py"), leftovers("fault_job.py")
 
@@ -378,7 +386,7 @@ def test_node_cut_off(family: str, tmp_path: Path) -> None:
         for pid in _node_pids("node2", r"fault_job|hydra_pmi_proxy|prted|wrap\.py"):
             os.kill(pid, 9)  # (cut off, node2's part of the job cannot be told to stop)
     assert done.returncode not in (0, 124), done.stdout
-    assert float(done.stderr) < 15 + 30, (done.stderr, done.stdout)
+    assert float(done.stderr) < FAULT_TIMEOUT_S + 30, (done.stderr, done.stdout)
     assert "DistTimeoutError" in done.stdout, done.stdout
     assert re.search(r"ranks 2,3 on node2 have not reached seq \d+", done.stdout), done.stdout
     assert "rank 2 on node2: its progress record could not be read (no answer)" in done.stdout
@@ -402,7 +410,7 @@ def test_node_cut_off_during_rpc(family: str, tmp_path: Path) -> None:
         for pid in _node_pids("node2", r"rpc_target|hydra_pmi_proxy|prted|wrap\.py"):
             os.kill(pid, 9)
     assert done.returncode not in (0, 124), done.stdout
-    assert float(done.stderr) < 15 + 30, (done.stderr, done.stdout)
+    assert float(done.stderr) < FAULT_TIMEOUT_S + 30, (done.stderr, done.stdout)
     assert "DistTimeoutError" in done.stdout, done.stdout
     assert "got no reply in time" in done.stdout and "worker2" in done.stdout, done.stdout
     assert not _node_pids("node1", "rpc_target"), "ranks left running on node1"
@@ -429,7 +437,7 @@ def test_rank_on_other_node_stopped(family: str, tmp_path: Path) -> None:
             except ProcessLookupError:
                 pass
     assert done.returncode not in (0, 124), done.stdout
-    assert float(done.stderr) < 15 + 30, (done.stderr, done.stdout)
+    assert float(done.stderr) < FAULT_TIMEOUT_S + 30, (done.stderr, done.stdout)
     assert "DistTimeoutError" in done.stdout, done.stdout
     assert re.search(
         r"rank [23] on node2: (its progress record could not be read|has not reached it|"
