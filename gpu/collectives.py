@@ -1,11 +1,12 @@
 """Collectives on device arrays: staged through pinned host memory, or handed
 to a CUDA-aware MPI.
 
-Every collective that takes arrays declares them once (pycoll.dispatch), and
-a call with CUDA arrays comes here (:func:`call`) with its arguments and that
-declaration. The call then runs the host collective
-itself, so argument checks, sequence numbers, DETAIL fingerprints, timeouts
-and Work handles are pycoll's usual ones, on one of two kinds of host array:
+Every collective that takes arrays declares them once (pycoll.dispatch's
+``@collective``, with pycoll.spec's types), and a call with CUDA arrays comes
+here (:func:`call`) with its arguments and that declaration (a
+:class:`pycoll.spec.Spec`). The call then runs the host collective itself, so
+argument checks, sequence numbers, DETAIL fingerprints, timeouts and Work
+handles are pycoll's usual ones, on one of two kinds of host array:
 
 - **staged** (MPI is not CUDA-aware, the default for the MPI wheels): each
   device array gets a pinned host buffer from a reused pool; inputs are
@@ -41,9 +42,10 @@ import numpy as np
 
 from pycoll import _mpi, arrays
 from pycoll.collectives._common import device_aliases
-from pycoll.dispatch import IN, OUT, Spec
 from pycoll.groups import STATE, ProcessGroup, get_rank, resolve
-from pycoll.ops import ReduceOp, plan
+from pycoll.ops import plan
+from pycoll.reduceop import ReduceOp
+from pycoll.spec import IN, OUT, Spec
 from pycoll.trace import timeline
 from pycoll.work import AliasWork, Work
 

@@ -33,7 +33,7 @@ from typing import Any, Dict, Tuple, Union
 import numpy as np
 
 from pycoll.arrays import BFLOAT16, check_dtype, dtype_kind
-from pycoll.ops import check_pair
+from pycoll.reduceop import check_pair
 
 from . import runtime
 from .device import DeviceArray, host_alias

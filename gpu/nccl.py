@@ -32,8 +32,8 @@ import numpy as np
 from pycoll import crosscheck, watch
 from pycoll.arrays import BFLOAT16, check_size
 from pycoll.collectives._common import group_rank, sequenced
-from pycoll.dispatch import Spec
 from pycoll.ops import plan
+from pycoll.spec import Spec
 from pycoll.work import BaseWork, Future, to_seconds
 
 from . import kernels, runtime

@@ -22,7 +22,8 @@ from pycoll import _mpi, crosscheck, kernels
 from pycoll.arrays import mpi_datatype
 from pycoll.collectives._common import group_rank, run
 from pycoll.groups import resolve
-from pycoll.ops import ReduceOp, env_bytes, plan
+from pycoll.ops import env_bytes, plan
+from pycoll.reduceop import ReduceOp
 
 from . import runtime
 from .device import DeviceArray

@@ -35,27 +35,18 @@ TRACEBACK_FD = "PYCOLL_RUN_TRACEBACK_FD"  # as in wire.py (not imported: boot st
 
 def user_frames(tb: Optional[TracebackType], value: object = None) -> Optional[TracebackType]:
     """The traceback from the user's code on: without the leading frames of
-    this module and runpy, and, for pycoll's own errors (pycoll.errors: a
-    timeout, a mismatch, an MPI failure), without pycoll's frames, so that it
-    ends at the user's call, where the error's message takes over."""
+    this module and runpy, and, for pycoll's own errors, without pycoll's
+    frames (pycoll.errors.user_frames: it ends at the user's call). pycoll's
+    errors exist only where the target imported pycoll, so this imports
+    nothing of it."""
     here = os.path.abspath(__file__)
     while tb is not None and (
         os.path.abspath(tb.tb_frame.f_code.co_filename) == here
         or tb.tb_frame.f_globals.get("__name__") == "runpy"
     ):
         tb = tb.tb_next
-    if type(value).__module__ != "pycoll.errors":
-        return tb
-    kept = []
-    while tb is not None:
-        name = str(tb.tb_frame.f_globals.get("__name__", ""))
-        if name != "pycoll" and not name.startswith("pycoll."):
-            kept.append(tb)
-        tb = tb.tb_next
-    out = None
-    for entry in reversed(kept):
-        out = TracebackType(out, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
-    return out
+    errors = sys.modules.get("pycoll.errors")
+    return tb if errors is None else errors.user_frames(tb, value)
 
 
 def _hook(fd: int):

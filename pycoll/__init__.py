@@ -59,7 +59,7 @@ if _TYPE_CHECKING:  # the names, for type checkers; at run time they load on fir
         is_initialized,
         is_mpi_available,
     )
-    from .ops import ReduceOp, make_premul_sum
+    from .reduceop import ReduceOp, make_premul_sum
     from .subgroups import new_group, new_subgroups, new_subgroups_by_enumeration, split_group
     from .trace import dump_flight_record
     from .work import Future, Work
@@ -194,8 +194,8 @@ _EXPORTS = {
     "init_process_group": "world",
     "is_initialized": "groups",
     "is_mpi_available": "groups",
-    "ReduceOp": "ops",
-    "make_premul_sum": "ops",
+    "ReduceOp": "reduceop",
+    "make_premul_sum": "reduceop",
     "new_group": "subgroups",
     "new_subgroups": "subgroups",
     "new_subgroups_by_enumeration": "subgroups",

@@ -40,7 +40,8 @@ paths can carry a call is the same on every rank, so every rank takes the
 same path on every call, trials included.
 
 Where it applies (``PYCOLL_TUNING``, read by rank 0 at init and sent to
-every rank):
+every rank: pycoll.tuning.read_live and live_from, which the groups ask
+without importing this module):
 
 - unset: groups of two ranks. There every path adds each pair of elements
   once, so a result's bits do not depend on the path chosen
@@ -60,7 +61,6 @@ the order of folding; those, AVG and PREMUL_SUM keep the rule. Where ``PYCOLL_SH
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import deque
@@ -68,19 +68,14 @@ from typing import Any, Callable, Deque, Dict, FrozenSet, List, Optional, Sequen
 
 import numpy as np
 
-from . import _mpi, debug, tuning
+from . import _mpi, debug, tuning, watch
 
 __all__ = [
-    "ENV",
-    "MODES",
     "LIVE_FROM",
     "ROUNDS",
     "RECHECK",
     "RECHECK_ROUNDS",
     "MARGIN",
-    "read",
-    "install",
-    "least",
     "Trials",
     "trials",
     "chosen",
@@ -88,12 +83,6 @@ __all__ = [
     "timed",
 ]
 
-ENV = tuning.ENV
-MODES = ("pairs", "live", "off")  # unset, "live", "off"
-# The least all_reduce the trials decide: below, pycoll's exchange, doubling
-# and MPI's call take the sizes by rules measured on both MPIs, and a call's
-# Python (a few microseconds) would weigh on the timings.
-LIVE_FROM = 1 << 20
 ROUNDS = 7  # timed rounds of each candidate, after one untimed round
 # A machine's state moves (the window's 0.7x and 2.3x of MPI's time at 16 MiB
 # came minutes apart on the CI VM): every RECHECK calls of a class after its
@@ -106,39 +95,10 @@ RECHECK_ROUNDS = 4
 # is at most this, and its upper quartile under 1: within 5% the noise of a
 # shared machine could choose.
 MARGIN = 0.95
-_OVERRIDES = ("PYCOLL_SHM_BYTES", "PYCOLL_SPLIT_BYTES")
 _KEY = "autotune"
-
-MODE = "off"  # what install() was given (init_process_group)
-
-
-def read(environ: Any = os.environ) -> str:
-    """The mode ``PYCOLL_TUNING`` asks for (what rank 0 sends every rank at
-    init): ``"live"``, ``"off"``, or ``"pairs"`` where it is unset; ``"off"``
-    where it names a table (the table decides), or where it is unset and a
-    path's size is set by ``PYCOLL_SHM_BYTES`` or ``PYCOLL_SPLIT_BYTES``."""
-    value = environ.get(ENV, "").strip()
-    if value == "live":
-        return "live"
-    if value or any(environ.get(name, "").strip() for name in _OVERRIDES):
-        return "off"
-    return "pairs"
-
-
-def install(mode: str) -> None:
-    """Make ``mode`` (one of :data:`MODES`) the one groups made from now on use."""
-    global MODE
-    if mode not in MODES:
-        raise ValueError(f"autotune mode {mode!r} is none of {', '.join(MODES)}")
-    MODE = mode
-
-
-def least(ranks: int) -> int:
-    """For a new group of ``ranks``: the least all_reduce its trials decide
-    (tuning.NEVER where they do not apply: one comparison on the hot path)."""
-    if ranks < 2 or MODE == "off" or (MODE == "pairs" and ranks != 2):
-        return tuning.NEVER
-    return LIVE_FROM
+# Which groups' calls the trials decide, and from what size, is set at init
+# (pycoll.tuning.read_live, install_live, live_from).
+LIVE_FROM = tuning.LIVE_FROM
 
 
 def _rounds(paths: Sequence[str], rounds: int, untimed: int) -> List[Tuple[str, bool]]:
@@ -201,8 +161,6 @@ class Trials:
         group an earlier operation broke, raises as any call on it does,
         before the trials' own waits."""
         if pg._broken is not None:
-            from . import watch
-
             raise watch.broken(pg, func)
         with self.lock:
             entry = self.classes.get(key)
@@ -266,7 +224,6 @@ def _decide(pg: Any, func: str, key: Tuple[str, int, int], entry: _Class) -> Non
     largest over the ranks (one nonblocking all-reduce on the trials'
     communicator, waited for within the group's timeout), and from it the
     class's path, the same on every rank."""
-    from . import watch  # (here: watch imports pycoll.groups, which imports this module)
 
     MPI = _mpi.MPI
     seq = pg._seq + 1  # (the call this decision precedes, for a diagnosis)
@@ -315,7 +272,6 @@ def timed(
     if trial is None or not trial[1]:
         return call()
     entry = trial[0]
-    from . import watch
 
     seq = pg._seq + 1  # (the call, for a diagnosis)
     watch.wait(pg, func, seq, [_comm(pg, func, seq).Ibarrier()])
@@ -333,7 +289,6 @@ def _comm(pg: Any, func: str, seq: int) -> Any:
     rank never joins stays pending after the timeout, and on a communicator
     other collectives use (the call check's, on the side communicator) it
     would be matched with the next."""
-    from . import watch
 
     made = trials(pg)
     if made.comm is None:

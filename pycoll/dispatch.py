@@ -1,7 +1,7 @@
 """The one door for devices: each collective declares its arrays once.
 
 A collective is written for numpy arrays and declared with :func:`collective`,
-which names the role each array argument plays::
+which names the role each array argument plays (:class:`pycoll.spec.Array`)::
 
     @collective(Array("tensor", INOUT), aware=True)
     def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, stream=None):
@@ -12,9 +12,12 @@ numpy goes straight to the host body; any other call goes through
 :func:`route`, which sends CUDA arrays to the device layer
 (:func:`pycoll.gpu.collectives.call`: NCCL, CUDA-aware MPI, or staged
 through pinned memory), reading what it needs from the declaration
-(:class:`Spec`), and hands everything else to the host body, which raises the
-usual TypeError for what is no array at all. A new collective is one
-declaration here, and no table elsewhere repeats its parameters.
+(:class:`pycoll.spec.Spec`), and hands everything else to the host body,
+which raises the usual TypeError for what is no array at all. A new
+collective is one declaration, and no table elsewhere repeats its
+parameters. The declaration's types are pycoll.spec's, a module below both
+this door and the device layer, which the door loads only for a call that
+holds a CUDA array.
 
 Why the front is generated code rather than a ``*args, **kwargs`` wrapper:
 the 8-byte synchronous all_reduce, the call training loops make thousands of
@@ -28,136 +31,17 @@ import functools
 import inspect
 import linecache
 import sys
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Optional, TypeVar
 
 import numpy as np
 
 from . import torchcompat
 from .arrays import on_device
+from .spec import ONE, UNKNOWN, Array, Spec
 
-__all__ = [
-    "IN",
-    "OUT",
-    "INOUT",
-    "ONE",
-    "LIST",
-    "LISTS",
-    "UNKNOWN",
-    "Array",
-    "Spec",
-    "collective",
-    "route",
-]
-
-IN, OUT, INOUT = "in", "out", "inout"  # read, written, or both
-ONE, LIST, LISTS = "one", "list", "lists"  # an array, a list of them, a list of lists
+__all__ = ["collective", "route"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-# What a collective's ``known`` shortcut returns for a call it does not know.
-UNKNOWN: Any = object()
-
-
-class Array(NamedTuple):
-    """One array parameter of a collective.
-
-    ``root`` names the parameter (``"src"``/``"dst"``) of a rooted collective
-    and the role the array plays on that rank, where it differs from
-    ``role`` (a broadcast's tensor is read on src and written elsewhere).
-    """
-
-    name: str
-    role: str
-    form: str = ONE
-    root: Optional[Tuple[str, str]] = None
-
-
-class Spec:
-    """What the device layer knows of a collective, all read from its
-    declaration: its name, its host body, its arrays, and
-
-    - ``aware``: its host body only hands the buffers to MPI, so a CUDA-aware
-      MPI can be given device memory directly;
-    - ``chunked``: a large staged call is pipelined in chunks
-      (pycoll.gpu.staging);
-    - ``reduction``: it takes a ReduceOp (it has an ``op`` parameter);
-    - ``known``: a shortcut tried before the type checks, with the host
-      body's parameters: it runs a call it recognises (one whose arrays it
-      has seen, and so knows to be numpy: all_reduce_coalesced's kept lists)
-      and returns its result, or returns :data:`UNKNOWN`. A list of a
-      thousand gradients then is not type-checked on every call;
-    - ``synchronous``: it has no ``async_op`` and never returns a Work
-      (send, recv), so a call on tensors seen before takes the front's
-      tensor lane as a synchronous collective does.
-    """
-
-    __slots__ = ("name", "host", "arrays", "aware", "chunked", "reduction", "known", "synchronous")
-
-    def __init__(
-        self,
-        host: Callable[..., Any],
-        arrays: Tuple[Array, ...],
-        aware: bool,
-        chunked: bool,
-        known: Optional[Callable[..., Any]] = None,
-        synchronous: bool = False,
-    ) -> None:
-        params = inspect.signature(host).parameters
-        for a in arrays:
-            if a.name not in params:
-                raise TypeError(f"{host.__name__} has no parameter {a.name!r} to declare")
-        self.name: str = host.__name__
-        self.host = host
-        self.arrays = arrays
-        self.aware = aware
-        self.chunked = chunked
-        self.reduction = "op" in params
-        self.known = known
-        self.synchronous = synchronous
-
-    def __repr__(self) -> str:
-        return f"Spec({self.name}: {', '.join(f'{a.name} {a.role}' for a in self.arrays)})"
-
-    def found(self, args: Dict[str, Any]) -> Iterator[Tuple[Tuple[Any, ...], Array, Any]]:
-        """Every array of a call, as (path, declaration, value): the path is
-        the parameter name then the list indices, e.g. ``("tensor_list", 2)``."""
-        for a in self.arrays:
-            value = args.get(a.name)
-            if value is None:
-                continue
-            if a.form == ONE:
-                yield (a.name,), a, value
-            elif isinstance(value, (list, tuple)):
-                for i, x in enumerate(value):
-                    if a.form == LIST:
-                        yield (a.name, i), a, x
-                    elif isinstance(x, (list, tuple)):
-                        for j, y in enumerate(x):
-                            yield (a.name, i, j), a, y
-
-    @staticmethod
-    def put(args: Dict[str, Any], path: Tuple[Any, ...], value: Any) -> None:
-        """Replace the array at ``path`` (from :meth:`found`) in ``args``; the
-        caller's lists are copied, never changed."""
-        if len(path) == 1:
-            args[path[0]] = value
-            return
-        container = args[path[0]] = list(args[path[0]])
-        for i in path[1:-1]:
-            container[i] = list(container[i])
-            container = container[i]
-        container[path[-1]] = value
-
-    @staticmethod
-    def label(path: Tuple[Any, ...]) -> str:
-        """A path as the user wrote it: ``tensor_list[2]``."""
-        return str(path[0]) + "".join(f"[{i}]" for i in path[1:])
-
-    def role(self, a: Array, args: Dict[str, Any], rank: int) -> str:
-        """The role array ``a`` plays in this call on global rank ``rank``."""
-        if a.root is not None and args.get(a.root[0]) == rank:
-            return a.root[1]
-        return a.role
 
 
 def collective(
@@ -295,7 +179,7 @@ def _front(spec: Spec) -> Callable[..., Any]:
         f"    return _route(_spec, {{{', '.join(f'{n!r}: {n}' for n in params)}}})\n"
     )
     scope = {
-        "__name__": spec.host.__module__,  # its frames are pycoll's (launch.boot.user_frames)
+        "__name__": spec.host.__module__,  # its frames are pycoll's (pycoll.errors.user_frames)
         "_defaults": defaults,
         "_ndarray": np.ndarray,
         "_numpy_only": _numpy_only,

@@ -7,6 +7,7 @@ facts of the failure as attributes, so code never has to parse a message.
 
 from __future__ import annotations
 
+from types import TracebackType
 from typing import Dict, List, Optional
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "CollectiveMismatchError",
     "monitored_barrier_words",
     "timed_out_words",
+    "user_frames",
 ]
 
 
@@ -114,3 +116,23 @@ def monitored_barrier_words(ranks: List[int], seconds: Optional[float]) -> str:
         who = f"Ranks {', '.join(map(str, ranks))}"
     within = f" in {round(seconds * 1000)} ms" if seconds is not None else ""
     return f"{who} failed to pass monitoredBarrier{within}"
+
+
+def user_frames(tb: Optional[TracebackType], value: object = None) -> Optional[TracebackType]:
+    """For pycoll's own errors (a timeout, a mismatch, an MPI failure), the
+    traceback ``tb`` without pycoll's frames, so that it ends at the user's
+    call, where the error's message takes over; any other exception's (an
+    argument error, a bug inside pycoll) as it is. Used by the excepthooks of
+    pycoll.watch and of pycoll-run's ranks (pycoll.launch.boot)."""
+    if type(value).__module__ != __name__:
+        return tb
+    kept = []
+    while tb is not None:
+        name = str(tb.tb_frame.f_globals.get("__name__", ""))
+        if name != "pycoll" and not name.startswith("pycoll."):
+            kept.append(tb)
+        tb = tb.tb_next
+    out = None
+    for entry in reversed(kept):
+        out = TracebackType(out, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return out

@@ -61,7 +61,7 @@ from .collectives.gather import all_gather_into_tensor as _all_gather_into_tenso
 from .collectives.reduce import all_reduce as _all_reduce
 from .collectives.reduce import reduce_scatter_tensor as _reduce_scatter_tensor
 from .collectives.scatter import broadcast as _broadcast
-from .ops import ReduceOp
+from .reduceop import ReduceOp
 from .subgroups import new_group
 
 __all__ = [

@@ -34,7 +34,8 @@ from .arrays import check_list, check_output, check_same_dtype
 from .collectives import shm
 from .collectives._common import run
 from .groups import ProcessGroup, resolve
-from .ops import ReduceOp, plan
+from .ops import plan
+from .reduceop import ReduceOp
 from .work import Work
 
 __all__ = ["FusedAllReduce"]

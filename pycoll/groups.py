@@ -15,7 +15,7 @@ import warnings
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import _mpi, autotune, crosscheck, tuning
+from . import _mpi, crosscheck, tuning
 from .progress import uid_of
 from .trace import recorder
 
@@ -186,8 +186,8 @@ class ProcessGroup:
         self._tuned_from, self._tuned = tuning.entries_for("all_reduce", self._size)
         self._tuned_rs_from, self._tuned_rs = tuning.entries_for("reduce_scatter", self._size)
         # The least all_reduce whose path its own first calls measure and
-        # choose (pycoll.autotune; tuning.NEVER where none do).
-        self._live_from = autotune.least(self._size)
+        # choose (pycoll.autotune; tuning.NEVER where none do: tuning.live_from).
+        self._live_from = tuning.live_from(self._size)
         # A peer's message may still come on comm outside any call (a
         # monitored_barrier gave up waiting for it): destroy_process_group
         # then leaves the communicator to MPI_Finalize, as a freed one's

@@ -1,144 +1,27 @@
-"""Reduction operations: ReduceOp, and how each (op, dtype) pair is carried out.
+"""How each (op, dtype) pair is carried out on MPI: :class:`Plan` and :func:`plan`.
 
 MPI reduces the types and ops it knows. The rest is built here from MPI
 pieces: AVG is a SUM followed by a division, PREMUL_SUM a scaling followed
 by a SUM, and float16/bfloat16 arithmetic (and NaN-propagating MIN/MAX on
 floats) an MPI user-defined op running pycoll's compiled kernels
-(pycoll.kernels). Pairs with no meaning (MIN on complex numbers, XOR on
-floats) raise a ValueError naming both.
+(pycoll.kernels). The ops themselves, and which pairs have a meaning, are
+pycoll.reduceop's, below both this module and the kernels; the sizes from
+which a reduction takes pycoll's ring are here, with the rule that chooses it.
 """
 
 from __future__ import annotations
 
-import numbers
 import os
 import sys
-from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union, cast
+from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
 
-from . import _mpi, crosscheck
-from .arrays import check_dtype, dtype_kind, mpi_datatype
+from . import _mpi, crosscheck, kernels
+from .arrays import check_dtype, mpi_datatype
+from .reduceop import MEMBERS, NAMES, ReduceOp, check_pair
 
-__all__ = ["ReduceOp", "make_premul_sum"]
-
-_NAMES = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
-
-
-class ReduceOp:
-    """A reduction operation for all_reduce, reduce and reduce_scatter.
-
-    The members are ``ReduceOp.SUM``, ``AVG``, ``PRODUCT``, ``MIN``, ``MAX``,
-    ``BAND``, ``BOR`` and ``BXOR``; a pre-multiplied sum comes from
-    :func:`make_premul_sum`. ``ReduceOp(op)`` copies an op. Ops compare equal
-    when they are the same operation (and, for PREMUL_SUM, the same scale),
-    hash, copy and pickle; comparing with anything else is simply False.
-    """
-
-    __slots__ = ("_name", "_scale", "_plans")
-    _name: str
-    _scale: Optional[Union[float, complex]]
-    _plans: Dict[np.dtype, Plan]
-
-    SUM: ReduceOp
-    AVG: ReduceOp
-    PRODUCT: ReduceOp
-    MIN: ReduceOp
-    MAX: ReduceOp
-    BAND: ReduceOp
-    BOR: ReduceOp
-    BXOR: ReduceOp
-
-    def __new__(cls, op: Union[ReduceOp, str]) -> ReduceOp:
-        # Named ops are singletons, so each caches how it runs on each dtype.
-        if isinstance(op, ReduceOp):
-            return op
-        if isinstance(op, str) and op.upper() in _MEMBERS:
-            return _MEMBERS[op.upper()]
-        raise ValueError(
-            f"unknown reduce op {op!r}; use one of ReduceOp.SUM, AVG, PRODUCT, "
-            f"MIN, MAX, BAND, BOR, BXOR or make_premul_sum(scale)"
-        )
-
-    @classmethod
-    def _make(cls, name: str, scale: Any) -> ReduceOp:
-        op = object.__new__(cls)
-        object.__setattr__(op, "_name", name)
-        object.__setattr__(op, "_scale", scale)
-        object.__setattr__(op, "_plans", {})
-        return op
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        raise AttributeError("ReduceOp is immutable")
-
-    @property
-    def name(self) -> str:
-        """The operation's name, e.g. ``"SUM"``."""
-        return self._name
-
-    @property
-    def scale(self) -> Optional[Union[float, complex]]:
-        """The scale of a PREMUL_SUM, None for every other op."""
-        return self._scale
-
-    def __init__(self, op: Union[ReduceOp, str]) -> None:
-        pass  # all the work is in __new__
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ReduceOp):
-            return NotImplemented
-        return self._name == other._name and self._scale == other._scale
-
-    def __hash__(self) -> int:
-        return hash((self._name, self._scale))
-
-    def __repr__(self) -> str:
-        if self._name == "PREMUL_SUM":
-            return f"ReduceOp.PREMUL_SUM({self._scale!r})"
-        return f"ReduceOp.{self._name}"
-
-    def __reduce__(self) -> Tuple[Callable, tuple]:
-        if self._name == "PREMUL_SUM":
-            return (make_premul_sum, (self._scale,))
-        return (ReduceOp, (self._name,))
-
-    def __copy__(self) -> ReduceOp:
-        return self
-
-    def __deepcopy__(self, memo: dict) -> ReduceOp:
-        return self
-
-
-_MEMBERS: Dict[str, ReduceOp] = {}
-for _name in _NAMES[:-1]:
-    _MEMBERS[_name] = ReduceOp._make(_name, None)
-    setattr(ReduceOp, _name, _MEMBERS[_name])
-
-
-def make_premul_sum(scale: Any) -> ReduceOp:
-    """A SUM that multiplies each rank's input by ``scale`` first.
-
-    Args:
-        scale: a real or complex number, or an array holding exactly one.
-
-    Returns:
-        A ReduceOp whose ``name`` is ``"PREMUL_SUM"``.
-    """
-    if isinstance(scale, np.ndarray):
-        if scale.size != 1:
-            raise ValueError(
-                f"make_premul_sum: scale must be a number or a one-element array, "
-                f"got an array of shape {scale.shape}"
-            )
-        scale = scale.reshape(()).item()
-    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Number):
-        raise TypeError(f"make_premul_sum: scale must be a number, got {type(scale).__name__}")
-    value: Union[float, complex]
-    if isinstance(scale, numbers.Real):
-        value = float(scale)
-    else:
-        value = complex(cast(complex, scale))  # a numbers.Complex has __complex__
-    return ReduceOp._make("PREMUL_SUM", value)
+__all__ = ["Plan", "plan", "free_user_ops", "env_bytes"]
 
 
 class Plan(NamedTuple):
@@ -185,37 +68,29 @@ class Plan(NamedTuple):
         return "SUM" if self.average or self.prescale is not None else op.name
 
 
-# MPI's op for each (op, dtype kind); a missing entry means the pair has no
-# meaning. Logical ops serve bool as torch does: SUM and MAX are "any",
-# PRODUCT and MIN are "all".
-_BUILTIN = {
-    "bool": {
-        "SUM": "LOR",
-        "PRODUCT": "LAND",
-        "MIN": "LAND",
-        "MAX": "LOR",
-        "BAND": "LAND",
-        "BOR": "LOR",
-        "BXOR": "LXOR",
-    },
-    "int": {
-        "SUM": "SUM",
-        "PRODUCT": "PROD",
-        "MIN": "MIN",
-        "MAX": "MAX",
-        "BAND": "BAND",
-        "BOR": "BOR",
-        "BXOR": "BXOR",
-    },
-    "float": {
-        "SUM": "SUM",
-        "PRODUCT": "PROD",
-        "MIN": "MIN",
-        "MAX": "MAX",
-        "AVG": "SUM",
-        "PREMUL_SUM": "SUM",
-    },
-    "complex": {"SUM": "SUM", "PRODUCT": "PROD", "AVG": "SUM", "PREMUL_SUM": "SUM"},
+# MPI's op for each op pycoll.reduceop defines (check_pair says which pairs
+# have a meaning). Logical ops serve bool as torch does: SUM and MAX are
+# "any", PRODUCT and MIN are "all". AVG and PREMUL_SUM are a SUM with a
+# division after or a scaling before.
+_LOGICAL = {
+    "SUM": "LOR",
+    "PRODUCT": "LAND",
+    "MIN": "LAND",
+    "MAX": "LOR",
+    "BAND": "LAND",
+    "BOR": "LOR",
+    "BXOR": "LXOR",
+}
+_ARITHMETIC = {
+    "SUM": "SUM",
+    "PRODUCT": "PROD",
+    "MIN": "MIN",
+    "MAX": "MAX",
+    "BAND": "BAND",
+    "BOR": "BOR",
+    "BXOR": "BXOR",
+    "AVG": "SUM",
+    "PREMUL_SUM": "SUM",
 }
 # float16 / bfloat16, and MIN/MAX on floats: pycoll's compiled kernels as MPI
 # user ops (pycoll.kernels). MPI has no 16-bit float arithmetic, and its own
@@ -264,24 +139,6 @@ RING_BYTES = 8 << 20 if _SET is None else _SET
 # by these rules; others (Intel MPI, MVAPICH...) keep their own call.
 RING_MPIS = ("MPICH", "Open MPI")
 
-_WHY = {
-    "bool": "AVG and PREMUL_SUM have no boolean result; cast to a floating dtype",
-    "int": "AVG and PREMUL_SUM would have to round to an integer; cast to a floating dtype",
-    "half": "bitwise ops apply to integers and bool only",
-    "float": "bitwise ops apply to integers and bool only",
-    "complex": "complex numbers have no order (MIN/MAX) and no bits to combine (BAND/BOR/BXOR)",
-}
-
-
-def check_pair(name: str, dtype: np.dtype, func: str) -> str:
-    """Raise the ValueError for an (op name, dtype) pair with no meaning, naming
-    both and why; return the dtype's kind."""
-    kind = dtype_kind(dtype)
-    valid = _KERNEL_OPS["half"] if kind == "half" else _BUILTIN[kind]
-    if name not in valid:
-        raise ValueError(f"{func}: ReduceOp.{name} is not defined for dtype {dtype}: {_WHY[kind]}")
-    return kind
-
 
 def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
     """Return how to carry out ``op`` on ``dtype``, or raise if it has no meaning.
@@ -293,9 +150,9 @@ def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
         ValueError: the pair (op, dtype) is not defined.
     """
     if not isinstance(op, ReduceOp):
-        names = ", ".join(f"ReduceOp.{name}" for name in _NAMES if name != "PREMUL_SUM")
+        names = ", ".join(f"ReduceOp.{name}" for name in NAMES if name != "PREMUL_SUM")
         hint = ""
-        if isinstance(op, str) and op.upper() in _NAMES:
+        if isinstance(op, str) and op.upper() in NAMES:
             hint = f" (for {op!r}, pass pycoll.ReduceOp.{op.upper()})"
         raise TypeError(
             f"{func}: op must be a pycoll.ReduceOp, one of {names} or "
@@ -306,11 +163,9 @@ def plan(op: Any, dtype: np.dtype, func: str) -> Plan:
     kind = check_pair(name, dtype, func)
     user_op = name in _KERNEL_OPS.get(kind, ())
     if user_op:
-        from . import kernels
-
         mpi_op = kernels.mpi_op(name, dtype)
     else:
-        mpi_op = getattr(_mpi.load(), _BUILTIN[kind][name])
+        mpi_op = getattr(_mpi.load(), (_LOGICAL if kind == "bool" else _ARITHMETIC)[name])
     scale = op.scale
     if scale is not None and isinstance(scale, complex) and kind != "complex":
         raise ValueError(
@@ -342,5 +197,5 @@ def free_user_ops() -> None:
     mpiop = sys.modules.get("pycoll.kernels.mpiop")  # never import numba just to free
     if mpiop is not None:
         mpiop.free_all()
-    for member in _MEMBERS.values():
+    for member in MEMBERS.values():
         member._plans.clear()

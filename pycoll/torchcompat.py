@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 import numpy as np
 
 from .arrays import BFLOAT16
-from .ops import ReduceOp, make_premul_sum
+from .reduceop import ReduceOp, make_premul_sum
 from .work import AliasWork, BaseWork
 
 if TYPE_CHECKING:
-    from .dispatch import Spec
+    from .spec import Spec
 
 __all__ = ["imported", "aliased", "call", "host_view", "kept_view", "lane_op", "reduce_op"]
 

@@ -1,6 +1,8 @@
-"""A tuning table: which path a large all_reduce or reduce-scatter takes
-on this machine, measured on it (``python -m pycoll.bench.tune``), as MPICH's and Open MPI's
-tuning files do for their own algorithms.
+"""What ``PYCOLL_TUNING`` sets: a tuning table, which path a large all_reduce
+or reduce-scatter takes on this machine, measured on it (``python -m
+pycoll.bench.tune``), as MPICH's and Open MPI's tuning files do for their own
+algorithms; or which groups the live trials (pycoll.autotune) cover
+(:func:`read_live`, :func:`live_from`).
 
 pycoll's built-in rule (pycoll.collectives.reduce) was measured on two
 machines, and a path that wins on one can lose on the other: the shared
@@ -79,6 +81,16 @@ PATHS = COLLECTIVES["all_reduce"]
 VERSION = 1
 LIVE_MODES = ("live", "off")  # values of PYCOLL_TUNING that name no file (pycoll.autotune)
 NEVER = 1 << 62  # a group with no entries: no size reaches it
+# The live tuning (pycoll.autotune): which groups' large calls its trials
+# decide, as PYCOLL_TUNING sets it ("live": every group; unset: groups of
+# two ranks, "pairs"; "off" or a table: none). LIVE_FROM is the least
+# all_reduce they decide: below, pycoll's exchange, doubling and MPI's call
+# take the sizes by rules measured on both MPIs, and a call's Python (a few
+# microseconds) would weigh on the timings.
+LIVE = ("pairs", "live", "off")
+LIVE_FROM = 1 << 20
+LIVE_MODE = "off"  # what install_live() was given (init_process_group)
+_LIVE_OVERRIDES = ("PYCOLL_SHM_BYTES", "PYCOLL_SPLIT_BYTES")
 _OTHER_KEYS = ("pycoll_tuning", "measured")
 
 Entries = Tuple[List[int], List[str]]  # the entries' first sizes (increasing), their paths
@@ -188,6 +200,36 @@ def install(table: Optional[Table]) -> None:
 
 
 _NONE: Entries = ([NEVER], ["mpi"])  # the entries of a group the table does not decide
+
+
+def read_live(environ: Any = os.environ) -> str:
+    """The live tuning ``PYCOLL_TUNING`` asks for (what rank 0 sends every rank
+    at init): ``"live"``, ``"off"``, or ``"pairs"`` where it is unset;
+    ``"off"`` where it names a table (the table decides), or where it is unset
+    and a path's size is set by ``PYCOLL_SHM_BYTES`` or ``PYCOLL_SPLIT_BYTES``."""
+    value = environ.get(ENV, "").strip()
+    if value == "live":
+        return "live"
+    if value or any(environ.get(name, "").strip() for name in _LIVE_OVERRIDES):
+        return "off"
+    return "pairs"
+
+
+def install_live(mode: str) -> None:
+    """Make ``mode`` (one of :data:`LIVE`) the one groups made from now on use."""
+    global LIVE_MODE
+    if mode not in LIVE:
+        raise ValueError(f"live tuning mode {mode!r} is none of {', '.join(LIVE)}")
+    LIVE_MODE = mode
+
+
+def live_from(ranks: int) -> int:
+    """For a new group of ``ranks``: the least all_reduce the live trials
+    decide (:data:`NEVER` where they do not apply: one comparison on the hot
+    path)."""
+    if ranks < 2 or LIVE_MODE == "off" or (LIVE_MODE == "pairs" and ranks != 2):
+        return NEVER
+    return LIVE_FROM
 
 
 def entries_for(collective: str, ranks: int) -> Tuple[int, Entries]:

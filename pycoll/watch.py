@@ -26,10 +26,14 @@ import threading
 import time
 from typing import Any, Callable, List, Optional, Tuple, Union
 
-from pycoll.launch.boot import user_frames
-
 from . import _mpi, crosscheck, debug, progress
-from .errors import CollectiveMismatchError, DistBackendError, DistError, DistTimeoutError
+from .errors import (
+    CollectiveMismatchError,
+    DistBackendError,
+    DistError,
+    DistTimeoutError,
+    user_frames,
+)
 from .groups import STATE, ProcessGroup
 from .trace import recorder
 
@@ -112,7 +116,7 @@ def _watch_blocking() -> None:
 class _AbortingHook:
     """``sys.excepthook`` while the default group lives: print the traceback
     (through the hook that was there before; for pycoll's own errors it ends
-    at the user's call: pycoll.launch.boot.user_frames), then end the whole job.
+    at the user's call: pycoll.errors.user_frames), then end the whole job.
 
     Without it, one rank's uncaught exception leaves the others waiting in
     their next collective until its timeout (30 minutes by default), as under

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from pycoll.gpu.backend_config import BackendConfig
 
-from . import _mpi, autotune, crosscheck, debug, native, persistent, progress, tuning, watch
+from . import _mpi, crosscheck, debug, native, persistent, progress, tuning, watch
 from .groups import (
     BACKEND,
     STATE,
@@ -155,12 +155,14 @@ def init_process_group(
     # table and the live tuning's mode; every rank gets them, so every rank
     # chooses its paths alike.
     job = time.strftime("%Y%m%d-%H%M%S-") + str(os.getpid()) if me == 0 else None
-    job, table, error, live = own.bcast((job, *tuning.read(), autotune.read()) if me == 0 else None)
+    job, table, error, live = own.bcast(
+        (job, *tuning.read(), tuning.read_live()) if me == 0 else None
+    )
     if error is not None:
         own.Free()
         raise ValueError(f"init_process_group: {error}")
     tuning.install(tuning.for_job(table, one_node=local_size == size, warn=me == 0))
-    autotune.install(live)
+    tuning.install_live(live)
     STATE.local_rank, STATE.local_size = local_rank, local_size
     watch.set_spinning(STATE.local_size <= cores())
     STATE.board = Board(own, timeout.total_seconds())
@@ -209,7 +211,7 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         STATE.local_rank = STATE.local_size = None
         GroupMember.WORLD = None
         tuning.install(None)
-        autotune.install("off")
+        tuning.install_live("off")
         watch.remove_excepthook()
     else:
         member = resolve(group, "destroy_process_group")

@@ -45,12 +45,12 @@ def live(world_size, monkeypatch):
     if world_size == 1:
         pytest.skip("the trials decide groups of 2 or more ranks")
     monkeypatch.setattr(autotune, "ROUNDS", 1)
-    before = autotune.MODE
-    autotune.install("live")
+    before = tuning.LIVE_MODE
+    tuning.install_live("live")
     try:
         g = pycoll.new_group()
     finally:
-        autotune.install(before)
+        tuning.install_live(before)
     yield g
     if g._broken is None:
         pycoll.destroy_process_group(g)
@@ -388,10 +388,10 @@ def test_on_two_ranks_the_bits_are_the_same_whichever_path(func, op, dtype, monk
     results = {}
     for fast in PATHS[func]:
         fake_times(monkeypatch, lambda path, fast=fast: 0.1 if path == fast else 1.0)
-        before = autotune.MODE
-        autotune.install("pairs")  # (the default: PYCOLL_TUNING unset)
+        before = tuning.LIVE_MODE
+        tuning.install_live("pairs")  # (the default: PYCOLL_TUNING unset)
         g = pycoll.new_group([0, 1])
-        autotune.install(before)
+        tuning.install_live(before)
         if rank < 2:
             assert g._live_from == autotune.LIVE_FROM
             x = special(rank, dtype, n)
@@ -416,10 +416,10 @@ def test_a_rank_that_never_comes_to_the_decision_is_named(monkeypatch, rank, wor
     if watch.BLOCKING:
         pytest.skip("a blocking call's timeout ends the job (tests/test_hangs.py)")
     monkeypatch.setattr(autotune, "ROUNDS", 1)
-    before = autotune.MODE
-    autotune.install("live")
+    before = tuning.LIVE_MODE
+    tuning.install_live("live")
     g = pycoll.new_group([0, 1], timeout=timedelta(seconds=3))
-    autotune.install(before)
+    tuning.install_live(before)
     if rank < 2:
         x = np.ones(MIB // 4, np.float32)
         for _ in range(6):  # the trials
@@ -439,26 +439,26 @@ def test_a_rank_that_never_comes_to_the_decision_is_named(monkeypatch, rank, wor
 
 
 def test_the_mode_from_the_environment():
-    assert autotune.read({}) == "pairs"
-    assert autotune.read({"PYCOLL_TUNING": " live "}) == "live"
-    assert autotune.read({"PYCOLL_TUNING": "off"}) == "off"
-    assert autotune.read({"PYCOLL_TUNING": "/a/table.json"}) == "off"  # the table decides
-    assert autotune.read({"PYCOLL_SHM_BYTES": "0"}) == "off"
-    assert autotune.read({"PYCOLL_SPLIT_BYTES": "1048576"}) == "off"
-    assert autotune.read({"PYCOLL_SPLIT_BYTES": "0", "PYCOLL_TUNING": "live"}) == "live"
+    assert tuning.read_live({}) == "pairs"
+    assert tuning.read_live({"PYCOLL_TUNING": " live "}) == "live"
+    assert tuning.read_live({"PYCOLL_TUNING": "off"}) == "off"
+    assert tuning.read_live({"PYCOLL_TUNING": "/a/table.json"}) == "off"  # the table decides
+    assert tuning.read_live({"PYCOLL_SHM_BYTES": "0"}) == "off"
+    assert tuning.read_live({"PYCOLL_SPLIT_BYTES": "1048576"}) == "off"
+    assert tuning.read_live({"PYCOLL_SPLIT_BYTES": "0", "PYCOLL_TUNING": "live"}) == "live"
     assert tuning.read({"PYCOLL_TUNING": "live"}) == (None, None)
     assert tuning.read({"PYCOLL_TUNING": "off"}) == (None, None)
 
 
 def test_which_groups_the_mode_covers():
-    before = autotune.MODE
+    before = tuning.LIVE_MODE
     try:
         for mode, sizes in (("pairs", {2}), ("live", set(range(2, 65))), ("off", set())):
-            autotune.install(mode)
-            got = {n for n in range(1, 65) if autotune.least(n) == autotune.LIVE_FROM}
+            tuning.install_live(mode)
+            got = {n for n in range(1, 65) if tuning.live_from(n) == autotune.LIVE_FROM}
             assert got == sizes, mode
-            assert all(autotune.least(n) == tuning.NEVER for n in range(1, 65) if n not in sizes)
+            assert all(tuning.live_from(n) == tuning.NEVER for n in range(1, 65) if n not in sizes)
         with pytest.raises(ValueError, match="'auto' is none of pairs, live, off"):
-            autotune.install("auto")
+            tuning.install_live("auto")
     finally:
-        autotune.install(before)
+        tuning.install_live(before)

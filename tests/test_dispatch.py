@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import pycoll
-from pycoll.dispatch import IN, INOUT, LIST, OUT, Array, collective
+from pycoll.dispatch import collective
+from pycoll.spec import IN, INOUT, LIST, OUT, UNKNOWN, Array
 
 # Written out by hand: the collectives whose arrays a device can hold.
 DECLARED = {
@@ -108,8 +109,6 @@ def test_defaults_and_keywords_reach_the_body():
 def test_a_known_call_skips_the_checks_and_an_unknown_one_does_not():
     """``known`` runs first, with the body's arguments: what it returns is the
     call's result, unless it is UNKNOWN; then the usual checks and routes."""
-    from pycoll.dispatch import UNKNOWN
-
     seen = []
     mine = [np.zeros(1)]
 

@@ -26,6 +26,7 @@ from pycoll import CollectiveMismatchError, _mpi, crosscheck, native, persistent
 from pycoll.arrays import mpi_datatype
 from pycoll.collectives import _common, alltoall, barrier, gather, pair, reduce, scatter
 from pycoll.errors import DistTimeoutError
+from pycoll.kernels import words
 from pycoll.progress import BUSY
 from pycoll.trace import recorder
 from support import BF16
@@ -340,7 +341,7 @@ def test_reduce_scatter_tensor_of_large_parts(group, plain_calls, rank, world_si
     assert plain_calls == {"reduce_scatter_tensor": 1}
     known = group._native.calls[id(inp if in_place else out)]
     v = _mpi.reduce_scatter_v(k * 8)
-    assert known[native._WORDS][0][native.WHAT] == (
+    assert known[native._WORDS][0][words.WHAT] == (
         native.REDUCE_SCATTER_V if v else native.REDUCE_SCATTER
     )
 
@@ -410,10 +411,10 @@ def test_all_to_all_single_of_large_parts(group, plain_calls, rank, world_size, 
         assert_array_equal(out, want)
     assert plain_calls == {"all_to_all_single": 1}
     known = group._native.calls[id(out)]
-    words = known[native._WORDS][0]
-    assert words[native.WHAT] == native.ALL_TO_ALL_V
+    kept = known[native._WORDS][0]
+    assert kept[words.WHAT] == native.ALL_TO_ALL_V
     if in_place:  # (the copy skips this rank's own part, which MPI never reads)
-        assert list(words[native.IN_SKIP : native.IN_TABLE]) == [count * 8 * rank, count * 8]
+        assert list(kept[words.IN_SKIP : words.IN_TABLE]) == [count * 8 * rank, count * 8]
 
 
 def test_several_calls_on_one_array_are_each_kept(group, plain_calls, keeps, rank,
@@ -1355,7 +1356,7 @@ def test_plans_are_started_compiled(planned, plan_calls, rank, world_size, case)
     assert planned._plans.made  # (made on every rank: its own count of the calls)
     assert plan_calls == []  # (kept at the plan's first use)
     known = planned._native.calls[id(main)]
-    assert known[native._WORDS][0][native.WHAT] == native.START
+    assert known[native._WORDS][0][words.WHAT] == native.START
 
 
 def test_plans_are_agreed_when_ranks_keep_different_calls(planned, rank, world_size):

@@ -8,7 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import pycoll
+
+# The package's modules and names: one process's code.
+pytestmark = pytest.mark.one_process
 
 
 def test_every_public_name_resolves():
@@ -97,7 +102,6 @@ LATE = {
     # the device layer: only a call holding a CUDA array needs it
     ("pycoll/dispatch.py", "pycoll.gpu.collectives"),
     # numba compiles on first use
-    ("pycoll/ops.py", "."),
     ("pycoll/kernels/__init__.py", ".elementwise"),
     ("pycoll/kernels/__init__.py", "."),
     # the compiled fast path: numba only for a job that makes many calls
@@ -106,9 +110,6 @@ LATE = {
     ("pycoll/testing/plugin.py", "pycoll"),
     # torch's import-torch hook: inside its try, so a failure never breaks `import torch`
     ("pycoll/_torch_hook.py", "pycoll.torch"),
-    # the live tuning's exchange waits through pycoll.watch, which imports
-    # pycoll.groups, which imports pycoll.autotune (every group's _live_from)
-    ("pycoll/autotune.py", "."),
 }
 
 
@@ -117,3 +118,89 @@ def test_pycoll_imports_its_modules_at_the_top():
     late = _late_imports(here / "pycoll", "pycoll") | _late_imports(here / "gpu", "gpu")
     late = {(f, m) for f, m in late if not f.startswith("pycoll/bench/")}  # a command
     assert late == LATE
+
+
+# Where each source directory is installed (setup.cfg's package_dir).
+_INSTALLED = {"pycoll": "pycoll", "gpu": "pycoll.gpu", "launch": "pycoll.launch"}
+
+
+def _modules() -> dict:
+    """Every module of the package, by its installed name: its source path."""
+    here = Path(__file__).resolve().parent.parent
+    found = {}
+    for directory, package in _INSTALLED.items():
+        for path in sorted((here / directory).rglob("*.py")):
+            parts = list(path.relative_to(here / directory).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def _imports(modules: dict) -> dict:
+    """module -> the package's modules it imports, at its top or in a function
+    (not those under ``if TYPE_CHECKING:``, which never run)."""
+
+    def owner(name: str) -> str:
+        while name not in modules and "." in name:
+            name = name.rsplit(".", 1)[0]
+        return name
+
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        targets = set()
+
+        def visit(node: ast.AST) -> None:
+            for child in ast.iter_child_nodes(node):
+                test = getattr(child, "test", None)
+                if isinstance(child, ast.If) and getattr(test, "id", "") == "TYPE_CHECKING":
+                    continue
+                if isinstance(child, ast.Import):
+                    targets.update(a.name for a in child.names if a.name.startswith("pycoll"))
+                elif isinstance(child, ast.ImportFrom):
+                    if child.level:
+                        base = package.split(".")[: len(package.split(".")) - child.level + 1]
+                        source = ".".join(base + ([child.module] if child.module else []))
+                    else:
+                        source = child.module or ""
+                    if source.startswith("pycoll"):
+                        for alias in child.names:
+                            full = f"{source}.{alias.name}"
+                            targets.add(full if full in modules else source)
+                visit(child)
+
+        visit(ast.parse(path.read_text()))
+        graph[name] = {owner(t) for t in targets} - {name}
+    return graph
+
+
+def test_no_import_cycles():
+    """Imports point down: no module reaches itself through the package's
+    imports, late ones included (docs/design.md lists the layers)."""
+    graph = _imports(_modules())
+    cycles = []
+    for start in sorted(graph):
+        seen, stack = set(), [(start, [start])]
+        while stack:
+            name, path = stack.pop()
+            for target in sorted(graph.get(name, ())):
+                if target == start:
+                    cycles.append(" -> ".join(path + [start]))
+                elif target not in seen and target > start:  # each cycle once, from its least
+                    seen.add(target)
+                    stack.append((target, path + [target]))
+    assert not cycles, cycles
+
+
+def test_only_the_test_harness_imports_the_launcher():
+    """The library does not import pycoll.launch (the launcher imports the
+    library); pycoll.testing runs its jobs through it, by design."""
+    graph = _imports(_modules())
+    importers = {
+        name
+        for name, targets in graph.items()
+        if any(t.startswith("pycoll.launch") for t in targets)
+        and not name.startswith(("pycoll.launch", "pycoll.testing"))
+    }
+    assert not importers, importers

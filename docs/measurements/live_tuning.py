@@ -36,7 +36,7 @@ import time
 import numpy as np
 
 import pycoll
-from pycoll import _mpi, autotune
+from pycoll import _mpi, autotune, tuning
 from pycoll.bench import parse_size
 
 pycoll.init_process_group()
@@ -46,10 +46,10 @@ raw = comm.Dup()
 n = comm.size
 made = {}
 for mode in ("off", "live"):
-    before = autotune.MODE
-    autotune.install(mode)
+    before = tuning.LIVE_MODE
+    tuning.install_live(mode)
     made[mode] = pycoll.new_group()
-    autotune.install(before)
+    tuning.install_live(before)
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 7
 sizes = [parse_size(s) for s in (sys.argv[2] if len(sys.argv) > 2 else "1M,4M,16M").split(",")]
 RS = len(sys.argv) > 3 and sys.argv[3] == "rs"

@@ -26,9 +26,10 @@ from ..arrays import (
     may_alias,
     mpi_datatype,
 )
-from ..dispatch import IN, LIST, OUT, Array, collective
+from ..dispatch import collective
 from ..groups import STATE, ProcessGroup, resolve
 from ..persistent import LIMIT as PLAN_LIMIT
+from ..spec import IN, LIST, OUT, Array
 from ..work import Work
 from . import scratch
 from ._common import DETAIL, plain, run, sig

@@ -52,9 +52,10 @@ from ..arrays import (
     check_size,
     each_labelled,
 )
-from ..dispatch import IN, LIST, OUT, UNKNOWN, Array, collective
+from ..dispatch import collective
 from ..groups import ProcessGroup, resolve
-from ..ops import ReduceOp
+from ..reduceop import ReduceOp
+from ..spec import IN, LIST, OUT, UNKNOWN, Array
 from ..work import Work
 from . import scratch, shm
 from ._common import run
@@ -470,7 +471,7 @@ def _kept_gather(
     async_op: bool = False,
     stream: Any = None,
 ) -> Any:
-    """all_gather_into_tensor_coalesced's shortcut (pycoll.dispatch.Spec.known):
+    """all_gather_into_tensor_coalesced's shortcut (pycoll.spec.Spec.known):
     lists the group keeps a plan for run at once; UNKNOWN for any other call."""
     func = "all_gather_into_tensor_coalesced"
     pg = resolve(group, func)

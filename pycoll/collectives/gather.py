@@ -23,9 +23,10 @@ from ..arrays import (
     own_part,
     plain_arrays,
 )
-from ..dispatch import IN, LIST, LISTS, OUT, UNKNOWN, Array, collective
+from ..dispatch import collective
 from ..groups import STATE, ProcessGroup, resolve
 from ..persistent import LIMIT as PLAN_LIMIT
+from ..spec import IN, LIST, LISTS, OUT, UNKNOWN, Array
 from ..work import Work
 from . import coalesced, scratch
 from ._common import DETAIL, group_rank, plain, run, sig
@@ -335,7 +336,7 @@ def _kept_lists(
     async_op: bool = False,
     stream: Any = None,
 ) -> Any:
-    """all_gather_coalesced's shortcut (pycoll.dispatch.Spec.known): lists the
+    """all_gather_coalesced's shortcut (pycoll.spec.Spec.known): lists the
     group keeps a plan for (pycoll.collectives.coalesced) run at once; UNKNOWN
     for any other call."""
     func = "all_gather_coalesced"

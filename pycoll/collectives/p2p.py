@@ -12,8 +12,9 @@ import numpy as np
 
 from .. import _mpi, debug, watch
 from ..arrays import MPI_TYPES, check_input, check_output, mpi_datatype
-from ..dispatch import IN, OUT, Array, collective
+from ..dispatch import collective
 from ..groups import STATE, ProcessGroup, resolve
+from ..spec import IN, OUT, Array
 from ..trace import recorder
 from ..trace.recorder import clock
 from ..work import Work

@@ -27,7 +27,7 @@ from ..arrays import (
     plain_arrays,
 )
 from ..crosscheck import COUNT, OP_BITS
-from ..dispatch import IN, INOUT, LIST, OUT, UNKNOWN, Array, collective
+from ..dispatch import collective
 from ..fusion import FusedAllReduce
 from ..groups import STATE, ProcessGroup, resolve
 from ..ops import (
@@ -36,11 +36,12 @@ from ..ops import (
     SPLIT_BYTES,
     SPLIT_BYTES_TWO_RANKS,
     Plan,
-    ReduceOp,
     env_bytes,
     plan,
 )
 from ..persistent import LIMIT as PLAN_LIMIT
+from ..reduceop import ReduceOp
+from ..spec import IN, INOUT, LIST, OUT, UNKNOWN, Array
 from ..work import Work
 from . import pair, scratch, shm
 from ._common import lean, plain, root_of, run, sig
@@ -833,10 +834,10 @@ def _kept_list(
     async_op: bool = False,
     stream: Any = None,
 ) -> Any:
-    """all_reduce_coalesced's shortcut (pycoll.dispatch.Spec.known): a list
+    """all_reduce_coalesced's shortcut (pycoll.spec.Spec.known): a list
     whose FusedAllReduce the group keeps (the very same array objects, so
     numpy arrays all) runs through it at once, without the type check of
-    every item; any other call is pycoll.dispatch.UNKNOWN."""
+    every item; any other call is pycoll.spec.UNKNOWN."""
     pg = resolve(group, "all_reduce_coalesced")
     fusions = pg.attached(_FUSIONS) if pg is not None else None
     fused = fusions.find(tensors, op) if fusions is not None else None

@@ -18,9 +18,10 @@ from ..arrays import (
     mpi_datatype,
     plain_arrays,
 )
-from ..dispatch import IN, LIST, OUT, Array, collective
+from ..dispatch import collective
 from ..groups import STATE, ProcessGroup, resolve
 from ..persistent import LIMIT as PLAN_LIMIT
+from ..spec import IN, LIST, OUT, Array
 from ..work import Work
 from ._common import DETAIL, group_rank, plain, root_of, run, sig
 

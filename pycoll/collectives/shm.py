@@ -51,7 +51,8 @@ import numpy as np
 from .. import _mpi, kernels, progress, watch
 from ..groups import ProcessGroup
 from ..kernels import threads
-from ..ops import Plan, ReduceOp, env_bytes
+from ..ops import Plan, env_bytes
+from ..reduceop import ReduceOp
 from ..work import Work
 from ._common import run
 from .ring import parts

@@ -38,7 +38,7 @@ from ..arrays import (
     check_output,
     dtype_kind,
 )
-from ..ops import ReduceOp, check_pair
+from ..reduceop import ReduceOp, check_pair
 from . import threads
 
 __all__ = [
@@ -112,7 +112,7 @@ def _op_name(op: Any, func: str) -> str:
 
 
 def _check_pair(name: str, dtype: np.dtype, func: str) -> None:
-    """ops.check_pair, and AVG/PREMUL_SUM refused: a kernel reduces pairwise,
+    """reduceop.check_pair, and AVG/PREMUL_SUM refused: a kernel reduces pairwise,
     and their division or scaling is a separate step."""
     if name in ("AVG", "PREMUL_SUM"):
         raise ValueError(

@@ -41,7 +41,9 @@ from numba.extending import intrinsic
 
 from .. import _mpi
 from ..collectives.ring import TAGS  # (a PAIR call's tag: its seq % TAGS, as ring.side's)
-from ..native import (
+from ..progress import LAST, WORDS
+from .pack import memcpy
+from .words import (
     ALL_GATHER,
     ALL_REDUCE,
     ALL_TO_ALL,
@@ -83,13 +85,11 @@ from ..native import (
     STATUS_AT,
     WHAT,
 )
-from ..progress import LAST, WORDS
-from .pack import memcpy
 
 __all__ = ["start", "block", "finish", "bind", "STATE_WORDS"]
 
 # A group's state words (an int64 array, one per group: its calls' scratch;
-# each of its calls' words holds its address, at native.STATE).
+# each of its calls' words holds its address, at words.STATE).
 WIDE = 0  # 1 where MPI's handles are 64 bits wide
 COMM = 1  # the group's communicator
 RECORD = 2  # the address of this rank's progress record (pycoll.progress.WORDS words)

@@ -20,6 +20,7 @@ import pytest
 import pycoll
 from pycoll import ReduceOp, _mpi, crosscheck, debug, native, watch
 from pycoll.collectives import pair as pair_mod
+from pycoll.kernels import words
 from support import (
     BF16,
     FLOATS,
@@ -339,7 +340,7 @@ def kept_what(g, x) -> List[int]:
     """What the compiled calls kept on ``x`` start (pycoll.native's WHAT words)."""
     found, link = [], g._native.calls.get(id(x)) if g._native is not None else None
     while link is not None:
-        found.append(int(link[native._WORDS][0][native.WHAT]))
+        found.append(int(link[native._WORDS][0][words.WHAT]))
         link = link[native._NEXT]
     return found
 
