@@ -38,12 +38,22 @@ _OWN_JOBS = (
 )
 
 
+# The most ranks an any_size test runs at (the 3-rank pass is also DETAIL's).
+ANY_SIZE_UP_TO = 3
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "one_process: a test of one process's code (no MPI, or fresh interpreters "
         "reading a setting at import) that an N-rank pass would only repeat: the "
         "plain pass runs it once, --suite-ranks leaves it out",
+    )
+    config.addinivalue_line(
+        "markers",
+        "any_size: a test whose code takes no path by the group's size (it needs "
+        "peers, not a number of them): the 2- and 3-rank passes run it, the "
+        f"passes of {ANY_SIZE_UP_TO + 1} ranks and more leave it out",
     )
 
 
@@ -72,6 +82,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     for item in items:
         own = any(part in item.nodeid for part in _OWN_JOBS)
         own = own or item.get_closest_marker("one_process") is not None
+        own = own or (ranks > ANY_SIZE_UP_TO and item.get_closest_marker("any_size") is not None)
         (drop if own else keep).append(item)
         if not own:
             item.add_marker(pytest.mark.mpi(ranks=ranks))

@@ -12,6 +12,9 @@ import pytest
 import pycoll
 from pycoll import DebugLevel
 
+# Any size of job: the debug levels log and check alike at every size.
+pytestmark = pytest.mark.any_size
+
 
 @pytest.fixture
 def restore_level(monkeypatch):

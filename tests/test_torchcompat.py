@@ -17,6 +17,9 @@ import pytest
 import pycoll
 from support import assert_equal, data, reduce_all, valid_pairs
 
+# Any size of job: tensors are adapted alike at every size.
+pytestmark = pytest.mark.any_size
+
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 from torch_tensors import TORCH, tensor, values  # noqa: E402

@@ -17,6 +17,9 @@ from pycoll import tuning
 from pycoll.bench import tune
 from support import job_env, run_mpiexec
 
+# Any size of job: a table is read and applied alike at every size.
+pytestmark = pytest.mark.any_size
+
 GOOD = {"pycoll_tuning": 1, "all_reduce": {"2": [[1024, "window"], [8192, "ring"]],
         "4": [[0, "mpi"]]}, "reduce_scatter": {"2": [[4096, "window"]]},
         "measured": {"2": {"anything": "kept"}}}  # fmt: skip

@@ -1,9 +1,13 @@
 """pycoll.bench.functional runs and checks its own results (a wrong result
 raises); rank 0 prints the three tables."""
 
+import pytest
 from mpi4py import MPI
 
 from pycoll.bench import functional
+
+# Any size of job: the bench harness times and checks calls alike at each.
+pytestmark = pytest.mark.any_size
 
 
 def test_functional_bench_runs(uninitialized, capsys):

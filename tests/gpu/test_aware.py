@@ -8,6 +8,10 @@ import pytest
 from pycoll import _mpi
 from pycoll.gpu import aware
 
+# Any size of job: the device layer stages or hands over arrays alike (the host
+# paths it reaches are tested at every size).
+pytestmark = pytest.mark.any_size
+
 
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):

@@ -5,6 +5,10 @@ import pytest
 
 from pycoll.gpu import BackendConfig
 
+# Any size of job: the device layer stages or hands over arrays alike (the host
+# paths it reaches are tested at every size).
+pytestmark = pytest.mark.any_size
+
 
 @pytest.mark.parametrize(
     "text,expected",

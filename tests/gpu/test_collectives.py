@@ -15,6 +15,10 @@ from pycoll import ReduceOp, make_premul_sum
 from pycoll.gpu import aware
 from support import PREMUL_SCALE, assert_equal, count_rings, data, reduce_all, valid_pairs
 
+# Any size of job: the device layer stages or hands over arrays alike (the host
+# paths it reaches are tested at every size).
+pytestmark = pytest.mark.any_size
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.dtype(np.float32)
 

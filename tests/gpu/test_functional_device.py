@@ -9,6 +9,10 @@ from fakes import FakeArrayAPI
 from pycoll import functional as F
 from support import assert_equal, data, reduce_all
 
+# Any size of job: the device layer stages or hands over arrays alike (the host
+# paths it reaches are tested at every size).
+pytestmark = pytest.mark.any_size
+
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
 

@@ -9,6 +9,10 @@ import pycoll
 from pycoll import ReduceOp
 from support import PREMUL_SCALE, assert_equal, data, reduce_all
 
+# Any size of job: the device layer stages or hands over arrays alike (the host
+# paths it reaches are tested at every size).
+pytestmark = pytest.mark.any_size
+
 CONFIG = "cpu:mpi,cuda:nccl"
 F32 = np.dtype(np.float32)
 

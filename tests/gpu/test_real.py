@@ -13,6 +13,10 @@ from pycoll import ReduceOp
 from pycoll.gpu import aware
 from support import assert_equal, data, reduce_all
 
+# Any size of job: the device layer stages or hands over arrays alike (the host
+# paths it reaches are tested at every size).
+pytestmark = pytest.mark.any_size
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 

@@ -13,6 +13,10 @@ import pycoll
 from pycoll.gpu import aware, nccl
 from pycoll.work import BaseWork, Future
 
+# Any size of job: the device layer stages or hands over arrays alike (the host
+# paths it reaches are tested at every size).
+pytestmark = pytest.mark.any_size
+
 KINDS = ["host", "staged", "aware", "nccl"]
 
 

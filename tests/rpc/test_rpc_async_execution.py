@@ -11,6 +11,9 @@ import pytest
 import pycoll.rpc as rpc
 from pycoll.rpc.functions import async_execution
 
+# Any size of job: calls go from worker to worker by name, whatever the job's size.
+pytestmark = pytest.mark.any_size
+
 
 @async_execution
 def add_then_increment(to, a, b):

@@ -15,6 +15,9 @@ import pycoll.rpc as rpc
 from pycoll import DistTimeoutError
 from support import ALL_DTYPES, assert_equal, data
 
+# Any size of job: calls go from worker to worker by name, whatever the job's size.
+pytestmark = pytest.mark.any_size
+
 # -- functions the callee runs (importable by name on every rank) --------------------
 
 

@@ -12,6 +12,9 @@ import pytest
 
 import pycoll.rpc as rpc
 
+# Any size of job: calls go from worker to worker by name, whatever the job's size.
+pytestmark = pytest.mark.any_size
+
 # -- run on the owner ---------------------------------------------------------------------
 
 

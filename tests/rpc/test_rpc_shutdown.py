@@ -15,6 +15,9 @@ from mpi4py import MPI
 import pycoll.rpc as rpc
 from support import stray_messages
 
+# Any size of job: calls go from worker to worker by name, whatever the job's size.
+pytestmark = pytest.mark.any_size
+
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
 

@@ -11,6 +11,9 @@ import pytest
 
 import pycoll.rpc as rpc
 
+# Any size of job: calls go from worker to worker by name, whatever the job's size.
+pytestmark = pytest.mark.any_size
+
 torch = pytest.importorskip("torch")
 
 DTYPES = [

@@ -21,6 +21,9 @@ import support
 from pycoll import DistTimeoutError
 from pycoll.trace import recorder
 
+# Any size of job: what is recorded of a call does not depend on the group's size.
+pytestmark = pytest.mark.any_size
+
 shared_dir = pytest.fixture(support.shared_dir)
 group_record = support.group_record
 
