@@ -19,9 +19,12 @@ ensure_venv() {
     fi
     echo "== setting up ${dir#"$ROOT"/} with pycoll[$extras] $* (log: ${dir#"$ROOT"/}/install.log)"
     [ -x "$dir/bin/python" ] || "$PYTHON" -m venv "$dir" || return 1
-    if ! { "$dir/bin/python" -m pip install --upgrade pip &&
-           { [ $# -eq 0 ] || "$dir/bin/python" -m pip install "$@"; } &&
-           flock "$ROOT/.venv-setup.lock" "$dir/bin/python" -m pip install -e "$ROOT[$extras]"; } \
+    # --no-compile: pip would byte-compile every module it installs (torch's
+    # thousands, twice); Python compiles, and caches, what is imported.
+    if ! { "$dir/bin/python" -m pip install --no-compile --upgrade pip &&
+           { [ $# -eq 0 ] || "$dir/bin/python" -m pip install --no-compile "$@"; } &&
+           flock "$ROOT/.venv-setup.lock" "$dir/bin/python" -m pip install --no-compile \
+               -e "$ROOT[$extras]"; } \
         > "$dir/install.log" 2>&1; then
         tail -n 40 "$dir/install.log"
         # (a CI run once failed here on a full disk: say how much was left)

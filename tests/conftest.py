@@ -51,6 +51,11 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
+        "beside_pytest_mpi: a test of the harness that its pass beside pytest-mpi "
+        "runs again (tests/testing/test_plugin.py)",
+    )
+    config.addinivalue_line(
+        "markers",
         "any_size: a test whose code takes no path by the group's size (it needs "
         "peers, not a number of them): the 2- and 3-rank passes run it, the "
         f"passes of {ANY_SIZE_UP_TO + 1} ranks and more leave it out",

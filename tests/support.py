@@ -64,11 +64,11 @@ def dtype_class(dtype: np.dtype) -> str:
 # Real-GPU tests skip without a GPU; PYCOLL_TEST_GPU=1 makes that a failure.
 REQUIRE_GPU = os.environ.get("PYCOLL_TEST_GPU", "") == "1"
 
-# PYCOLL_TEST_MATRIX=lean (scripts/test's 4-rank poll pass and torch's 4-rank pass) runs the
-# op x dtype matrices lean: every dtype with SUM, and every op of a dtype class
+# PYCOLL_TEST_MATRIX=lean (scripts/test's 3- and 4-rank passes and torch's 4-rank pass) runs
+# the op x dtype matrices lean: every dtype with SUM, and every op of a dtype class
 # with the dtypes that stand for it (the 16-bit floats each: their arithmetic
 # is pycoll's own kernels). The other passes run them whole: each (op, dtype)
-# pair still runs under both MPIs, at 2 and 3 ranks, blocking and bounded.
+# pair still runs under both MPIs at 2 ranks, blocking and bounded, and at 1.
 MATRIX = os.environ.get("PYCOLL_TEST_MATRIX", "full")
 if MATRIX not in ("full", "lean"):
     raise ValueError(f"PYCOLL_TEST_MATRIX must be full or lean, got {MATRIX!r}")

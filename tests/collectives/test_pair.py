@@ -34,6 +34,9 @@ from support import (
     valid_pairs,
 )
 
+# Any size of job: the two-rank exchange runs on a group of ranks 0 and 1.
+pytestmark = pytest.mark.any_size
+
 PAIRS = valid_pairs()
 K = 13
 

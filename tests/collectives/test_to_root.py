@@ -30,6 +30,9 @@ from support import (
     valid_pairs,
 )
 
+# Any size of job: the two-rank reduce runs on a group of ranks 0 and 1.
+pytestmark = pytest.mark.any_size
+
 PAIRS = valid_pairs()
 K = 13  # elements: pieces of 4 (float64: 32 bytes) or 8, the last one short
 

@@ -27,6 +27,13 @@ PYTEST_MPI = importlib.util.find_spec("pytest_mpi") is not None
 _LEAKS = ("PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID", "OMPI_", "PRTE_", "SLURM_", "PYCOLL_")
 
 
+# What the pass beside pytest-mpi runs again (scripts/test): the plugin's
+# options, marker and modes, and one job of each outcome, where pytest-mpi's own
+# hooks could interfere. The others (timeouts, signals, reruns, -x, output) test
+# the job machinery, which those same jobs go through unchanged.
+BESIDE = pytest.mark.beside_pytest_mpi
+
+
 @pytest.fixture(autouse=True)
 def one_rank(world_size, monkeypatch):
     if world_size != 1:
@@ -42,6 +49,7 @@ def run(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunResult:
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=120)
 
 
+@BESIDE
 def test_pass_and_one_rank_failing(pytester):
     result = run(
         pytester,
@@ -69,6 +77,7 @@ def test_pass_and_one_rank_failing(pytester):
     result.stdout.fnmatch_lines(["FAILED test_inner.py::test_rank1_bad - *"])
 
 
+@BESIDE
 def test_failure_on_every_rank(pytester):
     result = run(
         pytester,
@@ -93,6 +102,7 @@ CRASHES = {
 }
 
 
+@BESIDE
 @pytest.mark.parametrize("how", sorted(CRASHES))
 def test_crash_on_one_rank_is_an_error_and_the_next_test_runs(pytester, how):
     code, words = CRASHES[how]
@@ -171,6 +181,7 @@ def test_deadlock_ends_at_the_timeout_with_every_ranks_stack(pytester):
     assert "_pytest" not in out.split("test_deadlock _")[1].split("short test summary")[0]
 
 
+@BESIDE
 def test_skips(pytester):
     result = run(
         pytester,
@@ -413,6 +424,7 @@ SHARED_PIDS = """
 """
 
 
+@BESIDE
 @pytest.mark.parametrize("reuse", [False, True])
 def test_isolation_by_default_and_sharing_with_mpi_reuse(pytester, monkeypatch, tmp_path, reuse):
     pids = tmp_path / "pids"
@@ -427,6 +439,7 @@ def test_isolation_by_default_and_sharing_with_mpi_reuse(pytester, monkeypatch, 
     assert (by_test["1"] == by_test["2"]) is reuse
 
 
+@BESIDE
 def test_fixtures(pytester):
     result = run(
         pytester,
@@ -468,6 +481,7 @@ def test_live_output_with_s(pytester):
     result.stdout.fnmatch_lines(["*[[]1[]] hello from 1*"])
 
 
+@BESIDE
 def test_more_ranks_than_cores_skip_unless_oversubscribed(pytester):
     cores = len(os.sched_getaffinity(0))
     source = f"""
@@ -486,6 +500,7 @@ def test_more_ranks_than_cores_skip_unless_oversubscribed(pytester):
     run(pytester, source, "--mpi-oversubscribe").assert_outcomes(passed=1)
 
 
+@BESIDE
 def test_pytest_mpi_spelling(pytester):
     result = run(
         pytester,
@@ -500,6 +515,7 @@ def test_pytest_mpi_spelling(pytester):
     result.assert_outcomes(passed=1)
 
 
+@BESIDE
 @pytest.mark.parametrize(
     "mark, problem",
     [
@@ -536,6 +552,7 @@ def in_place(pytester, *options):
     )  # fmt: skip
 
 
+@BESIDE
 @pytest.mark.skipif(not PYTEST_MPI, reason="pytest-mpi is not installed (its own pass)")
 def test_beside_pytest_mpi_in_place_is_pytest_mpis(pytester):
     """With pytest-mpi installed, --with-mpi is its option and runs its in-place
@@ -561,6 +578,7 @@ def test_beside_pytest_mpi_in_place_is_pytest_mpis(pytester):
     assert "--only-mpi" in helped and "--mpi-reuse" in helped  # both plugins loaded
 
 
+@BESIDE
 @pytest.mark.skipif(PYTEST_MPI, reason="in place is pytest-mpi's when it is installed")
 def test_in_place_under_mpiexec(pytester):
     pytester.makepyfile(
