@@ -50,9 +50,10 @@ def run(*argv, **env):
 
 def test_pycoll_run_timeout_dumps_every_rank_and_the_tool_names_the_stuck_one(tmp_path):
     # The job's limit counts from its start: on a busy machine three ranks were
-    # seen still importing mpi4py at 8 s, before any rank had a flight record.
+    # seen still importing at 8 s (when ml_dtypes 0.7's import took 1.4 s of CPU
+    # a rank), before any rank had a flight record.
     rc, out = run(
-        "--timeout", "25", "-n", str(RANKS), sys.executable, str(SCRIPT), "hang",
+        "--timeout", "15", "-n", str(RANKS), sys.executable, str(SCRIPT), "hang",
         PYCOLL_FLIGHT_DIR=str(tmp_path), PYCOLL_TIMEOUT="600",
     )  # fmt: skip
     assert rc != 0, out
