@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional
 
@@ -339,9 +340,14 @@ def at_detail() -> Iterator[None]:
         pycoll.set_debug_level(before)
 
 
+# The timeout of a group whose first call one rank never joins: the others'
+# wait ends at it however long it is, and nothing before it has to fit in it.
+LATE_TIMEOUT = timedelta(seconds=1)
+
+
 def late_rank_named(call: Any, func: str, rank: int, late: int) -> None:
     """A collective one rank never joins: on every other rank ``call()`` (the
-    first call on a group whose timeout is a few seconds) raises
+    first call on a group whose timeout is :data:`LATE_TIMEOUT`) raises
     DistTimeoutError well within a minute, naming the call and the late rank;
     then every rank meets at the world's barrier."""
     import pycoll

@@ -9,7 +9,6 @@ order, against the other ranks' bits."""
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 from typing import List
 
 import numpy as np
@@ -21,6 +20,7 @@ from pycoll.collectives import doubling
 from pycoll.collectives import reduce as reduce_mod
 from support import (
     BF16,
+    LATE_TIMEOUT,
     assert_equal,
     at_detail,
     count_starts,
@@ -170,7 +170,7 @@ def test_detail_checks_it(group, forced, rank, world_size):
 def test_a_late_rank_is_named_by_the_timeout(forced, rank, world_size):
     if not doubling.applies(world_size):
         pytest.skip("the path runs on groups of a power of two, more than one rank")
-    g = pycoll.new_group(timeout=timedelta(seconds=3))
+    g = pycoll.new_group(timeout=LATE_TIMEOUT)
     x = np.ones(16)
     last = world_size - 1
     late_rank_named(lambda: pycoll.all_reduce(x, group=g), "all_reduce", rank, last)

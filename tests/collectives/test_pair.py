@@ -24,6 +24,7 @@ from pycoll.kernels import words
 from support import (
     BF16,
     FLOATS,
+    LATE_TIMEOUT,
     assert_equal,
     at_detail,
     data,
@@ -406,7 +407,7 @@ def test_kept_calls_against_calls_made_afresh(two, forced, dtype, rank):
 def test_a_late_rank_is_named_by_the_timeout(forced, rank):
     if watch.BLOCKING:
         pytest.skip("a blocking call's timeout ends the job (tests/test_hangs.py)")
-    g = pycoll.new_group([0, 1], timeout=timedelta(seconds=3))
+    g = pycoll.new_group([0, 1], timeout=LATE_TIMEOUT)
     x = np.ones(K)
     if rank < 2:
         late_rank_named(lambda: pycoll.all_reduce(x, group=g), "all_reduce", rank, 1)

@@ -8,7 +8,6 @@ outside the output."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import List
 
 import numpy as np
@@ -19,6 +18,7 @@ from pycoll import ReduceOp, debug, tuning
 from pycoll.collectives import pairwise
 from pycoll.collectives import reduce as reduce_mod
 from support import (
+    LATE_TIMEOUT,
     assert_equal,
     at_detail,
     count_starts,
@@ -194,7 +194,7 @@ def test_detail_checks_it(group, forced, rank, world_size):
 
 
 def test_a_late_rank_is_named_by_the_timeout(forced, rank, world_size):
-    g = pycoll.new_group(timeout=timedelta(seconds=3))
+    g = pycoll.new_group(timeout=LATE_TIMEOUT)
     if world_size > 2:
         tuning.decide(g, "reduce_scatter", ([16], ["pairwise"]))
     x = np.ones(world_size * K, np.float64)

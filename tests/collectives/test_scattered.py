@@ -9,7 +9,6 @@ On one or two ranks the path is not taken and the results are the same."""
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 from typing import List
 
 import numpy as np
@@ -19,6 +18,7 @@ import pycoll
 from pycoll import ReduceOp
 from pycoll.collectives import reduce as reduce_mod
 from support import (
+    LATE_TIMEOUT,
     assert_equal,
     at_detail,
     data,
@@ -125,7 +125,7 @@ def test_detail_checks_it(group, forced, rank, world_size):
 def test_a_late_rank_is_named_by_the_timeout(forced, rank, world_size):
     if world_size < 3:
         pytest.skip("the path runs on three ranks or more")
-    g = pycoll.new_group(timeout=timedelta(seconds=3))
+    g = pycoll.new_group(timeout=LATE_TIMEOUT)
     x = np.ones(16)
     last = world_size - 1
     late_rank_named(lambda: pycoll.reduce(x, dst=0, group=g), "reduce", rank, last)

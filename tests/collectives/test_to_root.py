@@ -8,7 +8,6 @@ outside it checks that the call is none of its business."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import List
 
 import numpy as np
@@ -19,6 +18,7 @@ from pycoll import ReduceOp, debug
 from pycoll.collectives import reduce as reduce_mod
 from pycoll.collectives import to_root
 from support import (
+    LATE_TIMEOUT,
     assert_equal,
     at_detail,
     count_starts,
@@ -141,7 +141,7 @@ def test_detail_checks_it(pair, forced, rank):
 
 
 def test_a_late_rank_is_named_by_the_timeout(forced, rank):
-    g = pycoll.new_group([0, 1], timeout=timedelta(seconds=3))
+    g = pycoll.new_group([0, 1], timeout=LATE_TIMEOUT)
     x = np.ones(K)
     if rank < 2:
         late_rank_named(lambda: pycoll.reduce(x, dst=0, group=g), "reduce", rank, 1)
