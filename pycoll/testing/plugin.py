@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import IO, Any, Dict, Generator, Iterator, List, Optional, Tuple
 
@@ -385,6 +386,23 @@ def merge_reports(reports: Dict[int, pytest.TestReport]) -> pytest.TestReport:
 
 # -- in place and worker modes: this process is a rank -----------------------
 
+# Between two tests of a job the first rank there waits for the last. MPI's
+# blocking barrier polls flat out, on a core the last rank may need (the
+# suite's jobs have more ranks than the machine has cores): this one yields
+# the core between tests of its request and, past a millisecond, sleeps.
+_BARRIER_SPIN_S = 1e-3
+_BARRIER_PAUSE_S = 2e-4
+
+
+def _barrier(comm: Any) -> None:
+    request = comm.Ibarrier()
+    start = time.monotonic()
+    while not request.Test():
+        if time.monotonic() - start < _BARRIER_SPIN_S:
+            os.sched_yield()
+        else:
+            time.sleep(_BARRIER_PAUSE_S)
+
 
 class InPlace:
     def __init__(self, config: pytest.Config, worker_dir: Optional[Path]) -> None:
@@ -442,7 +460,7 @@ class InPlace:
             # (and sends its messages) while another still runs this one, which
             # could receive them (MPI_ANY_SOURCE). In place, the exchange of
             # outcomes after each phase does the same.
-            self.comm.Barrier()
+            _barrier(self.comm)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if self.out is not None:
