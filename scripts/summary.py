@@ -52,7 +52,7 @@ def main(reports: str, times: str, cpu: str, failed_runs: int) -> int:
             per_file[case.get("classname", "") or "?"] += seconds  # (the module's dotted path)
     if os.path.exists(times):
         rows = [line.split("\t", 1) for line in open(times).read().splitlines() if line]
-        print("\n== time per pass (wall seconds; two run at once)")
+        print("\n== time per pass (wall seconds; several run at once)")
         for seconds, name in sorted(rows, key=lambda r: -float(r[0])):
             print(f"{float(seconds):7.0f}  {name}")
     if slow:
