@@ -143,7 +143,8 @@ KEPT_TOTAL = 16 << 20  # the most bytes of buffer one group's kept calls hold
 # A group whose kept calls are full starts over (a program whose arrays
 # change), but at most once in this many calls: a program that cycles through
 # more calls than a group keeps (a model's 1,500 gradients all-reduced one by
-# one) would otherwise keep every call afresh, 1.4-1.8x the plain path's time.
+# one) would otherwise keep every call afresh, 1.4-1.8x the plain path's time
+# (docs/measurements/many_arrays.py).
 # Between, the calls kept stay kept and the others take the plain path.
 RENEW_CALLS = 16 * KEPT_CALLS
 SEEN = 4096  # arrays seen once (weakly) a group remembers

@@ -7,7 +7,8 @@ part, before it is combined) and the list forms of all_gather, gather and
 all_to_all (everything received, before it is copied out). New memory from
 numpy for each call is mapped page by page on first touch, and receiving into
 it is slow: MPICH's reduce-scatter of 32 MiB on 2 ranks took 24 ms into a new
-16 MiB buffer and 8 ms into one used before (docs/measurements/rs_in_place.py).
+16 MiB buffer and 8 ms into one used before (docs/measurements/rs_in_place.py;
+the ring and the list forms: kept_buffers.py).
 So a group keeps, for its calls of ``POOL_FROM`` bytes and more, the buffers
 they gave back: at most ``KEEP`` of them and ``KEEP_BYTES`` in all, the largest
 first, freed with the group.
