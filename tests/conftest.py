@@ -58,7 +58,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "any_size: a test whose code takes no path by the group's size (it needs "
-        "peers, not a number of them): passes of more than {ANY_SIZE_UP_TO} ranks "
+        f"peers, not a number of them): passes of more than {ANY_SIZE_UP_TO} ranks "
         "leave it out",
     )
 
