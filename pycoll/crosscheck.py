@@ -45,7 +45,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 from array import array
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -64,9 +63,6 @@ DEFAULT_EVERY = 128
 PENDING = 1
 EXIT_WAIT = 5.0  # seconds the last exchange may take at exit
 FINAL_WAIT = 10.0  # ... and at destroy_process_group (or the group's timeout, if shorter)
-# While a rank waits for that last exchange, how often it reads the others'
-# progress records to see whether one timed out on the group (and will not come).
-LOOK_S = 0.05
 
 # A key, low bit first: count (29 bits, the element count modulo 2**29), the
 # collective (6 bits, pycoll.progress.CODE), the reduction (4 bits), the
@@ -451,24 +447,12 @@ def final(pg: Any, deadline: float) -> Optional[CollectiveMismatchError]:
     # A member whose operation on the group timed out never takes part: its
     # progress record says so (GAVE_UP), and a rank waiting here looks at the
     # others' records now and then to give up at once instead of at deadline.
-    board = pg._board
     me = pg._ranks[pg._rank]
-    others = [r for r in pg._ranks if r != me]
-    look = time.monotonic() + LOOK_S
+    gone = progress.peers_gave_up(pg._board, [r for r in pg._ranks if r != me], pg._uid)
 
     def wait(request: Any) -> None:
-        nonlocal look
-        while not request.Test():
-            now = time.monotonic()
-            if now > deadline:
-                raise _GaveUp
-            if now > look and board is not None and not board.closed:
-                if progress.gave_up(board, others, pg._uid, deadline):
-                    raise _GaveUp
-                # (a look at many ranks' records takes a while: at most a tenth of the wait)
-                done = time.monotonic()
-                look = done + max(LOOK_S, 9 * (done - now))
-            time.sleep(1e-4)
+        if not progress.wait_unless(request, deadline, gone):
+            raise _GaveUp
 
     with checker.lock:
         try:

@@ -24,7 +24,7 @@ import threading
 import time
 import weakref
 import zlib
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -98,8 +98,9 @@ READ_TIMEOUT = 2.0  # seconds to wait for one peer's record
 # operation: longer than the blocking-mode watchdog's tick (watch.py).
 BEAT_WATCH_S = 0.6
 EXIT_WAIT = 5.0  # at exit, seconds to wait for the other ranks to free the board
-# While a rank waits for the others' teardown votes, how often it reads their
-# records to see whether one left without voting (LEFT).
+# While a rank waits in teardown for ranks that may never come (the board's
+# votes, a group's last call check, its window's free), how often it reads
+# their records to see whether one left or gave up (and will not come).
 LOOK_S = 0.05
 
 
@@ -290,32 +291,49 @@ class Board:
         peer's record says it left without voting (LEFT)."""
         me = self.comm.Get_rank()
         others = [r for r in range(self.comm.Get_size()) if r != me]
-        end = time.monotonic() + timeout
-        look = time.monotonic() + LOOK_S
-        while not votes.Test():
-            now = time.monotonic()
-            if now > end:
-                return False
-            if now > look:
-                for rank in others:
-                    rec = self.read(rank, min(READ_TIMEOUT, max(0.0, end - now)))
-                    if rec is not None and rec[LEFT]:
-                        return False
-                # (reading many ranks' records takes a while: at most a tenth of the wait)
-                done = time.monotonic()
-                look = done + max(LOOK_S, 9 * (done - now))
-            time.sleep(1e-4)
-        return True
+
+        def left(deadline: float) -> bool:
+            for rank in others:
+                rec = self.read(rank, min(READ_TIMEOUT, max(0.0, deadline - time.monotonic())))
+                if rec is not None and rec[LEFT]:
+                    return True
+            return False
+
+        return wait_unless(votes, time.monotonic() + timeout, left)
 
 
 def _complete(request: Any, timeout: float) -> bool:
     """Poll ``request`` for at most ``timeout`` seconds; True once it completed."""
-    end = time.monotonic() + timeout
+    return wait_unless(request, time.monotonic() + timeout, None)
+
+
+def wait_unless(request: Any, deadline: float, gone: Optional[Callable[[float], bool]]) -> bool:
+    """Poll ``request`` (a teardown's exchange with ranks that may never come)
+    until ``deadline`` (time.monotonic); True once it completed. False at the
+    deadline, or as soon as ``gone(deadline)`` says a peer will not come (it
+    reads their records: every LOOK_S, at most a tenth of the wait)."""
+    look = time.monotonic() + LOOK_S
     while not request.Test():
-        if time.monotonic() > end:
+        now = time.monotonic()
+        if now > deadline:
             return False
+        if gone is not None and now > look:
+            if gone(deadline):
+                return False
+            done = time.monotonic()
+            look = done + max(LOOK_S, 9 * (done - now))
         time.sleep(1e-4)
     return True
+
+
+def peers_gave_up(board: Optional[Board], ranks: List[int], uid: int) -> Callable[[float], bool]:
+    """For :func:`wait_unless`: whether an operation on group ``uid`` timed out
+    on one of ``ranks`` (:func:`gave_up`), read from ``board`` while it is open."""
+
+    def gone(deadline: float) -> bool:
+        return board is not None and not board.closed and gave_up(board, ranks, uid, deadline)
+
+    return gone
 
 
 def keep_alive(objects: List[Any]) -> None:

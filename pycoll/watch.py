@@ -419,8 +419,16 @@ def timed_out(
     missing: List[int] = []
     other_op: List[int] = []
     stalled: List[int] = []
-    if pg._rec is not None and seq is not None and pg._rec[pg._word] >> 8 == seq:
-        pg._rec[pg._word] |= progress.GAVE_UP  # for the peers' own diagnoses
+    rec = pg._rec
+    if rec is not None and seq is not None:
+        # GAVE_UP, for the peers' diagnoses and their teardown (which then does
+        # not wait for this rank's last call check: pycoll.crosscheck.final).
+        # A wait that precedes the call's own record (the live trials' barrier
+        # and decision, at the call's seq) writes the call's word first.
+        if rec[pg._word] >> 8 < seq:
+            rec[pg._word] = progress.pack(seq, op, True)
+        if rec[pg._word] >> 8 == seq:
+            rec[pg._word] |= progress.GAVE_UP
     if board is None:
         lines = ["(no progress board: the ranks' states are unknown)"]
     else:

@@ -95,10 +95,13 @@ class Window:
     a communicator for the barriers; ``crowded`` says whether its ranks
     outnumber the cores they may run on together (the same on every rank)."""
 
-    def __init__(self, comm: Any, chunk: int, timeout: float) -> None:
+    def __init__(
+        self, comm: Any, chunk: int, timeout: float, gone: Callable[[float], bool]
+    ) -> None:
         MPI = _mpi.MPI
         self.chunk = chunk
         self.timeout = timeout
+        self.gone = gone  # whether a peer gave up on the group (progress.peers_gave_up)
         self.comm = comm.Dup()  # the calls' barriers
         self.leaving = comm.Dup()  # free()'s: never confused with a call's left pending
         self.win = MPI.Win.Allocate_shared(2 * chunk, 1, comm=self.comm)
@@ -123,21 +126,20 @@ class Window:
         waits for all of them, and a rank whose group timed out never comes.
 
         Two barriers, each waited for within FREE_WAIT (or the group's
-        timeout, if shorter): the first says every rank has come, the second
-        that every rank saw the first complete in time. A rank that gives up
-        on the first enters no second, so a rank that came later than that
-        (its first barrier complete at once) gives up on the second instead
-        of going on to MPI_Win_free alone, where it would wait for good. A
-        rank that gives up leaves the window to the end of the job
-        (``freed`` stays False)."""
+        timeout, if shorter), or until a peer's progress record says its
+        operation on the group timed out (such a rank frees nothing): the
+        first says every rank has come, the second that every rank saw the
+        first complete in time. A rank that gives up on the first enters no
+        second, so a rank that came later than that (its first barrier
+        complete at once) gives up on the second instead of going on to
+        MPI_Win_free alone, where it would wait for good. A rank that gives
+        up leaves the window to the end of the job (``freed`` stays False)."""
         for _ in range(2):
             request = self.leaving.Ibarrier()
             deadline = time.monotonic() + min(self.timeout, FREE_WAIT)
-            while not request.Test():
-                if time.monotonic() > deadline:
-                    progress.keep_alive([request])
-                    return
-                time.sleep(1e-4)
+            if not progress.wait_unless(request, deadline, self.gone):
+                progress.keep_alive([request])
+                return
         self.win.Unlock_all()
         self.win.Free()
         self.comm.Free()
@@ -166,7 +168,9 @@ def window(pg: Any, func: str) -> Optional[Window]:
         node = pg.comm.Split_type(MPI.COMM_TYPE_SHARED)
         one_node = node.Get_size() == pg.size()
         node.Free()
-        made = Window(pg.comm, CHUNK, pg._timeout_s) if one_node else False
+        others = [r for r in pg._ranks if r != pg._ranks[pg._rank]]
+        gone = progress.peers_gave_up(pg._board, others, pg._uid)
+        made = Window(pg.comm, CHUNK, pg._timeout_s, gone) if one_node else False
         pg.attach(_KEY, made, _free)
     return made or None
 
