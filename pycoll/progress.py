@@ -94,6 +94,7 @@ UNFOLLOWED = (
     f"more than {SLOTS} groups alive on that rank), so what it does there is unknown"
 )
 READ_TIMEOUT = 2.0  # seconds to wait for one peer's record
+READ_AT_ONCE = 64  # records read side by side (a thread each) by Board.read_all
 # How long a diagnosis watches the heartbeats of ranks that started the
 # operation: longer than the blocking-mode watchdog's tick (watch.py).
 BEAT_WATCH_S = 0.6
@@ -196,26 +197,47 @@ class Board:
 
     def read(self, rank: int, timeout: float = READ_TIMEOUT) -> Optional[np.ndarray]:
         """Rank ``rank``'s record (its default-group rank), or None if it
-        cannot be read within ``timeout`` seconds.
+        cannot be read within ``timeout`` seconds (see :meth:`read_all`)."""
+        return self.read_all([rank], timeout)[0]
 
-        The read runs on a thread of its own and this waits for it at most
+    def read_all(
+        self, ranks: List[int], timeout: float = READ_TIMEOUT
+    ) -> List[Optional[np.ndarray]]:
+        """The records of ``ranks`` (default-group ranks), None for each that
+        cannot be read within ``timeout`` seconds; read side by side, so the
+        ranks of a node cut off cost one timeout, not one each.
+
+        Each read runs on a thread of its own, and this waits for them at most
         ``timeout``: across hosts over TCP, with no hardware RMA, MPI_Rget
         itself can block until the target makes progress (Open MPI was seen
         to block in it for good on a rank cut off from the network), so only
         a thread bounds it. A read that never returns leaves its thread
-        parked (a daemon) and its buffer alive."""
-        out = np.zeros(WORDS, np.int64)
-        got: List[bool] = []
-        reader = threading.Thread(
-            target=self._read_into, args=(rank, out, timeout, got), daemon=True,
-            name=f"pycoll-board-read-{rank}",
-        )  # fmt: skip
-        reader.start()
-        reader.join(timeout + 0.5)
-        if reader.is_alive() or not got or not got[0]:
-            keep_alive([out])  # MPI may still write into it
-            return None
-        return out
+        parked (a daemon) and its buffer alive. At most READ_AT_ONCE at a time."""
+        found: List[Optional[np.ndarray]] = []
+        for first in range(0, len(ranks), READ_AT_ONCE):
+            batch = ranks[first : first + READ_AT_ONCE]
+            outs = [np.zeros(WORDS, np.int64) for _ in batch]
+            gots: List[List[bool]] = [[] for _ in batch]
+            readers = [
+                threading.Thread(
+                    target=self._read_into,
+                    args=(rank, out, timeout, got),
+                    daemon=True,
+                    name=f"pycoll-board-read-{rank}",
+                )  # fmt: skip
+                for rank, out, got in zip(batch, outs, gots)
+            ]
+            for reader in readers:
+                reader.start()
+            end = time.monotonic() + timeout + 0.5
+            for reader, out, got in zip(readers, outs, gots):
+                reader.join(max(0.0, end - time.monotonic()))
+                if reader.is_alive() or not got or not got[0]:
+                    keep_alive([out])  # MPI may still write into it
+                    found.append(None)
+                else:
+                    found.append(out)
+        return found
 
     def _read_into(self, rank: int, out: np.ndarray, timeout: float, got: List[bool]) -> None:
         MPI = _mpi.MPI
@@ -293,11 +315,8 @@ class Board:
         others = [r for r in range(self.comm.Get_size()) if r != me]
 
         def left(deadline: float) -> bool:
-            for rank in others:
-                rec = self.read(rank, min(READ_TIMEOUT, max(0.0, deadline - time.monotonic())))
-                if rec is not None and rec[LEFT]:
-                    return True
-            return False
+            wait = min(READ_TIMEOUT, max(0.0, deadline - time.monotonic()))
+            return any(rec is not None and rec[LEFT] for rec in self.read_all(others, wait))
 
         return wait_unless(votes, time.monotonic() + timeout, left)
 
@@ -355,8 +374,8 @@ def gave_up(board: Board, ranks: List[int], uid: int, deadline: float) -> bool:
     (pycoll.crosscheck.final): the others need not wait for it. A record not
     read by ``deadline`` (time.monotonic), or no longer following the group,
     says nothing."""
-    for rank in ranks:
-        rec = board.read(rank, min(READ_TIMEOUT, max(0.0, deadline - time.monotonic())))
+    wait = min(READ_TIMEOUT, max(0.0, deadline - time.monotonic()))
+    for rec in board.read_all(ranks, wait):
         if rec is None:
             continue
         word = _word_of(rec, uid)
@@ -387,9 +406,8 @@ def describe(
     started: Dict[int, int] = {}  # rank -> its heartbeat, for those waiting at seq
     lines: Dict[int, str] = {}
     here = _host_id()
-    for rank in ranks:
+    for rank, rec in zip(ranks, board.read_all(ranks)):
         who = f"rank {rank} on {board.hosts[rank]}" if board.hosts else f"rank {rank}"
-        rec = board.read(rank)
         if rec is None:
             missing.append(rank)
             lines[rank] = f"{who}: its progress record could not be read (no answer)"
@@ -426,8 +444,7 @@ def describe(
     stalled: List[int] = []
     if started and not missing and not other_op:
         time.sleep(BEAT_WATCH_S)
-        for rank, beat in started.items():
-            rec = board.read(rank)
+        for (rank, beat), rec in zip(started.items(), board.read_all(list(started))):
             if rec is None or int(rec[BEAT]) != beat:
                 continue  # waiting, or it has just moved on
             if _waiting_at(rec, uid, seq):

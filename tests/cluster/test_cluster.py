@@ -389,7 +389,10 @@ def test_node_cut_off(family: str, tmp_path: Path) -> None:
     assert float(done.stderr) < FAULT_TIMEOUT_S + 30, (done.stderr, done.stdout)
     assert "DistTimeoutError" in done.stdout, done.stdout
     assert re.search(r"ranks 2,3 on node2 have not reached seq \d+", done.stdout), done.stdout
-    assert "rank 2 on node2: its progress record could not be read (no answer)" in done.stdout
+    for rank in (2, 3):  # (read side by side: the node costs one read's timeout)
+        assert f"rank {rank} on node2: its progress record could not be read (no answer)" in (
+            done.stdout
+        )
     assert not _node_pids("node1", "fault_job"), "ranks left running on node1"
 
 
