@@ -43,11 +43,12 @@ ROUNDS (7); BYTES, the whole input of a rank (default 16 B to 32 MiB).
 from __future__ import annotations
 
 import sys
-import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 from mpi4py import MPI
+
+from pycoll.bench.table import _repeat, against, rotated
 
 comm = MPI.COMM_WORLD
 n, me = comm.size, comm.rank
@@ -189,23 +190,10 @@ def main() -> None:
             wrong += int((f() != want).sum())
         wrong = comm.allreduce(wrong)
         reps = max(3, min(2000, int(2e7 // max(count * 4, 64))))
-        names: List[str] = list(made)
-        times: Dict[str, List[float]] = {k: [] for k in names}
-        for r in range(ROUNDS):
-            for k in names[r % len(names) :] + names[: r % len(names)]:
-                f = made[k]
-                comm.Barrier()
-                t = time.perf_counter()
-                for _ in range(reps):
-                    f()
-                times[k].append(comm.allreduce(time.perf_counter() - t, MPI.MAX) / reps * 1e6)
+        times = rotated({k: _repeat(f) for k, f in made.items()}, reps, ROUNDS, comm)
         if me == 0:
-            base = np.array(times["I out of place"])
-            cells = [
-                f"{k} {np.median(v):.1f} ({np.median(np.array(v) / base):.2f})"
-                for k, v in times.items()
-            ]
-            print(f"{count * 4:>9} B  wrong {wrong}: " + "; ".join(cells), flush=True)
+            line = against(times, "I out of place", 1e6, 1)
+            print(f"{count * 4:>9} B  wrong {wrong}: {line}", flush=True)
         for p in plans:
             p.Free()
 

@@ -35,7 +35,7 @@ import numpy as np
 
 import pycoll
 from pycoll import _mpi
-from pycoll.bench.table import _repeat, rotated
+from pycoll.bench.table import _repeat, against, rotated
 
 pycoll.init_process_group()
 MPI = _mpi.MPI
@@ -166,12 +166,7 @@ def main() -> None:
         runs = {s: _repeat(call) for s, (call, _) in made.items()}
         times = rotated(runs, 10000 if COUNT < 1024 else 1000, ROUNDS, comm, warmup=200)
         if me == 0:
-            base = np.array(times["mpi4py"])
-            cells = [
-                f"{s} {np.median(v) * 1e6:.2f} ({np.median(np.array(v) / base):.2f})"
-                for s, v in times.items()
-            ]
-            print(f"{label:>15}  wrong {wrong}: " + "; ".join(cells), flush=True)
+            print(f"{label:>15}  wrong {wrong}: " + against(times, "mpi4py", 1e6), flush=True)
     if TENSORS:
         dist.destroy_process_group()
     pycoll.destroy_process_group()

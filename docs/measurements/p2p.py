@@ -43,7 +43,7 @@ import numpy as np
 
 import pycoll
 from pycoll import _mpi
-from pycoll.bench.table import _repeat, rotated
+from pycoll.bench.table import _repeat, against, rotated
 
 pycoll.init_process_group()
 MPI = _mpi.MPI
@@ -166,12 +166,7 @@ def streams(k: int) -> Dict[str, Side]:
 
 def report(label: str, times: Dict[str, list], wrong: int) -> None:
     if me == 0:
-        base = np.array(times["mpi4py"])
-        cells = [
-            f"{s} {np.median(v):.2f} ({np.median(np.array(v) / base):.2f})"
-            for s, v in times.items()
-        ]
-        print(f"{label:>16}  wrong {wrong}: " + "; ".join(cells), flush=True)
+        print(f"{label:>16}  wrong {wrong}: " + against(times, "mpi4py"), flush=True)
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ import torch
 
 import pycoll
 from pycoll import _mpi
-from pycoll.bench.table import _repeat, rotated
+from pycoll.bench.table import _repeat, against, rotated
 
 pycoll.init_process_group()
 MPI = _mpi.MPI
@@ -116,12 +116,8 @@ def main() -> None:
             runs = {s: _repeat(call) for s, (call, _) in sides.items()}
             times = {s: [t * 1e6 for t in v] for s, v in rotated(runs, reps, ROUNDS, comm).items()}
             if me == 0:
-                base = np.array(times["mpi4py"])
-                cells = [
-                    f"{s} {np.median(v):.2f} ({np.median(np.array(v) / base):.2f})"
-                    for s, v in times.items()
-                ]
-                print(f"{name:>22} {nbytes:>7} B  wrong {wrong}: " + "; ".join(cells), flush=True)
+                line = against(times, "mpi4py")
+                print(f"{name:>22} {nbytes:>7} B  wrong {wrong}: {line}", flush=True)
     pycoll.destroy_process_group()
 
 

@@ -439,6 +439,17 @@ def rotated(
     return times
 
 
+def against(times: Dict[str, List[float]], base: str, scale: float = 1.0, digits: int = 2) -> str:
+    """One line of :func:`rotated`'s figures: each run's median (times
+    ``scale``) and, in parentheses, the median over the rounds of its time
+    over run ``base``'s in the same round."""
+    ref = np.array(times[base])
+    return "; ".join(
+        f"{name} {np.median(v) * scale:.{digits}f} ({np.median(np.array(v) / ref):.2f})"
+        for name, v in times.items()
+    )
+
+
 def _sides(plans_group: Any) -> List[Tuple[str, Any]]:
     """pycoll's sides and their groups: its own on the default group, the
     plans side's on ``plans_group``."""
