@@ -33,7 +33,7 @@ import pycoll
 from pycoll import _mpi
 from pycoll.arrays import BFLOAT16
 from pycoll.bench import parse_size
-from pycoll.bench.table import time_block
+from pycoll.bench.table import bandwidth_header, bandwidth_row, time_block
 from pycoll.collectives import doubling, shm
 from pycoll.collectives import reduce as R
 
@@ -97,7 +97,7 @@ if op == pycoll.ReduceOp.SUM and dtype in (np.float32, np.float64):
 want = 1 if op == pycoll.ReduceOp.AVG else n  # every rank gives ones: exact in any order
 if me == 0:
     print(f"# {n} ranks, {name} {op.name}, {rounds} rounds: a case's time over MPI's (median)")
-    print(f"{'':>8s} {'MPI GB/s':>9s}" + "".join(f"{k:>9s}" for k in cases if k != "mpi"))
+    print(bandwidth_header("mpi", "MPI", list(cases)))
 for nbytes in sizes:
     arrays = {k: np.ones(nbytes // dtype.itemsize, dtype) for k in cases}
     for k, call in cases.items():
@@ -114,12 +114,5 @@ for nbytes in sizes:
             t = time_block(lambda call=call, x=arrays[key]: call(x), iters, 1, comm)
             times[key].append(comm.allreduce(t, MPI.MAX))
     if me == 0:
-        ref = times["mpi"]
-        size = f"{nbytes >> 20}M" if nbytes >= 1 << 20 else f"{nbytes >> 10}K"
-        size = size if nbytes >= 1024 else f"{nbytes}B"
-        row = f"{size:>7s} {nbytes / np.median(ref) / 1e9:9.2f}"
-        for k in cases:
-            if k != "mpi":
-                row += f"{np.median([b / a for a, b in zip(ref, times[k])]):9.2f}"
-        print(row, flush=True)
+        print(bandwidth_row(nbytes, times, "mpi"), flush=True)
 pycoll.destroy_process_group()

@@ -32,7 +32,7 @@ import numpy as np
 import pycoll
 from pycoll import _mpi
 from pycoll.bench import parse_size
-from pycoll.bench.table import rotated
+from pycoll.bench.table import bandwidth_header, bandwidth_row, rotated
 from pycoll.collectives import reduce as R
 from pycoll.collectives import to_root
 
@@ -89,7 +89,7 @@ for text in filter(None, os.environ.get("TO_ROOT_CHUNKS", "").split(",")):
     cases[f"tr@{text}"] = chunked(parse_size(text))
 if me == 0:
     print(f"# {n} ranks, float32 SUM to rank 0, {rounds} rounds: a case's time over mpi4py's")
-    print(f"{'':>8s} {'mpi4py GB/s':>12s}" + "".join(f"{k:>10s}" for k in cases if k != "mpi4py"))
+    print(bandwidth_header("mpi4py", "mpi4py", list(cases)))
 for nbytes in sizes:
     base = (np.arange(nbytes // 4) % 7 + me).astype(np.float32)
     want = (np.arange(nbytes // 4) % 7 * n + n * (n - 1) // 2).astype(np.float32)
@@ -103,11 +103,5 @@ for nbytes in sizes:
     runs = {k: repeated(call, base.copy()) for k, call in cases.items()}
     times = rotated(runs, max(3, (64 << 20) // nbytes), rounds, comm, warmup=1)
     if me == 0:
-        ref = times["mpi4py"]
-        size = f"{nbytes >> 20}M" if nbytes >= 1 << 20 else f"{nbytes >> 10}K"
-        row = f"{size:>7s} {nbytes / np.median(ref) / 1e9:12.2f}"
-        for k in cases:
-            if k != "mpi4py":
-                row += f"{np.median([b / a for a, b in zip(ref, times[k])]):10.2f}"
-        print(row, flush=True)
+        print(bandwidth_row(nbytes, times, "mpi4py"), flush=True)
 pycoll.destroy_process_group()

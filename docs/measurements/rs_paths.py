@@ -27,7 +27,7 @@ import numpy as np
 import pycoll
 from pycoll import _mpi, tuning
 from pycoll.bench import parse_size
-from pycoll.bench.table import rotated
+from pycoll.bench.table import bandwidth_header, bandwidth_row, rotated
 
 pycoll.init_process_group()
 MPI = _mpi.MPI
@@ -82,8 +82,7 @@ for form, in_place in forms.items():
     cases = {"mpi4py": raw(in_place), **{k: case(v, in_place) for k, v in WAYS.items()}}
     if me == 0:
         print(f"# {form}")
-        ways = "".join(f"{k:>9s}" for k in cases if k != "mpi4py")
-        print(f"{'':>8s} {'mpi4py GB/s':>12s}{ways}")
+        print(bandwidth_header("mpi4py", "mpi4py", list(cases)))
     for nbytes in sizes:
         count = nbytes // 4 // n
         base = (np.arange(count * n) % 7 + me).astype(np.float32)
@@ -103,12 +102,5 @@ for form, in_place in forms.items():
         runs = {k: repeated(call, base.copy(), out.copy()) for k, call in cases.items()}
         times = rotated(runs, max(3, (64 << 20) // nbytes), rounds, comm, warmup=1)
         if me == 0:
-            ref = times["mpi4py"]
-            row = f"{nbytes >> 20:6d}M {nbytes / np.median(ref) / 1e9:12.2f}"
-            if nbytes < 1 << 20:
-                row = f"{nbytes >> 10:6d}K {nbytes / np.median(ref) / 1e9:12.2f}"
-            for k in cases:
-                if k != "mpi4py":
-                    row += f"{np.median([b / a for a, b in zip(ref, times[k])]):9.2f}"
-            print(row, flush=True)
+            print(bandwidth_row(nbytes, times, "mpi4py"), flush=True)
 pycoll.destroy_process_group()

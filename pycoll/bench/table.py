@@ -450,6 +450,25 @@ def against(times: Dict[str, List[float]], base: str, scale: float = 1.0, digits
     )
 
 
+def bandwidth_header(base: str, label: str, names: List[str]) -> str:
+    """The head of a paths table of :func:`bandwidth_row` rows: run ``base``'s
+    GB/s (headed ``label``), then a column for each other run of ``names``."""
+    return f"{'':>7s} {label + ' GB/s':>12s}" + "".join(f"{k:>10s}" for k in names if k != base)
+
+
+def bandwidth_row(nbytes: int, times: Dict[str, List[float]], base: str) -> str:
+    """One row of a paths table from :func:`rotated`'s figures: the size,
+    run ``base``'s GB/s (``nbytes`` over its median time), then for each other
+    run the median over the rounds of its time over ``base``'s in the same round."""
+    size = f"{nbytes >> 20}M" if nbytes >= 1 << 20 else f"{nbytes >> 10}K"
+    ref = times[base]
+    row = f"{size if nbytes >= 1024 else f'{nbytes}B':>7s} {nbytes / np.median(ref) / 1e9:12.2f}"
+    for name, v in times.items():
+        if name != base:
+            row += f"{np.median([b / a for a, b in zip(ref, v)]):10.2f}"
+    return row
+
+
 def _sides(plans_group: Any) -> List[Tuple[str, Any]]:
     """pycoll's sides and their groups: its own on the default group, the
     plans side's on ``plans_group``."""
