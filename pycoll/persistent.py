@@ -49,14 +49,12 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from threading import get_ident
 from typing import Any, Callable, Dict, Iterator, Optional, Union
 
 import numpy as np
 
-from . import _mpi, crosscheck, debug, groups, watch
-from .collectives._common import plain, run
-from .progress import BUSY_CODE, LAST
+from . import _mpi, debug, groups, watch
+from .collectives._common import hold, let_go, plain, run
 
 __all__ = ["ENV_VAR", "Plan", "Plans", "lookup"]
 
@@ -152,7 +150,7 @@ class Plan:
             else:
                 self.send.reshape(inp.shape)[...] = inp
         if not async_op and debug.PLAIN:
-            if watch.BLOCKING or pg._shared or pg._owner != get_ident():
+            if watch.BLOCKING:
                 plain(pg, op, self.key, self.start, self.blocking)
             else:
                 self._issue_and_wait(pg, op)
@@ -180,38 +178,22 @@ class Plan:
         return work
 
     def _issue_and_wait(self, pg: Any, op: str) -> None:
-        """pycoll.collectives._common.plain for the group's owner thread, with
-        the plan's request started in place (every step of it counts here:
-        this is the call a training loop repeats)."""
-        pg._busy = True  # then look again: a second thread may have just come
+        """pycoll.collectives._common.plain with the plan's request started in
+        place and its first tests inlined (the call a training loop repeats,
+        where the compiled path is off: 1.6 us of 9 on 2 ranks of the CI VM)."""
+        lock = hold(pg)
         try:
-            if pg._shared:
-                pg._busy = False
-                plain(pg, op, self.key, self.start, self.blocking)
-                return
-            if pg._broken is not None:
-                raise watch.broken(pg, op)
-            seq = pg._seq = pg._seq + 1
-            rec = pg._rec
-            word = pg._word
-            busy = seq << 8 | BUSY_CODE[op]  # as plain: the progress board's record
-            rec[word] = busy
-            rec[LAST] = word
-            slot = seq & pg._mask
-            key = self.key
-            pg._keys[slot] = key
-            if slot == pg._mask:
-                crosscheck.exchange(pg, op, seq, watch.wait)
+            seq = watch.count(pg, op, self.key)
             ring = pg._flight
             if ring is not None:
-                ring.append(key)
+                ring.append(self.key)
             request = self.request
             try:
                 request.Start()
             except _mpi.MPI.Exception as exc:
                 raise watch.backend_error(op, seq, exc) from None
         finally:
-            pg._busy = False
+            let_go(pg, lock)
         test = request.Test
         try:
             for _ in watch.spin_tests:
@@ -221,8 +203,7 @@ class Plan:
                 watch.wait1_yielding(pg, op, seq, request)
         except _mpi.MPI.Exception as exc:
             raise watch.backend_error(op, seq, exc) from None
-        if rec[word] == busy:
-            rec[word] = busy - 1
+        watch.end(pg, seq)
 
     def free(self) -> None:
         work, self.work = self.work, None

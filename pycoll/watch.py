@@ -238,12 +238,26 @@ def begin(
             if before is not None:
                 rec[pg._word], rec[progress.LAST] = before
             raise
-    pg._seq = seq
+    return count(pg, op, key or crosscheck.OP_BITS[op])
+
+
+def count(pg: ProcessGroup, op: str, key: int) -> int:
+    """A call's issue step, its bookkeeping (the caller holds the group, as
+    pycoll.collectives._common.hold does): raise at once on a broken group;
+    else number the call, publish it on the progress board (this rank is in
+    ``op`` at that seq), note its key in the call check's ledger and, at an
+    exchange point, start the check's exchange. Returns the call's sequence
+    number. Every path that starts a collective comes here (:func:`begin`
+    after DETAIL's check), but the compiled one (pycoll.native.again, inline)."""
+    if pg._broken is not None:
+        raise broken(pg, op)
+    seq = pg._seq = pg._seq + 1
+    rec = pg._rec
     if rec is not None:
-        rec[pg._word] = progress.pack(seq, op, busy=True)
+        rec[pg._word] = seq << 8 | progress.BUSY_CODE[op]  # progress.pack(seq, op, True)
         rec[progress.LAST] = pg._word
     slot = seq & pg._mask
-    pg._keys[slot] = key or crosscheck.OP_BITS[op]
+    pg._keys[slot] = key
     if slot == pg._mask:
         crosscheck.exchange(pg, op, seq, wait)
     return seq

@@ -1,4 +1,5 @@
-"""Time pycoll.all_reduce against raw mpi4py for one checkout of pycoll.
+"""Time pycoll.all_reduce and pycoll.broadcast against raw mpi4py for one
+checkout of pycoll.
 
 Used to compare two versions on the same machine in one sitting (how
 pycoll.dispatch's generated front was measured): run it for each checkout in
@@ -39,23 +40,36 @@ def bench(f, n):
     return (time.perf_counter() - t) / n * 1e6
 
 
-for nbytes in [int(a) for a in sys.argv[2:]] or [8]:
+def measure(nbytes: int) -> None:
     x = np.ones(nbytes // 4, np.float32)
     calls = max(20000 * 8 // max(nbytes, 8), 20) if nbytes > 8 else 20000
+    want = {"all_reduce": comm.size * (comm.size - 1) / 2, "broadcast": 0}  # x is the rank
+    sides = {
+        "all_reduce": (
+            lambda: comm.Allreduce(MPI.IN_PLACE, [x, MPI.FLOAT], MPI.SUM),
+            lambda: pycoll.all_reduce(x),
+        ),
+        "broadcast": (lambda: comm.Bcast([x, MPI.FLOAT], 0), lambda: pycoll.broadcast(x, 0)),
+    }
+    for name, (raw_call, pyc_call) in sides.items():
 
-    def raw(x=x):
-        x[:] = 1
-        comm.Allreduce(MPI.IN_PLACE, [x, MPI.FLOAT], MPI.SUM)
+        def raw(call=raw_call):
+            x[:] = comm.rank
+            call()
 
-    def pyc(x=x):
-        x[:] = 1
-        pycoll.all_reduce(x)
+        def pyc(call=pyc_call):
+            x[:] = comm.rank
+            call()
 
-    r = np.median(np.array([(bench(raw, calls), bench(pyc, calls)) for _ in range(5)]), axis=0)
-    assert (x == comm.size).all(), "wrong all_reduce result"
-    if comm.rank == 0:
-        print(
-            f"{pycoll.__file__}: {nbytes} B: raw {r[0]:.2f} us, pycoll {r[1]:.2f} us, "
-            f"ratio {r[1] / r[0]:.2f}"
-        )
+        r = np.median(np.array([(bench(raw, calls), bench(pyc, calls)) for _ in range(5)]), axis=0)
+        assert (x == want[name]).all(), f"wrong {name} result"
+        if comm.rank == 0:
+            print(
+                f"{pycoll.__file__}: {name} {nbytes} B: raw {r[0]:.2f} us, "
+                f"pycoll {r[1]:.2f} us, ratio {r[1] / r[0]:.2f}"
+            )
+
+
+for nbytes in [int(a) for a in sys.argv[2:]] or [8]:
+    measure(nbytes)
 pycoll.destroy_process_group()

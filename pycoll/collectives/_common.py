@@ -18,7 +18,6 @@ from typing import Any, Callable, Iterator, List, Optional, Union
 
 from .. import _mpi, crosscheck, debug, native, watch
 from ..groups import ProcessGroup
-from ..progress import BUSY_CODE, LAST
 from ..trace import recorder
 from ..work import Work
 
@@ -126,32 +125,12 @@ def lean(
     group's only thread skips the lock, and watch.begin and recorder.issue
     are inlined; the flight recorder's entry is a full one, which the Work
     or the wait closes."""
-    lock = None
-    if pg._owner == get_ident() and not pg._shared:
-        pg._busy = True  # then look again: a second thread may have just come
-        if pg._shared:
-            pg._busy = False
-            lock = pg._lock
-    else:
-        lock = pg._lock
-    if lock is not None:
-        lock.acquire()
-        claim(pg)
+    lock = hold(pg)
     try:
-        if pg._broken is not None:
-            raise watch.broken(pg, op)
         key = key or crosscheck.OP_BITS[op]
-        seq = pg._seq = pg._seq + 1
-        rec = pg._rec
-        if rec is not None:
-            rec[pg._word] = seq << 8 | BUSY_CODE[op]  # progress.pack(seq, op, True)
-            rec[LAST] = pg._word
-        slot = seq & pg._mask
-        pg._keys[slot] = key
-        if slot == pg._mask:
-            crosscheck.exchange(pg, op, seq, watch.wait)
-            if pg._native is None:
-                native.attach(pg)  # a group making many calls: the compiled path from here
+        seq = watch.count(pg, op, key)
+        if seq & pg._mask == pg._mask and pg._native is None:
+            native.attach(pg)  # a group making many calls: the compiled path from here
         ring = pg._flight
         entry = None
         if ring is not None:
@@ -164,10 +143,7 @@ def lean(
             recorder.complete(entry, recorder.FAILED)
             raise watch.backend_error(op, seq, exc) from None
     finally:
-        if lock is None:
-            pg._busy = False
-        else:
-            lock.release()
+        let_go(pg, lock)
     if async_op:
         return Work(op, seq, [request], finish, result, pg, nbytes, None, None, None, args, entry)
     try:
@@ -237,6 +213,31 @@ def claim(pg: ProcessGroup) -> None:
             time.sleep(0)  # the owner's call is being issued (bounded by its timeout)
 
 
+def hold(pg: ProcessGroup) -> Optional[Any]:
+    """The first half of a call's issue step, before watch.count: the
+    group's owner thread, alone on it, marks it busy and takes no lock (a
+    second thread that comes meanwhile waits for the mark to clear: see
+    :func:`claim`); any other thread takes the group's lock. Returns the lock
+    to hand :func:`let_go`, None where the owner took none."""
+    if pg._owner == get_ident() and not pg._shared:
+        pg._busy = True  # then look again: a second thread may have just come
+        if not pg._shared:
+            return None
+        pg._busy = False
+    lock = pg._lock
+    lock.acquire()
+    claim(pg)
+    return lock
+
+
+def let_go(pg: ProcessGroup, lock: Optional[Any]) -> None:
+    """The end of the issue step :func:`hold` began, once the call is started."""
+    if lock is None:
+        pg._busy = False
+    else:
+        lock.release()
+
+
 def plain(
     pg: ProcessGroup, op: str, key: int, start: Callable, blocking: Callable, *args: Any
 ) -> int:
@@ -247,35 +248,15 @@ def plain(
     no finishing step); everything else goes through :func:`run`. Under
     ``PYCOLL_WAIT=blocking`` it makes MPI's blocking call instead, watched by
     the watchdog thread. Returns the call's sequence number. (This is
-    :func:`run` inlined: every step counts here.)
+    :func:`run` with its steps inlined but the issue step's: every step counts
+    here.)
     """
-    lock = None
-    if pg._owner == get_ident() and not pg._shared:
-        pg._busy = True  # then look again: a second thread may have just come
-        if pg._shared:
-            pg._busy = False
-            lock = pg._lock
-    else:
-        lock = pg._lock
-    if lock is not None:
-        lock.acquire()
-        claim(pg)
+    lock = hold(pg)
     blocks = watch.BLOCKING
     try:
-        if pg._broken is not None:
-            raise watch.broken(pg, op)
-        seq = pg._seq = pg._seq + 1
-        rec = pg._rec
-        word = pg._word
-        busy = seq << 8 | BUSY_CODE[op]  # progress.pack(seq, op, True), inlined
-        rec[word] = busy
-        rec[LAST] = word
-        slot = seq & pg._mask
-        pg._keys[slot] = key
-        if slot == pg._mask:
-            crosscheck.exchange(pg, op, seq, watch.wait)
-            if pg._native is None:
-                native.attach(pg)  # a group making many calls: the compiled path from here
+        seq = watch.count(pg, op, key)
+        if seq & pg._mask == pg._mask and pg._native is None:
+            native.attach(pg)  # a group making many calls: the compiled path from here
         ring = pg._flight  # the flight recorder's entry: on this path, the key alone
         if ring is not None:
             ring.append(key)
@@ -290,10 +271,7 @@ def plain(
             watch.inflight = None
             raise watch.backend_error(op, seq, exc) from None
     finally:
-        if lock is None:
-            pg._busy = False
-        else:
-            lock.release()
+        let_go(pg, lock)
     if not blocks:
         # watch.wait1's first tests, inlined: most small calls end in them.
         test = request.Test
@@ -305,8 +283,7 @@ def plain(
                 watch.wait1_yielding(pg, op, seq, request)
         except _mpi.MPI.Exception as exc:
             raise watch.backend_error(op, seq, exc) from None
-    if rec[word] == busy:
-        rec[word] = busy - 1
+    watch.end(pg, seq)
     return seq
 
 
