@@ -179,8 +179,10 @@ class Plan:
 
     def _issue_and_wait(self, pg: Any, op: str) -> None:
         """pycoll.collectives._common.plain with the plan's request started in
-        place and its first tests inlined (the call a training loop repeats,
-        where the compiled path is off: 1.6 us of 9 on 2 ranks of the CI VM)."""
+        place and its first tests inlined: the call a training loop repeats,
+        where the compiled path is off (PYCOLL_NATIVE=0). Through plain, whose
+        start is a call of its own, an 8-byte all_reduce took 10.9 us, not
+        9.2, on 2 ranks of the CI VM (docs/measurements/ab_versions.py)."""
         lock = hold(pg)
         try:
             seq = watch.count(pg, op, self.key)
