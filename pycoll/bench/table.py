@@ -460,9 +460,12 @@ def bandwidth_row(nbytes: int, times: Dict[str, List[float]], base: str) -> str:
     """One row of a paths table from :func:`rotated`'s figures: the size,
     run ``base``'s GB/s (``nbytes`` over its median time), then for each other
     run the median over the rounds of its time over ``base``'s in the same round."""
-    size = f"{nbytes >> 20}M" if nbytes >= 1 << 20 else f"{nbytes >> 10}K"
+    if nbytes >= 1 << 20:
+        size = f"{nbytes >> 20}M"
+    else:
+        size = f"{nbytes >> 10}K" if nbytes >= 1 << 10 else f"{nbytes}B"
     ref = times[base]
-    row = f"{size if nbytes >= 1024 else f'{nbytes}B':>7s} {nbytes / np.median(ref) / 1e9:12.2f}"
+    row = f"{size:>7s} {nbytes / np.median(ref) / 1e9:12.2f}"
     for name, v in times.items():
         if name != base:
             row += f"{np.median([b / a for a, b in zip(ref, v)]):10.2f}"

@@ -122,10 +122,11 @@ def lean(
     """:func:`run` for a call of one MPI operation with debug off (nothing to
     check first, nothing to log): every asynchronous collective of a
     training step (the torch backend's, the functional collectives') and the
-    synchronous calls :func:`plain` does not take. As :func:`plain`, the
-    group's only thread skips the lock, and watch.begin and recorder.issue
-    are inlined; the flight recorder's entry is a full one, which the Work
-    or the wait closes."""
+    synchronous calls :func:`plain` does not take. The issue step is
+    :func:`hold`, watch.count and :func:`let_go` (the group's only thread
+    skips the lock), with no DETAIL check (watch.begin's) and recorder.issue
+    inlined; the flight recorder's entry is a full one, which the Work or
+    the wait closes."""
     lock = hold(pg)
     try:
         key = key or crosscheck.OP_BITS[op]
