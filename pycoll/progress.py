@@ -201,10 +201,11 @@ class Board:
         return self.read_all([rank], timeout)[0]
 
     def read_all(
-        self, ranks: List[int], timeout: float = READ_TIMEOUT
+        self, ranks: List[int], timeout: float = READ_TIMEOUT, deadline: Optional[float] = None
     ) -> List[Optional[np.ndarray]]:
         """The records of ``ranks`` (default-group ranks), None for each that
-        cannot be read within ``timeout`` seconds; read side by side, so the
+        cannot be read within ``timeout`` seconds (or by ``deadline``,
+        time.monotonic, where given and sooner); read side by side, so the
         ranks of a node cut off cost one timeout, not one each.
 
         Each read runs on a thread of its own, and this waits for them at most
@@ -212,16 +213,20 @@ class Board:
         itself can block until the target makes progress (Open MPI was seen
         to block in it for good on a rank cut off from the network), so only
         a thread bounds it. A read that never returns leaves its thread
-        parked (a daemon) and its buffer alive. At most READ_AT_ONCE at a time."""
+        parked (a daemon) and its buffer alive. At most READ_AT_ONCE at a time,
+        each batch within ``timeout`` and by ``deadline``."""
         found: List[Optional[np.ndarray]] = []
         for first in range(0, len(ranks), READ_AT_ONCE):
             batch = ranks[first : first + READ_AT_ONCE]
+            left = timeout
+            if deadline is not None:
+                left = min(timeout, max(0.0, deadline - time.monotonic()))
             outs = [np.zeros(WORDS, np.int64) for _ in batch]
             gots: List[List[bool]] = [[] for _ in batch]
             readers = [
                 threading.Thread(
                     target=self._read_into,
-                    args=(rank, out, timeout, got),
+                    args=(rank, out, left, got),
                     daemon=True,
                     name=f"pycoll-board-read-{rank}",
                 )  # fmt: skip
@@ -229,7 +234,7 @@ class Board:
             ]
             for reader in readers:
                 reader.start()
-            end = time.monotonic() + timeout + 0.5
+            end = time.monotonic() + left + 0.5
             for reader, out, got in zip(readers, outs, gots):
                 reader.join(max(0.0, end - time.monotonic()))
                 if reader.is_alive() or not got or not got[0]:
@@ -315,8 +320,8 @@ class Board:
         others = [r for r in range(self.comm.Get_size()) if r != me]
 
         def left(deadline: float) -> bool:
-            wait = min(READ_TIMEOUT, max(0.0, deadline - time.monotonic()))
-            return any(rec is not None and rec[LEFT] for rec in self.read_all(others, wait))
+            found = self.read_all(others, deadline=deadline)
+            return any(rec is not None and rec[LEFT] for rec in found)
 
         return wait_unless(votes, time.monotonic() + timeout, left)
 
@@ -374,8 +379,7 @@ def gave_up(board: Board, ranks: List[int], uid: int, deadline: float) -> bool:
     (pycoll.crosscheck.final): the others need not wait for it. A record not
     read by ``deadline`` (time.monotonic), or no longer following the group,
     says nothing."""
-    wait = min(READ_TIMEOUT, max(0.0, deadline - time.monotonic()))
-    for rec in board.read_all(ranks, wait):
+    for rec in board.read_all(ranks, deadline=deadline):
         if rec is None:
             continue
         word = _word_of(rec, uid)
