@@ -17,6 +17,9 @@ from typing import Any, Dict, Optional
 
 MPI: Any = None
 IN_PLACE: Any = None  # MPI.IN_PLACE, kept here for the collectives' hot paths
+# pycoll's own point-to-point steps tag their messages with the call's seq
+# modulo TAGS (pycoll.collectives.ring.side): MPI guarantees tags below 32768.
+TAGS = 1 << 15
 VENDOR = ""  # "MPICH", "Open MPI", ...: what mpi4py.MPI.get_vendor() says, once loaded
 
 # MPICH's nonblocking reduce-scatter in its default algorithm (recursive
@@ -27,7 +30,7 @@ VENDOR = ""  # "MPICH", "Open MPI", ...: what mpi4py.MPI.get_vendor() says, once
 # variable read at MPI_Init: pycoll asks for pairwise on the v-form
 # (MPI_Ireduce_scatter) and sends large reduce-scatters through it, leaving the
 # block form, and small calls, to MPICH's own choice
-# (pycoll.collectives.reduce).
+# (pycoll.paths.rule).
 REDUCE_SCATTER_CVAR = "MPIR_CVAR_IREDUCE_SCATTER_INTRA_ALGORITHM"
 # True once loaded when the v-form reduce-scatter runs pairwise (MPICH, the
 # variable set to sched_pairwise by pycoll or by the user before MPI_Init).
@@ -47,7 +50,7 @@ REDUCE_MCA = "OMPI_MCA_coll_libnbc_ireduce_algorithm"
 # blocking all_reduce's time from 32 KiB on 2 ranks (docs/benchmarks.md, "Which
 # path wins where"). pycoll leaves this variable as it finds it (pycoll-run
 # sets it: the ring); True once loaded where it names an algorithm, which
-# pycoll's choice of path (pycoll.collectives.reduce) then leaves to MPI.
+# pycoll's choice of path (pycoll.paths) then leaves to MPI.
 ALL_REDUCE_MCA = "OMPI_MCA_coll_libnbc_iallreduce_algorithm"
 ALL_REDUCE_CHOSEN = False
 STARTED_MPI = False  # whether load() was the import that started MPI (its variables counted)

@@ -5,7 +5,7 @@ Which of pycoll's paths beats MPI's own large all_reduce moves with the
 machine and with its state: on 2 ranks of the 2-core CI VM the node's shared
 window took 0.67-0.78x MPICH's time at 1-8 MiB in one run and 1.5-1.9x in
 another, and 1.26-1.41x on a 16-core Xeon (docs/benchmarks.md, "Which path
-wins where"). The built-in rule (pycoll.collectives.reduce) keeps MPI's call
+wins where"). The built-in rule (pycoll.paths.rule) keeps MPI's call
 wherever a path lost somewhere, and a table measured beforehand (pycoll.tuning)
 is as good as the run that made it. The job's own calls are the measurement
 that counts.

@@ -396,7 +396,7 @@ def again(
         if ring is not None:
             if work:  # (a full one, which the Work closes)
                 entry = [seq, op, key, None, known[_MAIN].nbytes, recorder.clock(), None,
-                         recorder.STARTED, pg]  # fmt: skip
+                         recorder.STARTED, pg, None]  # fmt: skip
                 ring.append(entry)
             else:
                 ring.append(key)

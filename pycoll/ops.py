@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, Optional, Union
 import numpy as np
 
 from . import _mpi, crosscheck, kernels
-from .arrays import check_dtype, mpi_datatype
+from .arrays import check_dtype, dtype_kind, mpi_datatype
 from .reduceop import MEMBERS, NAMES, ReduceOp, check_pair
 
 __all__ = ["Plan", "plan", "free_user_ops", "env_bytes"]
@@ -100,6 +100,14 @@ _KERNEL_OPS = {
     "half": ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "PREMUL_SUM"),
     "float": ("MIN", "MAX"),
 }
+
+
+def order_matters(name: str, dtype: np.dtype) -> bool:
+    """Whether the op ``name`` gives different bits by its operands' order on
+    ``dtype``: MIN and MAX of floats (min(0.0, -0.0) is -0.0, min(-0.0, 0.0)
+    0.0). pycoll's own all_reduce paths fold those in rank order, so every
+    rank ends with the same bits."""
+    return name in ("MIN", "MAX") and dtype_kind(dtype) in ("float", "half")
 
 
 def env_bytes(name: str, zero: str) -> Optional[int]:

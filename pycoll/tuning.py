@@ -4,7 +4,7 @@ pycoll.bench.tune``), as MPICH's and Open MPI's tuning files do for their own
 algorithms; or which groups the live trials (pycoll.autotune) cover
 (:func:`read_live`, :func:`live_from`).
 
-pycoll's built-in rule (pycoll.collectives.reduce) was measured on two
+pycoll's built-in rule (pycoll.paths.rule) was measured on two
 machines, and a path that wins on one can lose on the other: the shared
 window all_reduce took 0.68-0.92x MPICH's time at 1-8 MiB on 2 ranks of a
 2-core VM and 1.26-1.41x on 2 ranks of a 16-core Xeon, so the rule keeps

@@ -170,6 +170,22 @@ def count_starts(monkeypatch, cls: Any, sends: Callable[[Any], Any]) -> List[int
     return started
 
 
+def spy_path(monkeypatch, func: str, name: str) -> List[int]:
+    """Record every call of ``func`` that starts its registered path
+    ``name`` (pycoll.paths), the real start still doing the work."""
+    from pycoll import paths
+
+    taken: List[int] = []
+    path = paths.path(func, name)
+
+    def start(*args: Any) -> Any:
+        taken.append(1)
+        return path.start(*args)
+
+    monkeypatch.setitem(paths._REGISTRY[func], name, path._replace(start=start))
+    return taken
+
+
 def count_rings(monkeypatch) -> List[int]:
     """:func:`count_starts` of the ring all_reduce (pycoll.collectives.ring;
     on one rank a ring has nothing to send)."""

@@ -17,8 +17,8 @@ import pytest
 import pycoll
 from pycoll import ReduceOp, autotune, tuning, watch
 from pycoll.arrays import BFLOAT16
-from pycoll.collectives import reduce as reduce_mod
 from pycoll.errors import DistTimeoutError
+from pycoll.paths import rule
 from support import assert_equal, count_rings, data, reduce_all, window_chunk
 
 MIB = 1 << 20
@@ -62,8 +62,8 @@ def rule_is_mpi(monkeypatch):
     reaches its ring, window or doubling): what the trials' other paths must
     beat, whatever the MPI and the number of ranks."""
     for name in ("RING_BYTES", "SHM_BYTES", "SHM_BYTES_MPICH", "SHM_BYTES_PAIR"):
-        monkeypatch.setattr(reduce_mod, name, 1 << 50)
-    monkeypatch.setattr(reduce_mod, "DOUBLING_BYTES", 0)
+        monkeypatch.setattr(rule, name, 1 << 50)
+    monkeypatch.setattr(rule, "DOUBLING_BYTES", 0)
 
 
 def fake_times(monkeypatch, times):
@@ -189,7 +189,7 @@ def test_the_rule_path_stays_unless_beaten_mpis_call_included(live, mpi, wanted,
                                                               rank, world_size):  # fmt: skip
     """Where the built-in rule takes the window (here from 1 MiB), MPI's own
     call must beat it as any other path must: 3% is not enough, 20% is."""
-    monkeypatch.setattr(reduce_mod, "SHM_BYTES", MIB)
+    monkeypatch.setattr(rule, "SHM_BYTES", MIB)
     fake_times(monkeypatch, {"mpi": mpi, "ring": 1.5, "window": 1.0}.__getitem__)
     calls(live, 7, rank, world_size)
     ((path, base, ratios),) = autotune.chosen(live).values()
@@ -207,7 +207,7 @@ def test_ranks_reusing_an_array_or_not_count_every_call(live, monkeypatch, rank,
     from pycoll import native
 
     native.attach(live)
-    monkeypatch.setattr(reduce_mod, "SHM_BYTES", MIB)  # the rule's window: MPI's call 2nd
+    monkeypatch.setattr(rule, "SHM_BYTES", MIB)  # the rule's window: MPI's call 2nd
     monkeypatch.setattr(autotune, "RECHECK", 3)
     monkeypatch.setattr(autotune, "RECHECK_ROUNDS", 1)
     fake_times(monkeypatch, {"mpi": 0.5, "ring": 1.5, "window": 1.0}.__getitem__)

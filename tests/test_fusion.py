@@ -187,9 +187,9 @@ def test_through_the_window_every_op_and_dtype(shared, op, dtype, async_op, rank
 def test_through_the_window_takes_turns_with_other_calls(shared, monkeypatch, rank, world_size):
     """An async fused call, then a plain all_reduce through the same window:
     the second finishes the first before using it; both are right."""
-    from pycoll.collectives import reduce as reduce_mod
+    from pycoll.paths import rule
 
-    monkeypatch.setattr(reduce_mod, "SHM_BYTES", 16)
+    monkeypatch.setattr(rule, "SHM_BYTES", 16)
     mine = [np.full(n, rank + 1.0) for n in (3, 9, 1)]
     fused = FusedAllReduce(mine, group=shared)
     work = fused.all_reduce(async_op=True)

@@ -155,9 +155,9 @@ def test_shm_bytes_default_and_override(value):
     interpreter each."""
     code = (
         "from pycoll import _mpi\n"
-        "from pycoll.collectives import reduce as r\n"
+        "from pycoll.paths import rule as r\n"
         "_mpi.VENDOR = 'MPICH'\n"
-        "print(r._shm_least(), *(int(r._takes_window(n, 1 << 20)) for n in (2, 3, 4)))"
+        "print(r.shm_least(), *(int(r.takes_window(n, 1 << 20)) for n in (2, 3, 4)))"
     )
     out = _fresh(code, {"PYCOLL_SHM_BYTES": value}).stdout.split()
     want = {None: [1 << 20, 0, 1, 0], "0": [0, 0, 0, 0], "1048576": [1 << 20, 1, 1, 1]}[value]
@@ -174,7 +174,7 @@ def test_shm_bytes_must_be_a_number_of_bytes():
     )
 
 
-# The size variables of pycoll's own paths (pycoll.collectives.reduce), each
+# The size variables of pycoll's own paths (pycoll.paths.rule), each
 # with what the import leaves in two of its names, unset and set:
 # PAIRWISE_BYTES (MPICH, 1 MiB) and _OPEN_MPI (256 KiB); DOUBLING_BYTES (64
 # KiB where Open MPI's binomial tree would run) and whether it was set (then
@@ -182,11 +182,14 @@ def test_shm_bytes_must_be_a_number_of_bytes():
 # (8 MiB); SCATTERED_BYTES (16 MiB where MPICH runs its reduce-scatter
 # pairwise) and whether it was set (then on any MPI).
 SIZE_VARIABLES = {
-    "PYCOLL_PAIRWISE_BYTES": ("PAIRWISE_BYTES, r.PAIRWISE_BYTES_OPEN_MPI", (1 << 20, 256 << 10)),
-    "PYCOLL_DOUBLING_BYTES": ("DOUBLING_BYTES, int(r._DOUBLING_SET is not None)", (64 << 10, 0)),
-    "PYCOLL_TO_ROOT_BYTES": ("TO_ROOT_BYTES, r.TO_ROOT_BYTES_OPEN_MPI", (64 << 10, 8 << 20)),
-    "PYCOLL_SCATTERED_BYTES": ("SCATTERED_BYTES, int(r._SCATTERED_SET is not None)", (16 << 20, 0)),
-    "PYCOLL_PAIR_BYTES": ("pair.BYTES, int(r.pair._SET is not None)", (64 << 10, 0)),
+    "PYCOLL_PAIRWISE_BYTES": ("r.PAIRWISE_BYTES, r.PAIRWISE_BYTES_OPEN_MPI", (1 << 20, 256 << 10)),
+    "PYCOLL_DOUBLING_BYTES": ("r.DOUBLING_BYTES, int(r._DOUBLING_SET is not None)", (64 << 10, 0)),
+    "PYCOLL_TO_ROOT_BYTES": ("r.TO_ROOT_BYTES, r.TO_ROOT_BYTES_OPEN_MPI", (64 << 10, 8 << 20)),
+    "PYCOLL_SCATTERED_BYTES": (
+        "r.SCATTERED_BYTES, int(r._SCATTERED_SET is not None)",
+        (16 << 20, 0),
+    ),
+    "PYCOLL_PAIR_BYTES": ("pair.BYTES, int(pair._SET is not None)", (64 << 10, 0)),
 }
 
 
@@ -197,8 +200,10 @@ def test_a_path_size_default_and_override(value):
     the second name following it (the Open MPI size, or the flag that it was
     set); unset, the measured defaults. Read at import: one fresh interpreter
     with every variable set (or unset) the same."""
-    names = ", ".join(f"r.{names}" for names, _ in SIZE_VARIABLES.values())
-    code = f"from pycoll.collectives import reduce as r; print({names})"
+    names = ", ".join(names for names, _ in SIZE_VARIABLES.values())
+    code = (
+        f"from pycoll.collectives import pair\nfrom pycoll.paths import rule as r\nprint({names})"
+    )
     out = _fresh(code, dict.fromkeys(SIZE_VARIABLES, value))
     got = tuple(map(int, out.stdout.split()))
     want: tuple = ()

@@ -35,7 +35,7 @@ from pycoll.arrays import BFLOAT16
 from pycoll.bench import parse_size
 from pycoll.bench.table import bandwidth_header, bandwidth_row, time_block
 from pycoll.collectives import doubling, shm
-from pycoll.collectives import reduce as R
+from pycoll.paths import rule as R
 
 pycoll.init_process_group()
 MPI = _mpi.MPI
@@ -61,7 +61,7 @@ FORCED = {
 }  # fmt: skip
 
 
-RING_FROM, DOUBLES = R._ring_from, R._doubles
+RING_FROM, DOUBLES = R.ring_from, R.doubles
 
 
 def case(knobs):
@@ -69,15 +69,15 @@ def case(knobs):
         for k, v in knobs.items():
             setattr(R, k, v)
         if knobs["RING_BYTES"] == 1:  # (forced on any MPI, not those of ops.RING_MPIS only)
-            R._ring_from = lambda: 1
+            R.ring_from = lambda: 1
         if knobs["DOUBLING_BYTES"] == 1:  # (forced on any MPI and wait mode)
-            R._doubles = doubling.applies
+            R.doubles = doubling.applies
         try:
             pycoll.all_reduce(x, op=op, group=group)
         finally:
             for k, v in DEFAULT.items():
                 setattr(R, k, v)
-            R._ring_from, R._doubles = RING_FROM, DOUBLES
+            R.ring_from, R.doubles = RING_FROM, DOUBLES
 
     return call
 

@@ -26,16 +26,16 @@ import pycoll
 from pycoll import ReduceOp
 from pycoll.bench import parse_size
 from pycoll.bench.table import time_block
-from pycoll.collectives import reduce as reduce_module
 from pycoll.collectives import scratch
+from pycoll.paths import rule
 
 pycoll.init_process_group()
 comm = MPI.COMM_WORLD
 n, me = comm.size, comm.rank
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 9
 sizes = [parse_size(s) for s in (sys.argv[2] if len(sys.argv) > 2 else "8M,32M").split(",")]
-reduce_module.SPLIT_BYTES = reduce_module.SPLIT_BYTES_TWO_RANKS = 1  # the ring at every size
-reduce_module.SHM_BYTES = 0  # never the shared-memory path (0 turns it off)
+rule.SPLIT_BYTES = rule.SPLIT_BYTES_TWO_RANKS = 1  # the ring at every size
+rule.SHM_BYTES = 0  # never the shared-memory path (0 turns it off)
 KEPT, NEW = scratch.POOL_FROM, 1 << 62
 
 

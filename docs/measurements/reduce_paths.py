@@ -33,8 +33,8 @@ import pycoll
 from pycoll import _mpi
 from pycoll.bench import parse_size
 from pycoll.bench.table import bandwidth_header, bandwidth_row, rotated
-from pycoll.collectives import reduce as R
 from pycoll.collectives import to_root
+from pycoll.paths import rule as R
 
 pycoll.init_process_group()
 MPI = _mpi.MPI
@@ -43,17 +43,17 @@ n, me = comm.size, comm.rank
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 SIZES = "256K,1M,4M,16M,64M"
 sizes = [parse_size(s) for s in (sys.argv[2] if len(sys.argv) > 2 else SIZES).split(",")]
-DEFAULT = R._to_root_from, R._scattered_from
+DEFAULT = R.to_root_from, R.scattered_from
 
 
 def case(threshold):
     def call(x):
         if threshold is not None:
-            R._to_root_from = R._scattered_from = lambda: threshold
+            R.to_root_from = R.scattered_from = lambda: threshold
         try:
             pycoll.reduce(x, dst=0)
         finally:
-            R._to_root_from, R._scattered_from = DEFAULT
+            R.to_root_from, R.scattered_from = DEFAULT
 
     return call
 

@@ -27,16 +27,17 @@ _OP_NAMES = {"prod": "PRODUCT", "premulsum": "PREMUL_SUM"}
 
 
 def parse_size(text: str) -> int:
-    """'64M' -> 67108864; K, M and G are powers of 1024, a trailing B is allowed."""
+    """'64M' -> 67108864; K, M and G are powers of 1024, a trailing B or iB
+    is allowed (64MiB, 64MB)."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    clean = text.strip().upper().rstrip("B")
+    clean = text.strip().upper().removesuffix("B").removesuffix("I")
     try:
         if clean and clean[-1] in units:
             return int(float(clean[:-1]) * units[clean[-1]])
         return int(clean)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a size; write bytes, or a number with K, M or G"
+            f"{text!r} is not a size; write bytes, or a number with K, M or G (16M, 16MiB)"
         ) from None
 
 

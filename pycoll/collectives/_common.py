@@ -43,6 +43,7 @@ def run(
     prepare: Optional[Callable[[], None]] = None,
     stages: Optional[List[Callable[[], List[Any]]]] = None,
     key: int = 0,
+    path: str = "mpi",
 ) -> Optional[Work]:
     """Sequence and start one nonblocking MPI collective; wait for it within the
     group's timeout, or return a Work if ``async_op``.
@@ -52,7 +53,9 @@ def run(
     PREMUL_SUM, so a refused call leaves the caller's data alone). ``stages``
     start further MPI operations, each once the previous ones are done (a
     reduce-scatter, then an all-gather); they run when the Work is driven.
-    ``key`` sums the call up for the call check (pycoll.crosscheck.key).
+    ``key`` sums the call up for the call check (pycoll.crosscheck.key);
+    ``path`` names the algorithm for the flight record and the timeline
+    (pycoll.paths: ``"mpi"``, MPI's own call).
     """
     if type(async_op) is not bool:
         raise TypeError(f"{op}: async_op must be True or False, got {async_op!r}")
@@ -63,7 +66,7 @@ def run(
         claim(pg)
         seq = watch.begin(pg, op, call, key)
         entry = recorder.issue(
-            pg, op, seq, key or crosscheck.OP_BITS[op], None, nbytes, arrived=arrived
+            pg, op, seq, key or crosscheck.OP_BITS[op], None, nbytes, arrived, path
         )
         if prepare is not None:
             try:
@@ -136,7 +139,7 @@ def lean(
         ring = pg._flight
         entry = None
         if ring is not None:
-            entry = [seq, op, key, None, nbytes, recorder.clock(), None, recorder.STARTED, pg]
+            entry = [seq, op, key, None, nbytes, recorder.clock(), None, recorder.STARTED, pg, None]
             ring.append(entry)
         try:
             request = start(*args)
@@ -327,7 +330,9 @@ def sequenced(pg: ProcessGroup, op: str, call: Optional[str], key: int = 0) -> I
     with pg._lock:
         claim(pg)
         seq = watch.begin(pg, op, call, key)
-        entry = recorder.issue(pg, op, seq, key or crosscheck.OP_BITS[op], arrived=arrived)
+        entry = recorder.issue(
+            pg, op, seq, key or crosscheck.OP_BITS[op], None, None, arrived, "mpi"
+        )
         t0 = time.perf_counter() if debug.LEVEL else 0.0
         try:
             yield seq

@@ -11,7 +11,7 @@ It is for Open MPI, whose nonblocking all_reduce (libnbc) takes its binomial
 tree for every call made in place, as pycoll's are, unless an algorithm is
 chosen for it: there it cost 1.5-2.0x Open MPI's blocking all_reduce's time
 at 8-512 KiB on 2 ranks of the CI VM (docs/measurements/all_reduce_paths.py).
-pycoll.collectives.reduce chooses it by size.
+pycoll.paths chooses it by size.
 
 The results are the same on every rank, bit for bit. At each step the two
 ranks of a pair fold the same two values, each the reduction of one half of
@@ -32,11 +32,18 @@ one Work whose stages are the steps (pycoll.work).
 
 from __future__ import annotations
 
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Optional
 
 import numpy as np
 
-from .. import _mpi
+from .. import _mpi, kernels, paths
+from ..groups import ProcessGroup
+from ..ops import Plan, order_matters
+from ..reduceop import ReduceOp
+from ..work import Work
+from . import scratch
+from ._common import run
+from ._reduction import all_reduce_desc, prescaler
 from .ring import side
 
 __all__ = ["Doubling", "applies"]
@@ -122,3 +129,62 @@ class Doubling:
             self._fold(True)
             if self._holds:
                 self._arrays[0][...] = self._arrays[1]
+
+
+def all_reduce(
+    pg: ProcessGroup,
+    tensor: np.ndarray,
+    op: ReduceOp,
+    how: Plan,
+    async_op: bool,
+    key: int,
+    win: Any = None,
+) -> Optional[Work]:
+    """all_reduce by pycoll's recursive doubling (pycoll.collectives.
+    doubling), folding with pycoll's kernels (an AVG dividing in the last
+    fold)."""
+    flat = tensor.reshape(-1)
+    n = pg._size
+    name = how.kernel_op(op)
+    peer = scratch.take(pg, tensor.nbytes, tensor.dtype, scratch.KEEP_FROM_LEAST)
+    fold_in = kernels.folder(name, tensor.dtype)
+    average = kernels.folder(name, tensor.dtype, n) if how.average else fold_in
+
+    def fold(src: np.ndarray, dst: np.ndarray, last: bool) -> None:
+        (average if last else fold_in)(src, dst)
+
+    steps = Doubling(pg, flat, peer, fold, order_matters(name, tensor.dtype))
+
+    def finish() -> None:
+        try:
+            steps.finish()
+        finally:
+            scratch.give(pg, peer)
+
+    return run(
+        pg,
+        "all_reduce",
+        tensor.nbytes,
+        steps.start,
+        (),
+        async_op,
+        finish,
+        [tensor],
+        all_reduce_desc(op, tensor),
+        prescaler(tensor, how.prescale),
+        steps.stages or None,  # (two ranks: one step, run's lean path)
+        key,
+        path="doubling",
+    )
+
+
+PATH = paths.register(
+    paths.Path(
+        "doubling",
+        ("all_reduce",),
+        paths.own_carries,
+        all_reduce,
+        None,
+        "recursive doubling: each rank folds its peer's copy in",
+    )
+)

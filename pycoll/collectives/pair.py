@@ -40,9 +40,9 @@ from typing import Any, Callable, Optional, Tuple
 
 import numpy as np
 
-from .. import _mpi, debug, native, watch
+from .. import _mpi, debug, native, paths, watch
 from ..groups import ProcessGroup
-from ..ops import env_bytes
+from ..ops import env_bytes, order_matters
 from ..work import Work
 from ._common import lean, plain, run
 from .ring import side
@@ -76,7 +76,7 @@ __all__ = [
 #   0.3-1.2 us on arrays made afresh.
 # - A reduce_scatter_tensor or reduce_scatter (its input's bytes) below
 #   SCATTER_BELOW, where pycoll's pairwise exchange takes over
-#   (pycoll.collectives.reduce's PAIRWISE_BYTES), on Open MPI at any size and
+#   (pycoll.paths.rule's PAIRWISE_BYTES), on Open MPI at any size and
 #   on MPICH from MPICH_FROM.
 #   Open MPI's nonblocking reduce-scatter took 1.3-1.9x its blocking one from
 #   2 KiB; the exchange took 0.15-0.81x its time through pycoll on arrays
@@ -199,7 +199,7 @@ def _call(
     size = main.nbytes if nbytes is None else nbytes
     if async_op is True and debug.PLAIN:
         return lean(pg, func, size, _exchange, args, True, finish, value, key)
-    return run(pg, func, size, _exchange, args, async_op, finish, value, desc, key=key)
+    return run(pg, func, size, _exchange, args, async_op, finish, value, desc, key=key, path="pair")
 
 
 def all_reduce(
@@ -318,4 +318,37 @@ def reduce(
     exchange = (tensor, null, theirs, 1 - root, datatype)
     return _call(
         pg, func, key, async_op, desc, tensor, _mpi.IN_PLACE, extra, kept, exchange, fold, None
+    )
+
+
+def _carries(c: paths.Call) -> bool:
+    """Whether MPI's own call of ``c`` goes by the exchange: an op MPI
+    carries whole (or a two-rank AVG, one user op: pycoll.collectives.reduce),
+    host memory, the sizes of :func:`applies`; a reduce-scatter not of MIN or
+    MAX of floats (their bits follow the operands' order)."""
+    if c.device or not (c.how.plain or c.how.average and c.ranks == 2 and c.func == "all_reduce"):
+        return False
+    if c.func.startswith("reduce_scatter") and order_matters(c.op, c.dtype):
+        return False
+    return applies(c.func, c.ranks, c.nbytes)
+
+
+# A form of MPI's own call (the collectives ask it after pycoll.paths.choose,
+# inline: the small calls' hot path), registered for pycoll.paths.explain.
+for _func, _start in (
+    ("all_reduce", all_reduce),
+    ("reduce", reduce),
+    ("reduce_scatter", reduce_scatter),
+    ("reduce_scatter_tensor", reduce_scatter),
+):
+    paths.register(
+        paths.Path(
+            "pair",
+            (_func,),
+            _carries,
+            _start,
+            None,
+            "one exchange of the two ranks' arrays",
+            form=True,
+        )
     )

@@ -18,7 +18,7 @@ algorithm for large reduce-scatters, less what MPI's call adds around it:
 On 2 ranks of the 2-core CI VM (float32 SUM, either form) it took
 0.58-0.76x mpi4py's time at 2-16 MiB on MPICH 5.0.2 and 0.16-0.25x at
 64 MiB, where MPICH's call falls to 3 GB/s; 0.07-0.68x at 2-64 MiB on Open
-MPI (docs/measurements/rs_paths.py). pycoll.collectives.reduce chooses it by
+MPI (docs/measurements/rs_paths.py). pycoll.paths chooses it by
 size.
 
 Messages go over the group's side communicator (pycoll.watch.side_comm) with
@@ -34,7 +34,15 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from .. import _mpi
+from .. import _mpi, kernels, paths
+from ..crosscheck import COUNT, OP_BITS
+from ..groups import ProcessGroup
+from ..ops import Plan
+from ..reduceop import ReduceOp
+from ..work import Work
+from . import scratch
+from ._common import run
+from ._reduction import aside
 from .ring import side
 
 __all__ = ["Pairwise", "CHUNK"]
@@ -153,3 +161,83 @@ class Pairwise:
         """Fold the last piece (once the last exchange is done)."""
         if self._steps:
             self._fold(len(self._steps) - 1)
+
+
+def reduce_scatter(
+    pg: ProcessGroup,
+    func: str,
+    output: np.ndarray,
+    parts: List[np.ndarray],
+    op: ReduceOp,
+    how: Plan,
+    async_op: bool,
+    desc: Callable[[], str],
+    win: Any = None,
+) -> Optional[Work]:
+    """``parts`` (one array shaped like ``output`` per rank) reduce-scattered
+    into ``output`` by pycoll's pairwise exchange (pycoll.collectives.
+    pairwise), folding with pycoll's kernels (an AVG's division in each
+    element's last fold). An output that is this rank's part itself (torch's
+    in-place form) is reduced where it is; one overlapping the parts
+    otherwise receives aside and is copied in at the end. A PREMUL_SUM's
+    parts are scaled into a copy first: the input is left as it is."""
+    n = pg._size
+    dtype = output.dtype
+    flats = [part.reshape(-1) for part in parts]
+    if how.prescale is not None:
+        send = np.concatenate(flats)
+        kernels.scale(send, how.prescale, out=send)
+        count = output.size
+        flats = [send[d * count : (d + 1) * count] for d in range(n)]
+    mine, beside, then = aside(pg, output, flats)
+    into = (output if beside is None else beside).reshape(-1)
+    in_place = mine and beside is None
+    name = how.kernel_op(op)
+    divisor = n if how.average else None
+
+    def fold(src: np.ndarray, dst: np.ndarray, last: bool) -> None:
+        kernels.reduce(name, src, dst, divisor if last else None)
+
+    need = Pairwise.needs(n, in_place, into)
+    room = scratch.take(pg, need * dtype.itemsize, dtype) if need else None
+    steps = Pairwise(pg, func, flats, into, in_place, room, fold)
+
+    def finish() -> None:
+        steps.finish()
+        if room is not None:
+            scratch.give(pg, room)
+        if then is not None:
+            then()
+
+    return run(
+        pg,
+        func,
+        output.nbytes * n,
+        steps.start,
+        (),
+        async_op,
+        finish,
+        [output],
+        desc,
+        None,
+        steps.stages,
+        how.key | OP_BITS[func] | output.size & COUNT,
+        path="pairwise",
+    )
+
+
+def _two_ranks(c: paths.Call) -> bool:
+    return c.ranks == 2
+
+
+PATH = paths.register(
+    paths.Path(
+        "pairwise",
+        ("reduce_scatter", "reduce_scatter_tensor"),
+        paths.own_carries,
+        reduce_scatter,
+        None,
+        "each rank sends every other its part, folding as they come",
+        trials=_two_ranks,  # (on 4 ranks no faster than MPI's call or the window: rule.py)
+    )
+)

@@ -8,11 +8,11 @@ for the dtype (MPI op, pre-scaling, averaging) comes from pycoll.ops.
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional
 
 import numpy as np
 
-from .. import _mpi, autotune, crosscheck, debug, kernels, native, persistent, tuning, watch
+from .. import _mpi, autotune, crosscheck, debug, kernels, native, paths, persistent
 from ..arrays import (
     MPI_TYPES,
     check_input,
@@ -21,7 +21,6 @@ from ..arrays import (
     check_same_dtype,
     check_same_shape,
     check_size,
-    dtype_kind,
     may_alias,
     own_part,
     plain_arrays,
@@ -30,26 +29,23 @@ from ..crosscheck import COUNT, OP_BITS
 from ..dispatch import collective
 from ..fusion import FusedAllReduce
 from ..groups import STATE, ProcessGroup, resolve
-from ..ops import (
-    RING_BYTES,
-    RING_MPIS,
-    SPLIT_BYTES,
-    SPLIT_BYTES_TWO_RANKS,
-    Plan,
-    env_bytes,
-    plan,
-)
+from ..ops import Plan, order_matters, plan
+from ..paths import Call
+from ..paths import rule as R
 from ..persistent import LIMIT as PLAN_LIMIT
 from ..reduceop import ReduceOp
 from ..spec import IN, INOUT, LIST, OUT, UNKNOWN, Array
 from ..work import Work
-from . import pair, scratch, shm
+from . import doubling, pair, pairwise, ring, scattered, scratch, shm, to_root  # noqa: F401 (paths)
 from ._common import lean, plain, root_of, run, sig
-from .doubling import Doubling
-from .pairwise import Pairwise
-from .ring import Ring
-from .ring import parts as ring_parts
-from .to_root import ToRoot
+from ._reduction import (
+    all_reduce_desc,
+    averager,
+    mpi_reduce_scatter,
+    prescaler,
+    reduce_desc,
+    scaled,
+)
 
 __all__ = [
     "all_reduce",
@@ -78,44 +74,10 @@ _REDUCE_SCATTER_TENSOR = OP_BITS["reduce_scatter_tensor"]
 MEAN_OF_TWO_BYTES = 32 << 20
 
 
-def _split_from(ranks: int) -> int:
-    """The size from which an all_reduce with a Plan.split op is split."""
-    return SPLIT_BYTES if ranks > 2 else SPLIT_BYTES_TWO_RANKS
-
-
-def _ring_from() -> int:
-    """The size from which an all_reduce with one of MPI's own ops takes
-    pycoll's ring: on the MPIs it was measured against (0: never)."""
-    return RING_BYTES if _mpi.VENDOR in RING_MPIS else 0
-
-
 def _mean_of_two(x: np.ndarray) -> bool:
     if x.dtype.kind == "c":
         return False  # complex: AVG stays a SUM plus a per-component division
     return x.dtype.itemsize == 2 or x.nbytes < MEAN_OF_TWO_BYTES
-
-
-def _scaled(x: np.ndarray, scale: complex) -> np.ndarray:
-    """A scaled copy of an input that must not be modified."""
-    return kernels.scale(x, scale)
-
-
-def _prescaler(x: np.ndarray, scale: Optional[complex]) -> Optional[Callable[[], None]]:
-    """Scale an in-place buffer once the call is known to go ahead."""
-    if scale is None:
-        return None
-
-    def prepare() -> None:
-        kernels.scale(x, scale, out=x)
-
-    return prepare
-
-
-def _averager(out: np.ndarray, n: int) -> Callable[[], None]:
-    def finish() -> None:
-        kernels.divide(out, n, out=out)
-
-    return finish
 
 
 @collective(Array("tensor", INOUT), aware=True, chunked=True)
@@ -184,49 +146,28 @@ def all_reduce(
                 )
             ):
                 return None
-            desc = _desc(op, tensor) if async_op or not debug.PLAIN else None
+            desc = all_reduce_desc(op, tensor) if async_op or not debug.PLAIN else None
             return made.call(pg, "all_reduce", tensor, tensor, async_op, desc)
-    # Large calls: the path this machine's tuning table chose, where one is
-    # installed (pycoll.tuning); else, on MPICH, pycoll's ring, where it
-    # measured faster than MPI's own and than the shared-memory path; then the
-    # shared-memory path. The sizes are compared first, so small calls (the
-    # hot path) make no calls.
+    # Large calls: the path pycoll.paths chooses (the tuning table, the live
+    # trials, the built-in rule). The sizes are compared first, so small calls
+    # (the hot path) make no call.
     nbytes = tensor.nbytes
-    if nbytes >= pg._tuned_from:
-        # The table's ring or window serves any op it can carry (where it beat
-        # MPI's own float32 SUM, it beats MPI's user ops and AVG the more); where
-        # it keeps MPI's call, MPI's own ops follow it and the others the rule.
-        chosen = tuning.path(pg._tuned, nbytes)
-        if chosen == "ring" and _ring_carries(pg, how, tensor.dtype):
-            return _all_reduce_ring(pg, tensor, op, how, async_op, key)
-        if chosen == "window":
-            win = shm.usable(pg, how, tensor.dtype, "all_reduce")
-            if win is not None:
-                return _all_reduce_shm(pg, win, tensor, op, how, async_op, key)
-        if how.plain and how.builtin:
-            nbytes = 0  # MPI's own call, as the table says: no size below is reached
-    elif nbytes >= pg._live_from and _tried(pg, how, op.name, tensor.dtype):
-        # The path this class of calls measured fastest in its first calls,
-        # or the next of those trials (pycoll.autotune).
-        done = _all_reduce_live(pg, tensor, op, how, async_op, key)
-        if done is not _BY_MPI:
-            return done
-        nbytes = 0  # MPI's own call: no size below is reached
-    if (  # (the sizes first: small calls, the hot path, make no call)
+    if (
         how.split
-        or nbytes >= RING_BYTES
-        or nbytes >= SHM_BYTES_PAIR
-        or nbytes >= SHM_BYTES_MPICH
-        or nbytes >= SHM_BYTES
-        or 0 < DOUBLING_BYTES <= nbytes
+        or nbytes >= pg._tuned_from
+        or nbytes >= pg._live_from
+        or nbytes >= R.RING_BYTES
+        or nbytes >= R.SHM_BYTES_PAIR
+        or nbytes >= R.SHM_BYTES_MPICH
+        or nbytes >= R.SHM_BYTES
+        or 0 < R.DOUBLING_BYTES <= nbytes
     ):
-        way, win = _rule_path(pg, how, tensor.dtype, nbytes)
-        if way == "ring":
-            return _all_reduce_ring(pg, tensor, op, how, async_op, key)
-        if way == "window":
-            return _all_reduce_shm(pg, win, tensor, op, how, async_op, key)
-        if way == "doubling":
-            return _all_reduce_doubling(pg, tensor, op, how, async_op, key)
+        call = Call("all_reduce", op.name, tensor.dtype, nbytes, pg._size, how, pg._aliases)
+        chosen = paths.choose(pg, call)
+        if chosen.name != "mpi" or chosen.trial is not None:
+            return _along(pg, chosen, tensor, op, how, async_op, key)
+        if chosen.by != "rule":
+            nbytes = 0  # MPI's own call, as the table or the trials say: not the exchange
     mpi_op, plainly, average = how.mpi_op, how.plain, how.average
     if average and pg._size == 2 and _mean_of_two(tensor):
         # Two ranks: each element is combined exactly once, so AVG is one user
@@ -238,9 +179,18 @@ def all_reduce(
         and pair.applies("all_reduce", pg._size, nbytes)
         and not pg._aliases
     ):
-        ordered = _order_matters(op.name, tensor.dtype)
+        ordered = order_matters(op.name, tensor.dtype)
         return pair.all_reduce(
-            pg, tensor, mpi_op, how.datatype, ordered, async_op, key, _desc(op, tensor), op, kept
+            pg,
+            tensor,
+            mpi_op,
+            how.datatype,
+            ordered,
+            async_op,
+            key,
+            all_reduce_desc(op, tensor),
+            op,
+            kept,
         )
     comm = pg.comm
     # (The compiled path keeps no call of the live trials' sizes: a kept call
@@ -283,548 +233,37 @@ def all_reduce(
         comm.Iallreduce,
         (_mpi.IN_PLACE, [tensor, how.datatype], mpi_op),
         async_op,
-        _averager(tensor, pg._size) if average else None,
+        averager(tensor, pg._size) if average else None,
         [tensor],
-        _desc(op, tensor),
-        _prescaler(tensor, how.prescale),
+        all_reduce_desc(op, tensor),
+        prescaler(tensor, how.prescale),
         key=key,
     )
 
 
-# From this size an all_reduce whose ranks share one node goes through the
-# node's shared memory (pycoll.collectives.shm): on 2-4 ranks it measured
-# 2.2-3.5x MPICH's own from 32 MiB, where MPICH's falls to 0.5-2 GB/s, and
-# 0.7-1.3x below. pycoll's ring comes first (from RING_BYTES, or SPLIT_BYTES
-# for its ops), faster still. 0 turns the window off. PYCOLL_SHM_BYTES, where
-# set, is this size and SHM_BYTES_MPICH, for any number of ranks and any MPI.
-_SHM_SET = shm.SHM_SET
-SHM_BYTES = 32 << 20 if _SHM_SET is None else _SHM_SET
-# On MPICH the window is taken from this size already, up to where the ring
-# takes over, in groups whose size is not a power of two: there MPICH adds
-# steps for the ranks past a power of two, and the window measured 0.34-0.71x
-# its time on 3, 5 and 6 ranks (docs/measurements/all_reduce_paths.py). On a
-# power of two the window was faster on one machine and slower on another (2
-# ranks: 0.68-0.92x MPICH's time at 1-8 MiB on the 2-core CI VM, 1.15-1.98x on
-# a 16-core Xeon whatever its chunk size), so MPICH's own call stays. Open
-# MPI's nonblocking barriers, which the window waits on, made it slower there
-# at 16 MiB: Open MPI keeps SHM_BYTES.
-SHM_BYTES_MPICH = 1 << 20 if _SHM_SET is None else _SHM_SET
-# On Open MPI a group of two or four ranks takes the window from SHM_BYTES_PAIR up
-# to PAIR_BELOW already, where libnbc's nonblocking all_reduce is left to its
-# default choice (_mpi.ALL_REDUCE_CHOSEN) and the wait mode is the default
-# one: libnbc then takes its binomial tree for every call in place, about
-# twice Open MPI's blocking all_reduce's time from 32 KiB on 2 ranks of the CI
-# VM, where the window took 0.58-0.68x the binomial tree's time at 256 KiB-4
-# MiB, level with the blocking call; 0.67-0.88x at 64-128 KiB, and 0.81-0.93x
-# at 8 MiB and 1.16-1.39x at 16 MiB (docs/measurements/all_reduce_paths.py). An
-# algorithm chosen for libnbc (pycoll-run's ring: about the blocking call's
-# time) keeps MPI's call, and so does blocking mode, whose call is Open MPI's
-# blocking one. On 4 ranks (sharing the VM's 2 cores) it took 0.51-0.86x the
-# tree's time at 256 KiB-4 MiB in four runs, 1.06-1.43x at 8 MiB; on 3 ranks
-# 0.74-1.96x at 128 KiB-4 MiB, so a group of three keeps MPI's call.
-SHM_BYTES_PAIR = 256 << 10 if _SHM_SET is None else _SHM_SET
-PAIR_BELOW = 8 << 20
-
-
-# From this size an all_reduce on a group of two ranks that neither the ring
-# nor the window took goes by pycoll's recursive doubling (pycoll.collectives.
-# doubling: one exchange, each rank folding the other's copy in) where MPI's
-# nonblocking all_reduce in place is Open MPI's binomial tree
-# (_binomial_in_place). On 2 ranks of the CI VM it took 0.78x the tree's time
-# or less at 128-512 KiB in every run (the window, which takes over at
-# SHM_BYTES_PAIR, 0.51-0.68x at 256-512 KiB); at 64 KiB 0.67-0.70x in the
-# VM's slower state and 0.91-1.02x in its faster, at 32 KiB 0.76-0.78x and
-# 1.04-1.07x, so it starts at 64 KiB; below, its steps in Python cost more
-# than the tree's second message. On 4 ranks sharing 2 cores it took 1.2-2.6x
-# the tree's time at 8-128 KiB and 0.83-1.44x at 256 KiB-4 MiB, where the
-# window was faster (docs/measurements/all_reduce_paths.py), so larger groups
-# keep MPI's call. PYCOLL_DOUBLING_BYTES, where set, is this size on every MPI
-# and in either wait mode (0: never).
-_DOUBLING_SET = env_bytes("PYCOLL_DOUBLING_BYTES", "never")
-DOUBLING_BYTES = 64 << 10 if _DOUBLING_SET is None else _DOUBLING_SET
-
-
-def _doubles(ranks: int) -> bool:
-    """Whether an all_reduce on a group of ``ranks`` takes pycoll's recursive
-    doubling from DOUBLING_BYTES (where neither the ring nor the window did)."""
-    return ranks == 2 and (_DOUBLING_SET is not None or _binomial_in_place())
-
-
-def _shm_least() -> int:
-    """The least size at which an all_reduce may take the window (its group's
-    window is made, or found, from this size)."""
-    if _mpi.VENDOR == "MPICH":
-        return min(SHM_BYTES, SHM_BYTES_MPICH)
-    return min(SHM_BYTES, SHM_BYTES_PAIR) if _binomial_in_place() else SHM_BYTES
-
-
-def _binomial_in_place() -> bool:
-    """Whether MPI's nonblocking all_reduce, in place, is Open MPI's binomial
-    tree (libnbc's default choice, none made for it) and the calls that
-    would take the window are nonblocking ones (the default wait mode)."""
-    return _mpi.VENDOR == "Open MPI" and not _mpi.ALL_REDUCE_CHOSEN and not watch.BLOCKING
-
-
-def _takes_window(ranks: int, nbytes: int) -> bool:
-    """Whether an all_reduce of ``nbytes`` on a group of ``ranks`` goes
-    through the group's shared window, where it can have one."""
-    if not 0 < _shm_least() <= nbytes:
-        return False
-    if nbytes >= SHM_BYTES:
-        return True
-    if _mpi.VENDOR == "MPICH":
-        return SHM_BYTES_MPICH <= nbytes and ranks & (ranks - 1) != 0
-    return ranks in (2, 4) and SHM_BYTES_PAIR <= nbytes < PAIR_BELOW and _binomial_in_place()
-
-
-# From this many bytes of input a reduce_scatter_tensor whose ranks share one
-# node goes through the node's shared window (pycoll.collectives.shm.Block):
-# each rank copies its input in, reduces its own part across
-# every rank's copy there and copies it out. Against MPI's own call on the CI
-# VM (docs/measurements/scatter_window.py and pycoll-bench): Open MPI's
-# reduce-scatter falls to 0.5-1.5 GB/s of input from 16-32 MiB, where the
-# window took 0.16-0.21x its time on 2-4 ranks, and 0.43-0.69x at 1-16 MiB on 2
-# (at 256 KiB 1.6-2.7x on 3-4 ranks). MPICH's keeps 4-8 GB/s up to 32 MiB,
-# where the window took 0.83-2.05x its time, and falls from 64 MiB, where it
-# took 0.25-0.31x on 2 ranks and 0.36-0.91x on 3-4. PYCOLL_SHM_BYTES=0 turns it
-# off (no window at all).
-SCATTER_SHM_BYTES = 64 << 20
-SCATTER_SHM_BYTES_OPEN_MPI = 1 << 20
-# From this many bytes of input a reduce_scatter_tensor or reduce_scatter on
-# a group of two ranks goes by pycoll's pairwise exchange
-# (pycoll.collectives.pairwise), before the window. On 2 ranks of the CI VM
-# (docs/measurements/rs_paths.py) it took 0.58-0.76x mpi4py's time at 2-16 MiB
-# on MPICH, 0.97-1.04x at 1 MiB where pycoll's MPI call took 1.07-1.16x
-# (1.10-1.22x on a 16-core machine, against 0.97-1.04x), and 0.07-0.68x at 2-64
-# MiB on Open MPI, where the window took 0.19-0.95x. On Open MPI it starts at
-# 256 KiB: there it took 0.26-0.86x mpi4py's time at 256 KiB and 0.14-0.64x at
-# 512 KiB-1 MiB, both forms, where Open MPI's call took 0.74-1.03x and the
-# window 0.42-1.12x (at 128 KiB 0.79-1.91x, and Open MPI's call 1.23-1.59x). On
-# 4 ranks it was no faster than MPI's call or the window, so larger groups keep
-# the rule above. PYCOLL_PAIRWISE_BYTES, where set, is this size on every MPI
-# (0: never).
-_PAIRWISE_SET = env_bytes("PYCOLL_PAIRWISE_BYTES", "never")
-PAIRWISE_BYTES = 1 << 20 if _PAIRWISE_SET is None else _PAIRWISE_SET
-PAIRWISE_BYTES_OPEN_MPI = 256 << 10 if _PAIRWISE_SET is None else _PAIRWISE_SET
-
-
-def _pairwise_from() -> int:
-    """The least bytes of input from which a two-rank reduce-scatter takes the
-    pairwise exchange by the built-in rule (0: never)."""
-    return PAIRWISE_BYTES_OPEN_MPI if _mpi.VENDOR == "Open MPI" else PAIRWISE_BYTES
-
-
-def _rule_path(pg: ProcessGroup, how: Plan, dtype: np.dtype, nbytes: int) -> Tuple[str, Any]:
-    """The built-in rule's path for an all_reduce of ``nbytes`` that neither
-    a tuning table nor the live trials decided: ``("ring", None)``,
-    ``("window", win)`` (the group's window, made on its first call),
-    ``("doubling", None)`` or ``("mpi", None)``, MPI's own call (or, below
-    these sizes, the two-rank exchange)."""
-    if (
-        (how.split and nbytes >= _split_from(pg._size))
-        or (nbytes >= RING_BYTES and not how.average and _ring_from() > 0)
-    ) and _ring_carries(pg, how, dtype):
-        return "ring", None
-    if (
-        nbytes >= SHM_BYTES_PAIR or nbytes >= SHM_BYTES_MPICH or nbytes >= SHM_BYTES
-    ) and _takes_window(pg._size, nbytes):
-        win = shm.usable(pg, how, dtype, "all_reduce")  # (made on its first call)
-        if win is not None:
-            return "window", win
-    if 0 < DOUBLING_BYTES <= nbytes and _doubles(pg._size) and _ring_carries(pg, how, dtype):
-        return "doubling", None
-    return "mpi", None
-
-
-def _tried(pg: ProcessGroup, how: Plan, name: str, dtype: np.dtype) -> bool:
-    """Whether a call of the live trials' sizes (pycoll.autotune) is theirs
-    to decide: an op MPI carries whole, but MIN or MAX of floats, whose bits
-    the paths' orders of folding change, and arrays that alias device memory
-    for a CUDA-aware MPI, which only MPI's call carries."""
-    return how.plain and not _order_matters(name, dtype) and not pg._aliases
-
-
-_BY_MPI: Any = object()  # _all_reduce_live's answer where MPI's own call takes the call
-
-
-def _all_reduce_live(
-    pg: ProcessGroup, tensor: np.ndarray, op: ReduceOp, how: Plan, async_op: bool, key: int
-) -> Any:
-    """all_reduce by the path its class measured fastest in its first calls,
-    or its next trial, timed (pycoll.autotune): the call's result, or
-    _BY_MPI where the class chose MPI's own call (the caller's path to it
-    follows). (A function of its own: the closures below would make the
-    caller's variables cells, 0.2 us on every small call.)"""
-    nbytes = tensor.nbytes
-    path, trial = autotune.trials(pg).choose(
-        pg,
-        "all_reduce",
-        ("all_reduce", how.key, nbytes.bit_length()),
-        lambda: _live_paths(pg, how, tensor.dtype, nbytes),
-    )
-    win = shm.usable(pg, how, tensor.dtype, "all_reduce") if path == "window" else None
-    if path == "ring":
-        step = lambda: _all_reduce_ring(pg, tensor, op, how, async_op, key)  # noqa: E731
-    elif win is not None:
-        step = lambda: _all_reduce_shm(pg, win, tensor, op, how, async_op, key)  # noqa: E731
-    elif path == "doubling":
-        step = lambda: _all_reduce_doubling(pg, tensor, op, how, async_op, key)  # noqa: E731
-    elif trial is not None:  # MPI's own call, a trial's: its general path
-        step = lambda: run(  # noqa: E731
-            pg, "all_reduce", nbytes, pg.comm.Iallreduce,
-            (_mpi.IN_PLACE, [tensor, how.datatype], how.mpi_op), async_op,
-            None, [tensor], _desc(op, tensor), key=key,
-        )  # fmt: skip
-    else:
-        return _BY_MPI
-    return autotune.timed(pg, "all_reduce", trial, path, step)
-
-
-def _live_paths(pg: ProcessGroup, how: Plan, dtype: np.dtype, nbytes: int) -> List[str]:
-    """The paths a large all_reduce's trials compare (pycoll.autotune): the
-    built-in rule's first (what the others must beat), then MPI's own call,
-    pycoll's ring and the node's shared window where they can carry it (the
-    window is made here, on every rank alike)."""
-    paths = [_rule_path(pg, how, dtype, nbytes)[0], "mpi"]
-    if _ring_carries(pg, how, dtype):
-        paths.append("ring")
-    if shm.usable(pg, how, dtype, "all_reduce") is not None:
-        paths.append("window")
-    return list(dict.fromkeys(paths))
-
-
-def _ring_carries(pg: ProcessGroup, how: Plan, dtype: np.dtype) -> bool:
-    """Whether pycoll's own paths (the ring, the doubling, the pairwise
-    exchange, the reduce to a root) can carry this call: more than one rank,
-    an AVG's division in the kernels' last sum (real floats only), host
-    memory (not device memory aliased for a CUDA-aware MPI), and an MPI with
-    MPI_Isendrecv (MPI-4.0), their messages' call."""
-    return (
-        pg._size > 1
-        and not pg._aliases
-        and (not how.average or kernels.divides(dtype))
-        and _mpi.has("MPI_Isendrecv")
-    )
-
-
-def _scatter_way(
-    pg: ProcessGroup, how: Plan, dtype: np.dtype, func: str, nbytes: int, name: str
-) -> Tuple[str, Any, Any]:
-    """How a reduce_scatter_tensor (or reduce_scatter) of ``nbytes`` of input
-    with the op ``name`` goes: ``("window", win)`` through the group's shared
-    window (one node, an op the kernels reduce, a window at all:
-    shm.for_scatter), ``("pairwise", None)`` by pycoll's pairwise exchange, or
-    ``("mpi", None)``, MPI's own call; and, where the call is one of the live
-    trials, what pycoll.autotune.timed takes of it (else None). From its first size
-    the group's tuning table (pycoll.tuning) decides; else, for the ops MPI
-    carries whole from the trials' first size, the path its class measured
-    fastest (or its next trial); else the built-in rule (:func:`_scatter_rule`)."""
-    trial = None
-    if nbytes >= pg._tuned_rs_from:
-        wanted = tuning.path(pg._tuned_rs, nbytes)
-    elif nbytes >= pg._live_from and _tried(pg, how, name, dtype):
-        wanted, trial = autotune.trials(pg).choose(
-            pg, func, (func, how.key, nbytes.bit_length()),
-            lambda: _scatter_paths(pg, how, dtype, func, nbytes),
-        )  # fmt: skip
-    else:
-        wanted = _scatter_rule(pg, how, dtype, func, nbytes)
-    if wanted == "window":
-        win = shm.for_scatter(pg, how, dtype, func)
-        if win is not None:
-            return wanted, win, trial
-    if wanted == "pairwise" and _ring_carries(pg, how, dtype):
-        return wanted, None, trial
-    return "mpi", None, trial
-
-
-def _scatter_rule(pg: ProcessGroup, how: Plan, dtype: np.dtype, func: str, nbytes: int) -> str:
-    """The built-in rule's way for a reduce-scatter of ``nbytes`` of input:
-    on two ranks pycoll's pairwise exchange from its size, on more the
-    window from its size, else MPI's own call (a way that cannot carry the
-    call: MPI's call)."""
-    if pg._size == 2 and 0 < _pairwise_from() <= nbytes:
-        return "pairwise" if _ring_carries(pg, how, dtype) else "mpi"
-    least = SCATTER_SHM_BYTES_OPEN_MPI if _mpi.VENDOR == "Open MPI" else SCATTER_SHM_BYTES
-    if 0 < least <= nbytes and shm.for_scatter(pg, how, dtype, func) is not None:
-        return "window"
-    return "mpi"
-
-
-def _scatter_paths(
-    pg: ProcessGroup, how: Plan, dtype: np.dtype, func: str, nbytes: int
-) -> List[str]:
-    """The paths a large reduce-scatter's trials compare (pycoll.autotune):
-    the built-in rule's first (what the others must beat), then MPI's own
-    call, pycoll's pairwise exchange (two ranks) and the node's shared window
-    where they can carry it (the window is made here, on every rank alike)."""
-    paths = [_scatter_rule(pg, how, dtype, func, nbytes), "mpi"]
-    if pg._size == 2 and _ring_carries(pg, how, dtype):
-        paths.append("pairwise")
-    if shm.for_scatter(pg, how, dtype, func) is not None:
-        paths.append("window")
-    return list(dict.fromkeys(paths))
-
-
-def _scatter_along(
+def _along(
     pg: ProcessGroup,
-    func: str,
-    way: str,
-    win: Any,
-    trial: Any,
-    output: np.ndarray,
-    parts: List[np.ndarray],
-    whole: Optional[np.ndarray],
-    op: ReduceOp,
-    how: Plan,
-    async_op: bool,
-    desc: Callable[[], str],
-) -> Optional[Work]:
-    """A reduce-scatter of ``parts`` (``whole``: the input they are parts
-    of, reduce_scatter_tensor's; None for the list form) into ``output`` by
-    the path ``way`` that :func:`_scatter_way` chose: the window, pycoll's
-    pairwise exchange, or MPI's own call where it is a live trial's (its
-    general path; else the caller's own paths to MPI's call serve it), timed
-    where ``trial`` says it is a timed trial (pycoll.autotune)."""
-    if way == "window":
-        step = lambda: _reduce_scatter_shm(  # noqa: E731
-            pg, win, func, output, parts, op, how, async_op, desc
-        )
-    elif way == "pairwise":
-        step = lambda: _reduce_scatter_pairwise(  # noqa: E731
-            pg, func, output, parts, op, how, async_op, desc
-        )
-    else:
-        send = np.concatenate([x.reshape(-1) for x in parts]) if whole is None else whole
-        into = (
-            scratch.beside(pg, output) if whole is not None and may_alias(whole, output) else None
-        )
-        step = lambda: _reduce_scatter_block(  # noqa: E731
-            pg, func, send, output, how, async_op, desc, into
-        )
-    return autotune.timed(pg, func, trial, way, step)
-
-
-def _aside(
-    pg: ProcessGroup, output: np.ndarray, parts: List[np.ndarray]
-) -> Tuple[bool, Optional[np.ndarray], Optional[Callable[[], None]]]:
-    """Whether a reduce-scatter's ``output`` is this rank's part itself
-    (torch's in-place form); and where it overlaps the ``parts`` otherwise,
-    an array shaped like it to receive into and what copies that in once
-    the call is done (else None, None)."""
-    me = pg._rank
-    mine = parts[me].ctypes.data == output.ctypes.data
-    if not any(may_alias(part, output) for d, part in enumerate(parts) if not (mine and d == me)):
-        return mine, None, None
-    aside = scratch.beside(pg, output)
-
-    def then() -> None:
-        output[...] = aside
-        scratch.give(pg, aside)
-
-    return mine, aside, then
-
-
-def _reduce_scatter_shm(
-    pg: ProcessGroup,
-    win: Any,
-    func: str,
-    output: np.ndarray,
-    parts: List[np.ndarray],
-    op: ReduceOp,
-    how: Plan,
-    async_op: bool,
-    desc: Callable[[], str],
-) -> Optional[Work]:
-    """``parts`` (one array shaped like ``output`` per rank: the parts of
-    reduce_scatter_tensor's input, or reduce_scatter's list) reduce-scattered
-    into ``output`` through ``win`` (:class:`pycoll.collectives.shm.Block`).
-    The output is written chunk by chunk: where it is this rank's part
-    itself (torch's in-place form) it is taken as it is, since only the
-    chunk being written reads those bytes; an output that overlaps the
-    parts otherwise receives aside and is copied in at the end."""
-    _, into, then = _aside(pg, output, parts)
-    flat = lambda x: x.reshape(-1).view(np.uint8)  # noqa: E731
-    data = shm.Block(win, [flat(part) for part in parts], flat(output), output.dtype, how.prescale)
-    key = how.key | OP_BITS[func] | output.size & COUNT
-    return shm.reduce_scatter(
-        pg, win, func, data, op, how, into, async_op, [output], desc, key, then
-    )
-
-
-def _reduce_scatter_pairwise(
-    pg: ProcessGroup,
-    func: str,
-    output: np.ndarray,
-    parts: List[np.ndarray],
-    op: ReduceOp,
-    how: Plan,
-    async_op: bool,
-    desc: Callable[[], str],
-) -> Optional[Work]:
-    """``parts`` (one array shaped like ``output`` per rank) reduce-scattered
-    into ``output`` by pycoll's pairwise exchange (pycoll.collectives.
-    pairwise), folding with pycoll's kernels (an AVG's division in each
-    element's last fold). An output that is this rank's part itself (torch's
-    in-place form) is reduced where it is; one overlapping the parts
-    otherwise receives aside and is copied in at the end. A PREMUL_SUM's
-    parts are scaled into a copy first: the input is left as it is."""
-    n = pg._size
-    dtype = output.dtype
-    flats = [part.reshape(-1) for part in parts]
-    if how.prescale is not None:
-        send = np.concatenate(flats)
-        kernels.scale(send, how.prescale, out=send)
-        count = output.size
-        flats = [send[d * count : (d + 1) * count] for d in range(n)]
-    mine, aside, then = _aside(pg, output, flats)
-    into = (output if aside is None else aside).reshape(-1)
-    in_place = mine and aside is None
-    name = how.kernel_op(op)
-    divisor = n if how.average else None
-
-    def fold(src: np.ndarray, dst: np.ndarray, last: bool) -> None:
-        kernels.reduce(name, src, dst, divisor if last else None)
-
-    need = Pairwise.needs(n, in_place, into)
-    room = scratch.take(pg, need * dtype.itemsize, dtype) if need else None
-    steps = Pairwise(pg, func, flats, into, in_place, room, fold)
-
-    def finish() -> None:
-        steps.finish()
-        if room is not None:
-            scratch.give(pg, room)
-        if then is not None:
-            then()
-
-    return run(
-        pg,
-        func,
-        output.nbytes * n,
-        steps.start,
-        (),
-        async_op,
-        finish,
-        [output],
-        desc,
-        None,
-        steps.stages,
-        how.key | OP_BITS[func] | output.size & COUNT,
-    )
-
-
-def _all_reduce_shm(
-    pg: ProcessGroup,
-    win: Any,
+    chosen: Any,
     tensor: np.ndarray,
     op: ReduceOp,
     how: Plan,
     async_op: bool,
     key: int,
 ) -> Optional[Work]:
-    """all_reduce of one array through the node's shared window."""
-    return shm.all_reduce(
-        pg,
-        win,
-        "all_reduce",
-        shm.Contiguous(tensor.reshape(-1).view(np.uint8)),
-        tensor.dtype,
-        op,
-        how,
-        async_op,
-        [tensor],
-        _desc(op, tensor),
-        _prescaler(tensor, how.prescale),
-        key,
-    )
-
-
-def _all_reduce_doubling(
-    pg: ProcessGroup, tensor: np.ndarray, op: ReduceOp, how: Plan, async_op: bool, key: int
-) -> Optional[Work]:
-    """all_reduce by pycoll's recursive doubling (pycoll.collectives.
-    doubling), folding with pycoll's kernels (an AVG dividing in the last
-    fold)."""
-    flat = tensor.reshape(-1)
-    n = pg._size
-    name = how.kernel_op(op)
-    peer = scratch.take(pg, tensor.nbytes, tensor.dtype, scratch.KEEP_FROM_LEAST)
-    fold_in = kernels.folder(name, tensor.dtype)
-    average = kernels.folder(name, tensor.dtype, n) if how.average else fold_in
-
-    def fold(src: np.ndarray, dst: np.ndarray, last: bool) -> None:
-        (average if last else fold_in)(src, dst)
-
-    steps = Doubling(pg, flat, peer, fold, _order_matters(name, tensor.dtype))
-
-    def finish() -> None:
-        try:
-            steps.finish()
-        finally:
-            scratch.give(pg, peer)
-
-    return run(
-        pg,
-        "all_reduce",
-        tensor.nbytes,
-        steps.start,
-        (),
-        async_op,
-        finish,
-        [tensor],
-        _desc(op, tensor),
-        _prescaler(tensor, how.prescale),
-        steps.stages or None,  # (two ranks: one step, run's lean path)
-        key,
-    )
-
-
-def _desc(op: ReduceOp, tensor: np.ndarray) -> Callable[[], str]:
-    """all_reduce's description for DETAIL's check, whichever way it runs."""
-    return lambda: f"all_reduce({op.name}, {sig(tensor)})"
-
-
-def _order_matters(name: str, dtype: np.dtype) -> bool:
-    """Whether the op ``name`` gives different bits by its operands' order on
-    ``dtype``: MIN and MAX of floats (min(0.0, -0.0) is -0.0, min(-0.0, 0.0)
-    0.0). pycoll's own all_reduce paths fold those in rank order, so every
-    rank ends with the same bits."""
-    return name in ("MIN", "MAX") and dtype_kind(dtype) in ("float", "half")
-
-
-def _all_reduce_ring(
-    pg: ProcessGroup, tensor: np.ndarray, op: ReduceOp, how: Plan, async_op: bool, key: int
-) -> Optional[Work]:
-    """all_reduce in pycoll's ring (pycoll.collectives.ring): a reduce-scatter
-    whose steps combine with pycoll's kernels (an AVG's last one dividing too,
-    so its division covers this rank's 1/n of the data, in the same pass),
-    then an all-gather."""
-    flat = tensor.reshape(-1)
-    n = pg._size
-    name = how.kernel_op(op)
-    part = scratch.take(pg, (flat.size // n + 1) * tensor.dtype.itemsize, tensor.dtype)
-
-    def combine(start: int, count: int) -> None:
-        # The last reduce-scatter step receives this rank's own part: an AVG
-        # divides there, in the same pass as its last sum.
-        last = how.average and start == ring.starts[ring.own]
-        kernels.reduce(name, part[:count], flat[start : start + count], n if last else None)
-
-    ring = Ring(pg, flat.view(np.uint8), part.view(np.uint8), tensor.dtype.itemsize, combine)
-    return run(
-        pg,
-        "all_reduce",
-        tensor.nbytes,
-        ring.start,
-        (),
-        async_op,
-        lambda: scratch.give(pg, part),
-        [tensor],
-        _desc(op, tensor),
-        _prescaler(tensor, how.prescale),
-        ring.stages,
-        key,
-    )
+    """all_reduce by the path pycoll.paths chose; timed where the call is a
+    live trial (pycoll.autotune), whose MPI call takes its general path. (A
+    function of its own: the closures would make all_reduce's variables
+    cells, 0.2 us on every small call.)"""
+    if chosen.name == "mpi":
+        step = lambda: run(  # noqa: E731
+            pg, "all_reduce", tensor.nbytes, pg.comm.Iallreduce,
+            (_mpi.IN_PLACE, [tensor, how.datatype], how.mpi_op), async_op,
+            None, [tensor], all_reduce_desc(op, tensor), key=key,
+        )  # fmt: skip
+    else:
+        start = paths.path("all_reduce", chosen.name).start
+        step = lambda: start(pg, tensor, op, how, async_op, key, chosen.win)  # noqa: E731
+    return autotune.timed(pg, "all_reduce", chosen.trial, chosen.name, step)
 
 
 def _kept_list(
@@ -1024,14 +463,17 @@ def reduce(
     mpitype = how.datatype
     comm = pg.comm
     key = crosscheck.key(func, tensor.dtype, tensor.size, root, op.name)
-    if (
-        pg._size == 2
-        and 0 < _to_root_from() <= tensor.nbytes
-        and _ring_carries(pg, how, tensor.dtype)
-    ):
-        return _reduce_to_root(pg, tensor, dst, root, op, how, async_op, key)
-    if pg._size > 2 and 0 < _scattered_from() <= tensor.nbytes and not pg._aliases:
-        return _reduce_scattered(pg, tensor, dst, root, op, how, async_op, key)
+    nbytes = tensor.nbytes
+    if (  # (the sizes first: small calls make no call)
+        0 < R.TO_ROOT_BYTES <= nbytes
+        or 0 < R.TO_ROOT_BYTES_OPEN_MPI <= nbytes
+        or 0 < R.SCATTERED_BYTES <= nbytes
+    ) and pg._size > 1:
+        call = Call(func, op.name, tensor.dtype, nbytes, pg._size, how, pg._aliases)
+        chosen = paths.choose(pg, call)
+        if chosen.name != "mpi":
+            start = paths.path(func, chosen.name).start
+            return start(pg, tensor, dst, root, op, how, async_op, key)
     if pg._plans is not None and how.plain and tensor.nbytes <= PLAN_LIMIT:  # repeated?
         made = persistent.for_reduce(pg, key, tensor, mpitype, how.mpi_op, root)
         if made is not None:
@@ -1042,10 +484,10 @@ def reduce(
                 and native.call_plan(pg, func, made, tensor, into, (op, dst), tensor, out)
             ):
                 return None
-            return made.call(pg, func, tensor, out, async_op, lambda: _reduce_desc(op, dst, tensor))
+            return made.call(pg, func, tensor, out, async_op, lambda: reduce_desc(op, dst, tensor))
     if how.plain and pair.applies("reduce", pg._size, tensor.nbytes) and not pg._aliases:
         return pair.reduce(pg, func, tensor, root, how.mpi_op, mpitype, async_op, key,
-                           lambda: _reduce_desc(op, dst, tensor), (op, dst), kept)  # fmt: skip
+                           lambda: reduce_desc(op, dst, tensor), (op, dst), kept)  # fmt: skip
     if how.plain and not async_op and debug.PLAIN:  # the common case, straight to MPI
         if kept is False and native.call(
             pg, func, key, native.REDUCE, tensor if into is None else into,
@@ -1063,11 +505,11 @@ def reduce(
     args: tuple
     prepare = None
     if is_root:
-        prepare = _prescaler(tensor, how.prescale)
+        prepare = prescaler(tensor, how.prescale)
         args = (_mpi.IN_PLACE, [tensor, mpitype], how.mpi_op, root)
-        finish = _averager(tensor, pg._size) if how.average else None
+        finish = averager(tensor, pg._size) if how.average else None
     else:
-        send = tensor if how.prescale is None else _scaled(tensor, how.prescale)
+        send = tensor if how.prescale is None else scaled(tensor, how.prescale)
         args = ([send, mpitype], None, how.mpi_op, root)
         finish = None
     return run(
@@ -1079,177 +521,10 @@ def reduce(
         async_op,
         finish,
         [tensor],
-        lambda: _reduce_desc(op, dst, tensor),
+        lambda: reduce_desc(op, dst, tensor),
         prepare,
         key=key,
     )
-
-
-# From this size a reduce on a group of two ranks goes by pycoll's own path
-# (pycoll.collectives.to_root: the other rank sends its array in pieces, the
-# root folds each in with pycoll's kernels). On 2 ranks of the CI VM
-# (docs/measurements/reduce_paths.py), float32 SUM against mpi4py's blocking
-# reduce: on MPICH 0.80-0.86x its time at 64 KiB, 0.56-0.73x at 128 KiB-8 MiB,
-# 0.43x at 16 MiB and 0.12-0.16x at 32-64 MiB, where MPICH's falls to 1-1.4
-# GB/s (1.0-1.6x at 16-32 KiB, where pycoll's MPI call took 1.03-1.12x); on
-# Open MPI, whose own reduce is faster below 8 MiB (there the path took
-# 1.15-3.7x its time in the VM's faster state), 0.65-0.97x at 8 MiB, where
-# pycoll's MPI call took 0.85-1.06x, and 0.17x at 64 MiB. Larger groups keep
-# MPI's call (not measured); other MPIs too, the path was not measured against
-# them. PYCOLL_TO_ROOT_BYTES, where set, is this size on every MPI (0: never).
-_TO_ROOT_SET = env_bytes("PYCOLL_TO_ROOT_BYTES", "never")
-TO_ROOT_BYTES = 64 << 10 if _TO_ROOT_SET is None else _TO_ROOT_SET
-TO_ROOT_BYTES_OPEN_MPI = 8 << 20 if _TO_ROOT_SET is None else _TO_ROOT_SET
-
-
-def _to_root_from() -> int:
-    """The least bytes from which a reduce on two ranks takes pycoll's own
-    path (0: never)."""
-    if _mpi.VENDOR == "Open MPI":
-        return TO_ROOT_BYTES_OPEN_MPI
-    if _mpi.VENDOR == "MPICH" or _TO_ROOT_SET is not None:
-        return TO_ROOT_BYTES
-    return 0
-
-
-def _reduce_to_root(
-    pg: ProcessGroup,
-    tensor: np.ndarray,
-    dst: int,
-    root: int,
-    op: ReduceOp,
-    how: Plan,
-    async_op: bool,
-    key: int,
-) -> Optional[Work]:
-    """reduce on two ranks by pycoll's own path (pycoll.collectives.
-    to_root). The root's array is scaled first for a PREMUL_SUM (once the
-    call check has passed) and each piece is folded into it (an AVG's
-    division in the same pass: each element is folded once); the other
-    rank sends its array, or a PREMUL_SUM's scaled copy, and keeps it."""
-    flat = tensor.reshape(-1)
-    if root == pg._rank:
-        fold = kernels.folder(how.kernel_op(op), tensor.dtype, 2 if how.average else None)
-        room = scratch.take(pg, ToRoot.needs(flat) * tensor.dtype.itemsize, tensor.dtype)
-        steps = ToRoot(pg, flat, root, room, fold)
-        prepare = _prescaler(tensor, how.prescale)
-
-        def finish() -> None:
-            steps.finish()
-            scratch.give(pg, room)
-
-    else:
-        send = flat if how.prescale is None else _scaled(flat, how.prescale)
-        steps = ToRoot(pg, send, root, None, None)  # (it only sends: nothing to fold)
-        prepare, finish = None, steps.finish
-    return run(
-        pg,
-        "reduce",
-        tensor.nbytes,
-        steps.start,
-        (),
-        async_op,
-        finish,
-        [tensor],
-        lambda: _reduce_desc(op, dst, tensor),
-        prepare,
-        steps.stages or None,
-        key,
-    )
-
-
-# From this size a reduce on a group of three ranks or more goes, on MPICH
-# running its nonblocking v-form reduce-scatter pairwise (what pycoll asks
-# of it when pycoll starts MPI: _mpi.REDUCE_SCATTER_PAIRWISE), as that
-# reduce-scatter and then a gather of the parts to the root. On 3-4 ranks of
-# the CI VM it took 0.22-0.79x mpi4py's time at 16-32 MiB in every run, where
-# MPICH's reduce falls to 0.5-1.3 GB/s; below, its figure moved with the VM's
-# state: 0.59-1.16x at 2-8 MiB (most runs faster than MPICH's call, some not),
-# 0.57-0.91x at 256 KiB-1 MiB in the slower state and 1.10-1.57x in the
-# faster (docs/measurements/reduce_paths.py). On Open MPI the same two calls
-# took 1.0-1.7x its reduce's time, so it keeps its own. PYCOLL_SCATTERED_BYTES,
-# where set, is this size on every MPI (0: never).
-_SCATTERED_SET = env_bytes("PYCOLL_SCATTERED_BYTES", "never")
-SCATTERED_BYTES = 16 << 20 if _SCATTERED_SET is None else _SCATTERED_SET
-
-
-def _scattered_from() -> int:
-    """The least bytes from which a reduce on three ranks or more is a
-    reduce-scatter, then a gather (0: never)."""
-    if _SCATTERED_SET is not None:
-        return _SCATTERED_SET
-    return SCATTERED_BYTES if _mpi.REDUCE_SCATTER_PAIRWISE else 0
-
-
-def _reduce_scattered(
-    pg: ProcessGroup,
-    tensor: np.ndarray,
-    dst: int,
-    root: int,
-    op: ReduceOp,
-    how: Plan,
-    async_op: bool,
-    key: int,
-) -> Optional[Work]:
-    """reduce as MPI's reduce-scatter into a part of pycoll's scratch on
-    every rank (counts as even as the size allows), then MPI's gather of the
-    parts into the root's array. The root's array is scaled first for a
-    PREMUL_SUM and divided at the end for an AVG, as MPI's own reduce's; the
-    other ranks send their arrays, or a PREMUL_SUM's scaled copy, and keep
-    them."""
-    flat = tensor.reshape(-1)
-    n, me, dtype = pg._size, pg._rank, tensor.dtype
-    counts, starts = ring_parts(flat.size, n)
-    part = scratch.take(pg, counts[me] * dtype.itemsize, dtype)
-    is_root = root == me
-    send = flat if is_root or how.prescale is None else _scaled(flat, how.prescale)
-    comm, datatype = pg.comm, how.datatype
-
-    def gather() -> List[Any]:
-        into = [flat, counts, starts, datatype] if is_root else None
-        return [comm.Igatherv([part, datatype], into, root)]
-
-    average = _averager(tensor, n) if is_root and how.average else None
-
-    def finish() -> None:
-        scratch.give(pg, part)
-        if average is not None:
-            average()
-
-    return run(
-        pg,
-        "reduce",
-        tensor.nbytes,
-        comm.Ireduce_scatter,
-        ([send, datatype], [part, datatype], counts, how.mpi_op),
-        async_op,
-        finish,
-        [tensor],
-        lambda: _reduce_desc(op, dst, tensor),
-        _prescaler(tensor, how.prescale) if is_root else None,
-        [gather],
-        key,
-    )
-
-
-def _reduce_desc(op: ReduceOp, dst: int, tensor: np.ndarray) -> str:
-    """reduce's description for DETAIL's check, whichever way it runs."""
-    return f"reduce({op.name}, dst={dst}, {sig(tensor)})"
-
-
-def _mpi_reduce_scatter(
-    comm: Any, n: int, how: Plan, send: np.ndarray, recv: np.ndarray
-) -> Tuple[Callable[..., Any], Callable[..., Any], tuple]:
-    """MPI's nonblocking and blocking reduce-scatter of ``send`` into ``recv``
-    (this rank's part), and their arguments: the v-form with equal counts
-    where MPICH runs it pairwise (pycoll._mpi.reduce_scatter_v), else the
-    block form."""
-    send_spec, recv_spec = [send, how.datatype], [recv, how.datatype]
-    if _mpi.reduce_scatter_v(recv.nbytes):
-        args: tuple = (send_spec, recv_spec, [recv.size] * n, how.mpi_op)
-        return comm.Ireduce_scatter, comm.Reduce_scatter, args
-    args = (send_spec, recv_spec, how.mpi_op)
-    return comm.Ireduce_scatter_block, comm.Reduce_scatter_block, args
 
 
 def _reduce_scatter_block(
@@ -1270,7 +545,7 @@ def _reduce_scatter_block(
     last, once ``output`` holds the result (a coalesced call copies out)."""
     comm = pg.comm
     n = pg._size
-    finish: Optional[Callable[[], None]] = _averager(output, n) if how.average else None
+    finish: Optional[Callable[[], None]] = averager(output, n) if how.average else None
     if into is not None:
 
         def finish() -> None:
@@ -1289,7 +564,7 @@ def _reduce_scatter_block(
             then()
 
     recv = output if into is None else into
-    start, _, args = _mpi_reduce_scatter(comm, n, how, send, recv)
+    start, _, args = mpi_reduce_scatter(comm, n, how, send, recv)
     return run(
         pg,
         func,
@@ -1302,6 +577,39 @@ def _reduce_scatter_block(
         call,
         key=how.key | OP_BITS[func] | output.size & COUNT,
     )
+
+
+def _scatter_along(
+    pg: ProcessGroup,
+    func: str,
+    chosen: Any,
+    output: np.ndarray,
+    parts: List[np.ndarray],
+    whole: Optional[np.ndarray],
+    op: ReduceOp,
+    how: Plan,
+    async_op: bool,
+    desc: Callable[[], str],
+) -> Optional[Work]:
+    """A reduce-scatter of ``parts`` (``whole``: the input they are parts
+    of, reduce_scatter_tensor's; None for the list form) into ``output`` by
+    the path pycoll.paths chose: one of pycoll's, or MPI's own call where
+    the call is a live trial (its general path; else the caller's own paths
+    to MPI's call serve it), timed where it is a timed trial."""
+    if chosen.name != "mpi":
+        start = paths.path(func, chosen.name).start
+        step = lambda: start(  # noqa: E731
+            pg, func, output, parts, op, how, async_op, desc, chosen.win
+        )
+    else:
+        send = np.concatenate([x.reshape(-1) for x in parts]) if whole is None else whole
+        into = (
+            scratch.beside(pg, output) if whole is not None and may_alias(whole, output) else None
+        )
+        step = lambda: _reduce_scatter_block(  # noqa: E731
+            pg, func, send, output, how, async_op, desc, into
+        )
+    return autotune.timed(pg, func, chosen.trial, chosen.name, step)
 
 
 @collective(Array("output", OUT), Array("input_list", IN, LIST))
@@ -1347,15 +655,14 @@ def reduce_scatter(
         check_same_shape(func, "input_list", inputs, output.shape, "output")
     how = _plan(op, dtype, func)
     desc = lambda: f"{func}({op.name}, output {sig(output)})"  # noqa: E731
-    way, win, trial = _scatter_way(pg, how, dtype, func, n * output.nbytes, op.name)
-    if way != "mpi" or trial is not None:
-        return _scatter_along(pg, func, way, win, trial, output, inputs, None, op, how, async_op,
-                              desc)  # fmt: skip
+    chosen = paths.choose(pg, Call(func, op.name, dtype, n * output.nbytes, n, how, pg._aliases))
+    if chosen.name != "mpi" or chosen.trial is not None:
+        return _scatter_along(pg, func, chosen, output, inputs, None, op, how, async_op, desc)
     if (  # (only what every rank shares: each lays out its arrays as it will)
         how.plain
         and pair.applies(func, n, n * output.nbytes)
         and not pg._aliases
-        and not _order_matters(op.name, dtype)
+        and not order_matters(op.name, dtype)
     ):
         key = how.key | OP_BITS[func] | output.size & COUNT
         form = "aside" if any(may_alias(x, output) for x in inputs) else "apart"
@@ -1378,7 +685,7 @@ def reduce_scatter(
                            0, output, inputs[0], op, items=tuple(inputs)):  # fmt: skip
                 return None
         send = np.concatenate([x.reshape(-1) for x in inputs])  # (never the output: a copy)
-        start, blocking, args = _mpi_reduce_scatter(pg.comm, n, how, send, output)
+        start, blocking, args = mpi_reduce_scatter(pg.comm, n, how, send, output)
         plain(pg, func, key, start, blocking, *args)
         return None
     send = np.concatenate([x.reshape(-1) for x in inputs])  # (never the output: a copy)
@@ -1451,18 +758,17 @@ def reduce_scatter_tensor(
     desc = lambda: f"{func}({op.name}, output shape={output.shape}, input {sig(input)})"  # noqa: E731
     nbytes = input.nbytes
     if (  # (the sizes first: small calls, the hot path, make no call)
-        nbytes >= SCATTER_SHM_BYTES_OPEN_MPI
-        or 0 < PAIRWISE_BYTES <= nbytes
-        or 0 < PAIRWISE_BYTES_OPEN_MPI <= nbytes
+        nbytes >= R.SCATTER_SHM_BYTES_OPEN_MPI
+        or 0 < R.PAIRWISE_BYTES <= nbytes
+        or 0 < R.PAIRWISE_BYTES_OPEN_MPI <= nbytes
         or nbytes >= pg._tuned_rs_from
         or nbytes >= pg._live_from
     ):
-        way, win, trial = _scatter_way(pg, how, dtype, func, nbytes, op.name)
-        if way != "mpi" or trial is not None:
+        chosen = paths.choose(pg, Call(func, op.name, dtype, nbytes, n, how, pg._aliases))
+        if chosen.name != "mpi" or chosen.trial is not None:
             flat, count = input.reshape(-1), output.size
             parts = [flat[d * count : (d + 1) * count] for d in range(n)]
-            return _scatter_along(pg, func, way, win, trial, output, parts, input, op, how,
-                                  async_op, desc)  # fmt: skip
+            return _scatter_along(pg, func, chosen, output, parts, input, op, how, async_op, desc)
     if pg._plans is not None and how.plain and input.nbytes <= PLAN_LIMIT:  # repeated?
         key = how.key | OP_BITS[func] | output.size & COUNT
         made = persistent.for_reduce_scatter(pg, key, output, how.datatype, how.mpi_op)
@@ -1480,7 +786,7 @@ def reduce_scatter_tensor(
         how.plain
         and pair.applies(func, n, nbytes)
         and not pg._aliases
-        and not _order_matters(op.name, dtype)
+        and not order_matters(op.name, dtype)
     ):
         form = "apart"
         if _in_input(output, input) and own_part(output, input, pg._rank):
@@ -1519,7 +825,7 @@ def reduce_scatter_tensor(
         if not async_op:
             into = scratch.beside(pg, output) if aliased else None
             recv = output if into is None else into
-            start, blocking, args = _mpi_reduce_scatter(pg.comm, n, how, input, recv)
+            start, blocking, args = mpi_reduce_scatter(pg.comm, n, how, input, recv)
             plain(pg, func, key, start, blocking, *args)
             if into is not None:
                 output[...] = into
@@ -1527,7 +833,7 @@ def reduce_scatter_tensor(
             return None
     send, into = input, None
     if how.prescale is not None:
-        send = _scaled(input, how.prescale)
+        send = scaled(input, how.prescale)
     elif may_alias(input, output):
         # torch's in-place form (output this rank's part of input): MPI takes
         # the input as it is and leaves the result beside it, to be copied

@@ -30,11 +30,18 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from .. import _mpi, watch
+from .. import _mpi, kernels, paths, watch
+from ..groups import ProcessGroup
+from ..ops import Plan
+from ..reduceop import ReduceOp
+from ..work import Work
+from . import scratch
+from ._common import run
+from ._reduction import all_reduce_desc, prescaler
 
 __all__ = ["Ring", "parts", "side"]
 
-TAGS = 1 << 15  # MPI guarantees tags below 32768
+TAGS = _mpi.TAGS  # MPI guarantees tags below 32768
 
 
 def side(pg: Any, func: str) -> Tuple[Any, int]:
@@ -138,3 +145,57 @@ class Ring:
             if self.counts[own]:
                 self.reduced(self.starts[own], self.counts[own])
         return [self._exchange()]
+
+
+def all_reduce(
+    pg: ProcessGroup,
+    tensor: np.ndarray,
+    op: ReduceOp,
+    how: Plan,
+    async_op: bool,
+    key: int,
+    win: Any = None,
+) -> Optional[Work]:
+    """all_reduce in pycoll's ring (pycoll.collectives.ring): a reduce-scatter
+    whose steps combine with pycoll's kernels (an AVG's last one dividing too,
+    so its division covers this rank's 1/n of the data, in the same pass),
+    then an all-gather."""
+    flat = tensor.reshape(-1)
+    n = pg._size
+    name = how.kernel_op(op)
+    part = scratch.take(pg, (flat.size // n + 1) * tensor.dtype.itemsize, tensor.dtype)
+
+    def combine(start: int, count: int) -> None:
+        # The last reduce-scatter step receives this rank's own part: an AVG
+        # divides there, in the same pass as its last sum.
+        last = how.average and start == ring.starts[ring.own]
+        kernels.reduce(name, part[:count], flat[start : start + count], n if last else None)
+
+    ring = Ring(pg, flat.view(np.uint8), part.view(np.uint8), tensor.dtype.itemsize, combine)
+    return run(
+        pg,
+        "all_reduce",
+        tensor.nbytes,
+        ring.start,
+        (),
+        async_op,
+        lambda: scratch.give(pg, part),
+        [tensor],
+        all_reduce_desc(op, tensor),
+        prescaler(tensor, how.prescale),
+        ring.stages,
+        key,
+        path="ring",
+    )
+
+
+PATH = paths.register(
+    paths.Path(
+        "ring",
+        ("all_reduce",),
+        paths.own_carries,
+        all_reduce,
+        None,
+        "a reduce-scatter, then an all-gather, around a ring of the ranks",
+    )
+)

@@ -48,13 +48,16 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .. import _mpi, kernels, progress, watch
+from .. import _mpi, kernels, paths, progress, watch
+from ..crosscheck import COUNT, OP_BITS
 from ..groups import ProcessGroup
 from ..kernels import threads
-from ..ops import Plan, env_bytes
+from ..ops import Plan
+from ..paths import rule
 from ..reduceop import ReduceOp
 from ..work import Work
 from ._common import run
+from ._reduction import all_reduce_desc, aside, prescaler
 from .ring import parts
 
 __all__ = [
@@ -83,9 +86,9 @@ __all__ = [
 # by those, larger ones fall out of the cache).
 CHUNK = 2 << 20
 # PYCOLL_SHM_BYTES: where set, the size from which an all_reduce takes the
-# window (pycoll.collectives.reduce); 0 makes no window at all, so that no
+# window (pycoll.paths.rule); 0 makes no window at all, so that no
 # call of any kind goes through one (a node whose shared memory is short).
-SHM_SET = env_bytes("PYCOLL_SHM_BYTES", "never through the shared window")
+SHM_SET = rule.SHM_SET  # PYCOLL_SHM_BYTES (pycoll.paths.rule)
 FREE_WAIT = 10.0  # seconds destroy_process_group waits for the others to free the window
 _KEY = "shm.window"
 
@@ -236,8 +239,9 @@ def _alone(
         earlier, win.work = win.work, None
         earlier.wait()
     work = run(
-        pg, func, nbytes, job.start, (), async_op, None, result, desc, prepare, job.stages, key
-    )
+        pg, func, nbytes, job.start, (), async_op, None, result, desc, prepare, job.stages, key,
+        "window",
+    )  # fmt: skip
     if async_op:
         win.work = work
     return work
@@ -707,3 +711,84 @@ class ShmReduceScatter(_Reducing):
         elif self.then is not None:
             self.then()
         return [self._barrier()]
+
+
+def start_all_reduce(
+    pg: ProcessGroup,
+    tensor: np.ndarray,
+    op: ReduceOp,
+    how: Plan,
+    async_op: bool,
+    key: int,
+    win: Any,
+) -> Optional[Work]:
+    """all_reduce of one array through the node's shared window."""
+    return all_reduce(
+        pg,
+        win,
+        "all_reduce",
+        Contiguous(tensor.reshape(-1).view(np.uint8)),
+        tensor.dtype,
+        op,
+        how,
+        async_op,
+        [tensor],
+        all_reduce_desc(op, tensor),
+        prescaler(tensor, how.prescale),
+        key,
+    )
+
+
+def start_reduce_scatter(
+    pg: ProcessGroup,
+    func: str,
+    output: np.ndarray,
+    parts: List[np.ndarray],
+    op: ReduceOp,
+    how: Plan,
+    async_op: bool,
+    desc: Callable[[], str],
+    win: Any = None,
+) -> Optional[Work]:
+    """``parts`` (one array shaped like ``output`` per rank: the parts of
+    reduce_scatter_tensor's input, or reduce_scatter's list) reduce-scattered
+    into ``output`` through ``win`` (:class:`pycoll.collectives.shm.Block`).
+    The output is written chunk by chunk: where it is this rank's part
+    itself (torch's in-place form) it is taken as it is, since only the
+    chunk being written reads those bytes; an output that overlaps the
+    parts otherwise receives aside and is copied in at the end."""
+    _, into, then = aside(pg, output, parts)
+    flat = lambda x: x.reshape(-1).view(np.uint8)  # noqa: E731
+    data = Block(win, [flat(part) for part in parts], flat(output), output.dtype, how.prescale)
+    key = how.key | OP_BITS[func] | output.size & COUNT
+    return reduce_scatter(pg, win, func, data, op, how, into, async_op, [output], desc, key, then)
+
+
+def _all_reduce_window(pg: Any, c: paths.Call) -> Optional[Window]:
+    return usable(pg, c.how, c.dtype, c.func)
+
+
+def _scatter_window(pg: Any, c: paths.Call) -> Optional[Window]:
+    return for_scatter(pg, c.how, c.dtype, c.func)
+
+
+ALL_REDUCE_PATH = paths.register(
+    paths.Path(
+        "window",
+        ("all_reduce",),
+        paths.window_carries,
+        start_all_reduce,
+        _all_reduce_window,
+        "through the node's shared memory, each rank a part",
+    )
+)
+SCATTER_PATH = paths.register(
+    paths.Path(
+        "window",
+        ("reduce_scatter", "reduce_scatter_tensor"),
+        paths.window_carries,
+        start_reduce_scatter,
+        _scatter_window,
+        "through the node's shared memory",
+    )
+)

@@ -7,7 +7,7 @@ receive started before the fold. MPI's own reduce falls to 1-1.5 GB/s from
 16-32 MiB on 2 ranks of the CI VM (MPICH 5.0.2 and Open MPI 5.0.11), where
 this took a fraction of its time (docs/benchmarks.md, "Which path wins
 where");
-pycoll.collectives.reduce chooses it by size.
+pycoll.paths chooses it by size.
 
 Only the root's array changes (the other rank's is only read); the pieces
 the root receives go into a buffer of two pieces, not one the size of the
@@ -24,7 +24,14 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from .. import _mpi
+from .. import _mpi, kernels, paths
+from ..groups import ProcessGroup
+from ..ops import Plan
+from ..reduceop import ReduceOp
+from ..work import Work
+from . import scratch
+from ._common import run
+from ._reduction import prescaler, reduce_desc, scaled
 from .ring import side
 
 __all__ = ["ToRoot", "CHUNK"]
@@ -122,3 +129,62 @@ class ToRoot:
         """Fold the last piece on the root (once it has come)."""
         if self._pieces and self.is_root:
             self._fold(len(self._pieces) - 1)
+
+
+def reduce(
+    pg: ProcessGroup,
+    tensor: np.ndarray,
+    dst: int,
+    root: int,
+    op: ReduceOp,
+    how: Plan,
+    async_op: bool,
+    key: int,
+) -> Optional[Work]:
+    """reduce on two ranks by pycoll's own path (pycoll.collectives.
+    to_root). The root's array is scaled first for a PREMUL_SUM (once the
+    call check has passed) and each piece is folded into it (an AVG's
+    division in the same pass: each element is folded once); the other
+    rank sends its array, or a PREMUL_SUM's scaled copy, and keeps it."""
+    flat = tensor.reshape(-1)
+    if root == pg._rank:
+        fold = kernels.folder(how.kernel_op(op), tensor.dtype, 2 if how.average else None)
+        room = scratch.take(pg, ToRoot.needs(flat) * tensor.dtype.itemsize, tensor.dtype)
+        steps = ToRoot(pg, flat, root, room, fold)
+        prepare = prescaler(tensor, how.prescale)
+
+        def finish() -> None:
+            steps.finish()
+            scratch.give(pg, room)
+
+    else:
+        send = flat if how.prescale is None else scaled(flat, how.prescale)
+        steps = ToRoot(pg, send, root, None, None)  # (it only sends: nothing to fold)
+        prepare, finish = None, steps.finish
+    return run(
+        pg,
+        "reduce",
+        tensor.nbytes,
+        steps.start,
+        (),
+        async_op,
+        finish,
+        [tensor],
+        lambda: reduce_desc(op, dst, tensor),
+        prepare,
+        steps.stages or None,
+        key,
+        path="to_root",
+    )
+
+
+PATH = paths.register(
+    paths.Path(
+        "to_root",
+        ("reduce",),
+        paths.own_carries,
+        reduce,
+        None,
+        "the other rank sends its array in pieces, the root folds each in",
+    )
+)

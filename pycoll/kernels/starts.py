@@ -40,7 +40,7 @@ from numba import carray, njit, types
 from numba.extending import intrinsic
 
 from .. import _mpi
-from ..collectives.ring import TAGS  # (a PAIR call's tag: its seq % TAGS, as ring.side's)
+from .._mpi import TAGS  # (a PAIR call's tag: its seq % TAGS, as ring.side's)
 from ..progress import LAST, WORDS
 from .pack import memcpy
 from .words import (

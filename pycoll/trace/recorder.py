@@ -4,11 +4,14 @@ Each group keeps a ring of its last N operations (``pg._flight``, a deque of
 ``PYCOLL_FLIGHT_RECORDS`` entries, default 1024; 0 turns the recorder off):
 collectives and point-to-point operations in issue order. An entry is
 
-    [seq, op, key, peer, nbytes, issued, ended, state, group]
+    [seq, op, key, peer, nbytes, issued, ended, state, group, path]
 
 (``key`` is the call check's summary of the call: pycoll.crosscheck.describe
 turns it into ``all_reduce(SUM, float32, 6 elements)``; ``issued``/``ended``
-are time.monotonic() seconds), made by :func:`issue` and closed by
+are time.monotonic() seconds; ``path`` the algorithm the call took,
+pycoll.paths's name for it, ``"mpi"`` for MPI's own call, where the call
+went through :func:`issue`: always while a timeline is recorded, None on the
+fast paths), made by :func:`issue` and closed by
 :func:`complete`; or, on the synchronous fast path
 (collectives._common.plain), where every nanosecond counts, just its key:
 one append of an object that exists already, no clock. Its seq is found by
@@ -58,7 +61,7 @@ STACKS_FD_ENV = "PYCOLL_STACKS_FD"  # set by pycoll-run's boot: where its stack 
 DEFAULT_RECORDS = 1024
 
 # An entry's fields.
-SEQ, OP, KEY, PEER, NBYTES, ISSUED, ENDED, STATE, GROUP = range(9)
+SEQ, OP, KEY, PEER, NBYTES, ISSUED, ENDED, STATE, GROUP, PATH = range(10)
 # Its states (an operation starts when it is issued: pycoll hands it to MPI then).
 STARTED, COMPLETED, TIMED_OUT, FAILED = range(4)
 STATES = ("started", "completed", "timed out", "failed")
@@ -112,13 +115,15 @@ def issue(
     peer: Optional[int] = None,
     nbytes: Optional[int] = None,
     arrived: Optional[float] = None,
+    path: Optional[str] = None,
 ) -> Optional[List[Any]]:
     """Record an operation issued on ``pg``; its entry (None with the recorder off).
-    ``arrived``: when the call began, if before now (a DETAIL check ran first)."""
+    ``arrived``: when the call began, if before now (a DETAIL check ran first);
+    ``path``: the algorithm a collective takes (None: a point-to-point one)."""
     ring = pg._flight
     if ring is None:
         return None
-    entry = [seq, op, key, peer, nbytes, arrived or clock(), None, STARTED, pg]
+    entry = [seq, op, key, peer, nbytes, arrived or clock(), None, STARTED, pg, path]
     ring.append(entry)
     return entry
 
@@ -146,14 +151,14 @@ def _full(pg: Any, seq: int, key: int) -> List[Any]:
         wait = pg._fwait
         if wait is not None and wait[0] == seq:
             issued = wait[1]
-    return [seq, crosscheck.op_of(key), key, None, None, issued, None, state, pg]
+    return [seq, crosscheck.op_of(key), key, None, None, issued, None, state, pg, None]
 
 
 def p2p_done(pg: Any, compact: Tuple[str, Optional[int], int]) -> List[Any]:
     """A send or receive recorded compact once done, ``(op, peer, nbytes)``,
     as a full entry: complete, untimed."""
     op, peer, nbytes = compact
-    return [None, op, 0, peer, nbytes, None, None, COMPLETED, pg]
+    return [None, op, 0, peer, nbytes, None, None, COMPLETED, pg, None]
 
 
 def _expanded(pg: Any, items: List[Any]) -> List[List[Any]]:
@@ -214,6 +219,7 @@ def _entry_json(entry: List[Any], ranks: List[int], now: float) -> Dict[str, Any
         "peer": entry[PEER],
         "bytes": entry[NBYTES],
         "state": STATES[entry[STATE]],
+        "path": entry[PATH],
         "issued_s_ago": None if issued is None else round(now - issued, 6),
         "duration_s": None if ended is None or issued is None else round(ended - issued, 6),
     }

@@ -252,6 +252,7 @@ def chrome_trace(entries: List[List[Any]]) -> Dict[str, Any]:
             extra["group"] = group.group_name
             if e[recorder.KEY]:
                 extra["call"] = crosscheck.describe(e[recorder.KEY], group._ranks)
+            extra["path"] = e[recorder.PATH]  # (None for a point-to-point one: left out)
         tid = tracks.setdefault(track, len(tracks))
         nbytes = _bytes(e) if not isinstance(group, str) else e[recorder.NBYTES]
         args = {"seq": e[recorder.SEQ], "bytes": nbytes, "peer": e[recorder.PEER],

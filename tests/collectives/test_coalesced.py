@@ -314,9 +314,9 @@ def test_every_dtype_through_the_window(shared, async_op, rank, world_size):
 def test_window_calls_take_turns_with_the_window_all_reduce(shared, monkeypatch, rank, world_size):
     """Async all-gathers and an all_reduce through the same window, in flight
     together: each waits for the one before, on every rank alike."""
-    from pycoll.collectives import reduce as reduce_mod
+    from pycoll.paths import rule
 
-    monkeypatch.setattr(reduce_mod, "SHM_BYTES", 16)
+    monkeypatch.setattr(rule, "SHM_BYTES", 16)
     n = world_size
     ins = [np.full(k, rank * 10 + k, np.int64) for k in (5, 1, 9)]
     outs = [np.zeros(n * x.size, np.int64) for x in ins]
@@ -445,10 +445,10 @@ def test_window_reduce_scatters_take_turns_with_the_other_window_calls(
     same window, in flight together: each waits for the one before, on every
     rank alike, and each is right."""
     from pycoll.collectives import coalesced
-    from pycoll.collectives import reduce as reduce_mod
+    from pycoll.paths import rule
 
     monkeypatch.setattr(coalesced, "SHM_FROM", 16)
-    monkeypatch.setattr(reduce_mod, "SHM_BYTES", 16)
+    monkeypatch.setattr(rule, "SHM_BYTES", 16)
     n = world_size
     xs = [np.full(n * k, rank + k, np.int64) for k in (17, 1, 6)]
     parts = [np.zeros(k, np.int64) for k in (17, 1, 6)]

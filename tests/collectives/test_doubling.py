@@ -17,7 +17,7 @@ import pytest
 import pycoll
 from pycoll import ReduceOp, debug
 from pycoll.collectives import doubling
-from pycoll.collectives import reduce as reduce_mod
+from pycoll.paths import rule
 from support import (
     BF16,
     LATE_TIMEOUT,
@@ -46,12 +46,12 @@ def forced(monkeypatch):
     """Every all_reduce of 8 bytes or more on a group of a power of two
     takes the path; the ring's and the window's thresholds out of reach.
     Yields the started calls' sequence numbers."""
-    monkeypatch.setattr(reduce_mod, "DOUBLING_BYTES", 8)
-    monkeypatch.setattr(reduce_mod, "_doubles", doubling.applies)
+    monkeypatch.setattr(rule, "DOUBLING_BYTES", 8)
+    monkeypatch.setattr(rule, "doubles", doubling.applies)
     for name in ("RING_BYTES", "SPLIT_BYTES", "SPLIT_BYTES_TWO_RANKS"):
-        monkeypatch.setattr(reduce_mod, name, NEVER)
+        monkeypatch.setattr(rule, name, NEVER)
     for name in ("SHM_BYTES", "SHM_BYTES_MPICH", "SHM_BYTES_PAIR"):
-        monkeypatch.setattr(reduce_mod, name, NEVER)
+        monkeypatch.setattr(rule, name, NEVER)
     yield count_doubling(monkeypatch)
 
 
@@ -202,17 +202,17 @@ def test_the_built_in_rule(monkeypatch, rank, world_size):
 
     started = count_doubling(monkeypatch)
     g = pycoll.new_group()
-    assert reduce_mod.DOUBLING_BYTES == 64 << 10
+    assert rule.DOUBLING_BYTES == 64 << 10
     libnbc_default = os.environ.get(_mpi.ALL_REDUCE_MCA, "0").strip() in ("", "0")
     takes = world_size == 2 and _mpi.VENDOR == "Open MPI" and libnbc_default
     takes = takes and not watch.BLOCKING
-    count = reduce_mod.DOUBLING_BYTES // 4
+    count = rule.DOUBLING_BYTES // 4
     for size in (count - 1, count):
         x = np.full(size, rank + 1.0, np.float32)
         pycoll.all_reduce(x, group=g)
         assert_equal(x, np.full(size, world_size * (world_size + 1) / 2, np.float32))
     assert len(started) == takes
-    monkeypatch.setattr(reduce_mod, "DOUBLING_BYTES", 0)
+    monkeypatch.setattr(rule, "DOUBLING_BYTES", 0)
     x = np.ones(count, np.float32)
     pycoll.all_reduce(x, group=g)
     assert_equal(x, np.full(count, world_size, np.float32))
@@ -233,7 +233,7 @@ def test_the_rule_by_mpi_mode_and_group_size(monkeypatch, vendor, libnbc):
     monkeypatch.setattr(watch, "BLOCKING", libnbc == "blocking")
     tree = vendor == "Open MPI" and libnbc == "default"
     for ranks in (1, 2, 3, 4, 8):
-        assert reduce_mod._doubles(ranks) is (tree and ranks == 2), ranks
-    monkeypatch.setattr(reduce_mod, "_DOUBLING_SET", 4096)
+        assert rule.doubles(ranks) is (tree and ranks == 2), ranks
+    monkeypatch.setattr(rule, "_DOUBLING_SET", 4096)
     for ranks in (1, 2, 3, 4, 8):
-        assert reduce_mod._doubles(ranks) is (ranks == 2), ranks
+        assert rule.doubles(ranks) is (ranks == 2), ranks

@@ -561,16 +561,13 @@ def test_not_on_an_mpi_without_isendrecv(monkeypatch):
 
 def test_pycolls_other_point_to_point_paths_need_isendrecv_too(monkeypatch):
     """The ring, the doubling, the pairwise exchange and the reduce to a root
-    (their common rule, reduce._ring_carries) and the device ring send with
-    MPI_Isendrecv too: on an MPI without it MPI's own calls stay."""
-    from types import SimpleNamespace
-
-    from pycoll import _mpi
-    from pycoll.collectives import reduce as reduce_mod
+    (their common rule, pycoll.paths.own_carries) and the device ring send
+    with MPI_Isendrecv too: on an MPI without it MPI's own calls stay."""
+    from pycoll import _mpi, paths
     from pycoll.ops import plan
 
-    two = SimpleNamespace(_size=2, _aliases=False)
-    how = plan(ReduceOp.SUM, np.dtype(np.float32), "all_reduce")
-    assert reduce_mod._ring_carries(two, how, np.dtype(np.float32))
+    f32 = np.dtype(np.float32)
+    call = paths.Call("all_reduce", "SUM", f32, 1 << 20, 2, plan(ReduceOp.SUM, f32, "all_reduce"))
+    assert paths.own_carries(call)
     monkeypatch.setitem(_mpi._HAS, "MPI_Isendrecv", False)
-    assert not reduce_mod._ring_carries(two, how, np.dtype(np.float32))
+    assert not paths.own_carries(call)

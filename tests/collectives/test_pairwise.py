@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 import pycoll
-from pycoll import ReduceOp, debug, tuning
+from pycoll import ReduceOp, debug, paths, tuning
 from pycoll.collectives import pairwise
 from pycoll.collectives import reduce as reduce_mod
+from pycoll.paths import rule
 from support import (
     LATE_TIMEOUT,
     assert_equal,
@@ -48,10 +49,10 @@ def forced(monkeypatch, world_size):
     calls' sequence numbers."""
     if world_size == 1:
         pytest.skip("one rank exchanges nothing")
-    monkeypatch.setattr(reduce_mod, "PAIRWISE_BYTES", 16)
-    monkeypatch.setattr(reduce_mod, "PAIRWISE_BYTES_OPEN_MPI", 16)
-    monkeypatch.setattr(reduce_mod, "SCATTER_SHM_BYTES", 1 << 62)
-    monkeypatch.setattr(reduce_mod, "SCATTER_SHM_BYTES_OPEN_MPI", 1 << 62)
+    monkeypatch.setattr(rule, "PAIRWISE_BYTES", 16)
+    monkeypatch.setattr(rule, "PAIRWISE_BYTES_OPEN_MPI", 16)
+    monkeypatch.setattr(rule, "SCATTER_SHM_BYTES", 1 << 62)
+    monkeypatch.setattr(rule, "SCATTER_SHM_BYTES_OPEN_MPI", 1 << 62)
     monkeypatch.setattr(pairwise, "CHUNK", 32)  # 4 elements of 8 bytes, 8 of 4...
     yield count_pairwise(monkeypatch)
 
@@ -214,7 +215,7 @@ def test_not_for_arrays_that_alias_device_memory(group, forced, monkeypatch, ran
     from support import count_rings
 
     rings = count_rings(monkeypatch)
-    monkeypatch.setattr(reduce_mod, "RING_BYTES", 1)  # (MPICH's ring for MPI's own ops)
+    monkeypatch.setattr(rule, "RING_BYTES", 1)  # (MPICH's ring for MPI's own ops)
     n = world_size
     x = np.arange(n * K, dtype=np.float32) + rank
     out = np.zeros(K, np.float32)
@@ -227,7 +228,7 @@ def test_not_for_arrays_that_alias_device_memory(group, forced, monkeypatch, ran
     assert_equal(y, np.full(K, n * (n + 1) / 2, np.float32))
     assert forced == [] and rings == []
     pycoll.all_reduce(y, group=group)  # outside: the ring again
-    assert len(rings) == (reduce_mod._ring_from() > 0)
+    assert len(rings) == (rule.ring_from() > 0)
 
 
 def test_the_built_in_rule(monkeypatch, rank, world_size):
@@ -239,7 +240,7 @@ def test_the_built_in_rule(monkeypatch, rank, world_size):
     g = pycoll.new_group()
     rule_only(monkeypatch, g)
     f32 = np.dtype(np.float32)
-    least = reduce_mod._pairwise_from()
+    least = rule.pairwise_from()
     vendor = reduce_mod._mpi.VENDOR
     assert least == (256 << 10 if vendor == "Open MPI" else 1 << 20)
     count = least // 4 // world_size
@@ -249,10 +250,13 @@ def test_the_built_in_rule(monkeypatch, rank, world_size):
         pycoll.reduce_scatter_tensor(out, x, group=g)
         assert_equal(out, np.full(size, world_size * (world_size + 1) / 2, np.float32))
     assert len(started) == (world_size == 2)
-    how, func = reduce_mod._plan(ReduceOp.SUM, f32, "reduce_scatter_tensor"), "x"
-    way = reduce_mod._scatter_way(g, how, f32, func, 1 << 40, "SUM")[0]
+    func = "reduce_scatter_tensor"
+    call = paths.Call(
+        func, "SUM", f32, 1 << 40, world_size, reduce_mod._plan(ReduceOp.SUM, f32, func)
+    )
+    way = paths.choose(g, call).name
     assert way == ("pairwise" if world_size == 2 else "window" if world_size > 1 else "mpi")
-    monkeypatch.setattr(reduce_mod, "PAIRWISE_BYTES", 0)
-    monkeypatch.setattr(reduce_mod, "PAIRWISE_BYTES_OPEN_MPI", 0)
-    assert reduce_mod._scatter_way(g, how, f32, func, 1 << 40, "SUM")[0] != "pairwise"
+    monkeypatch.setattr(rule, "PAIRWISE_BYTES", 0)
+    monkeypatch.setattr(rule, "PAIRWISE_BYTES_OPEN_MPI", 0)
+    assert paths.choose(g, call).name != "pairwise"
     pycoll.destroy_process_group(g)

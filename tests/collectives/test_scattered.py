@@ -16,7 +16,7 @@ import pytest
 
 import pycoll
 from pycoll import ReduceOp
-from pycoll.collectives import reduce as reduce_mod
+from pycoll.paths import rule
 from support import (
     LATE_TIMEOUT,
     assert_equal,
@@ -27,6 +27,7 @@ from support import (
     reduce_all,
     reduce_around,
     rop,
+    spy_path,
     valid_pairs,
 )
 
@@ -36,22 +37,15 @@ PAIRS = valid_pairs()
 def count_scattered(monkeypatch) -> List[int]:
     """Record every reduce that takes the path, the real function still
     doing the work."""
-    taken: List[int] = []
-    real = reduce_mod._reduce_scattered
-
-    def scattered(*args):
-        taken.append(1)
-        return real(*args)
-
-    monkeypatch.setattr(reduce_mod, "_reduce_scattered", scattered)
-    return taken
+    return spy_path(monkeypatch, "reduce", "scattered")
 
 
 @pytest.fixture
 def forced(monkeypatch):
     """Every reduce of 8 bytes or more on three ranks or more takes the
     path. Yields the list of calls that took it."""
-    monkeypatch.setattr(reduce_mod, "_scattered_from", lambda: 8)
+    monkeypatch.setattr(rule, "SCATTERED_BYTES", 8)
+    monkeypatch.setattr(rule, "_SCATTERED_SET", 8)
     yield count_scattered(monkeypatch)
 
 
@@ -152,7 +146,7 @@ def test_the_built_in_rule(monkeypatch, rank, world_size):
     from pycoll import _mpi
 
     taken = count_scattered(monkeypatch)
-    least = reduce_mod._scattered_from()
+    least = rule.scattered_from()
     pairwise = os.environ.get("MPIR_CVAR_IREDUCE_SCATTER_INTRA_ALGORITHM") == "sched_pairwise"
     assert least == (16 << 20 if _mpi.VENDOR == "MPICH" and pairwise else 0)
     if least == 0:
@@ -160,8 +154,8 @@ def test_the_built_in_rule(monkeypatch, rank, world_size):
     g = pycoll.new_group()
     reduce_around(least, rank, world_size, g)
     assert len(taken) == (world_size > 2)
-    monkeypatch.setattr(reduce_mod, "SCATTERED_BYTES", 0)
-    assert reduce_mod._scattered_from() == 0
+    monkeypatch.setattr(rule, "SCATTERED_BYTES", 0)
+    assert rule.scattered_from() == 0
     pycoll.destroy_process_group(g)
 
 
@@ -169,6 +163,6 @@ def test_without_pairwise_asked_for_mpi_keeps_its_call(monkeypatch):
     from pycoll import _mpi
 
     monkeypatch.setattr(_mpi, "REDUCE_SCATTER_PAIRWISE", False)
-    assert reduce_mod._scattered_from() == 0
-    monkeypatch.setattr(reduce_mod, "_SCATTERED_SET", 4096)
-    assert reduce_mod._scattered_from() == 4096
+    assert rule.scattered_from() == 0
+    monkeypatch.setattr(rule, "_SCATTERED_SET", 4096)
+    assert rule.scattered_from() == 4096

@@ -8,8 +8,8 @@ import pytest
 
 import pycoll
 from pycoll import ReduceOp
-from pycoll.collectives import reduce as reduce_module
 from pycoll.collectives import scratch
+from pycoll.paths import rule
 from support import count_rings, rule_only
 
 MIB = 1 << 20
@@ -115,8 +115,8 @@ def test_ring_again_and_in_flight(dtype, op, monkeypatch, group, rank, world_siz
     """pycoll's ring (taken by float16 and by AVG on MPICH), forced, on arrays
     whose received parts come from the pool: repeated and overlapping calls
     each give numpy's result."""
-    monkeypatch.setattr(reduce_module, "SPLIT_BYTES", 1)
-    monkeypatch.setattr(reduce_module, "SPLIT_BYTES_TWO_RANKS", 1)
+    monkeypatch.setattr(rule, "SPLIT_BYTES", 1)
+    monkeypatch.setattr(rule, "SPLIT_BYTES_TWO_RANKS", 1)
     rule_only(monkeypatch, group)
     rings = count_rings(monkeypatch)
     size = (4 * MIB * world_size) // np.dtype(dtype).itemsize

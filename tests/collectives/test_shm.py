@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 import pycoll
-from pycoll import ReduceOp, crosscheck
+from pycoll import ReduceOp, crosscheck, paths
 from pycoll.collectives import reduce as reduce_mod
 from pycoll.collectives import shm
 from pycoll.errors import DistTimeoutError
+from pycoll.paths import rule
 from support import (
     LATE_TIMEOUT,
     assert_equal,
@@ -27,6 +28,7 @@ from support import (
     reduce_all,
     rop,
     rule_only,
+    spy_path,
     valid_pairs,
     window_chunk,
 )
@@ -40,7 +42,7 @@ def tiny(monkeypatch, world_size):
     """Every all_reduce of 16 bytes or more takes the path, in chunks of 32 bytes."""
     if world_size == 1:
         pytest.skip("one rank reduces nothing")
-    monkeypatch.setattr(reduce_mod, "SHM_BYTES", 16)
+    monkeypatch.setattr(rule, "SHM_BYTES", 16)
     monkeypatch.setattr(shm, "CHUNK", 32)
 
 
@@ -158,30 +160,30 @@ def test_the_thresholds_by_mpi_and_group_size(monkeypatch, vendor, libnbc):
     monkeypatch.setattr(_mpi, "VENDOR", vendor)
     monkeypatch.setattr(_mpi, "ALL_REDUCE_CHOSEN", libnbc == "chosen")
     monkeypatch.setattr(watch, "BLOCKING", libnbc == "blocking")
-    pair, low = reduce_mod.SHM_BYTES_PAIR, reduce_mod.SHM_BYTES_MPICH
-    ring, high = reduce_mod.RING_BYTES, reduce_mod.SHM_BYTES
-    below = reduce_mod.PAIR_BELOW
+    pair, low = rule.SHM_BYTES_PAIR, rule.SHM_BYTES_MPICH
+    ring, high = rule.RING_BYTES, rule.SHM_BYTES
+    below = rule.PAIR_BELOW
     assert pair < low < ring <= below < high
     mpich = vendor == "MPICH"
     paired = not mpich and libnbc == "default"
-    assert reduce_mod._shm_least() == (low if mpich else pair if paired else high)
-    assert reduce_mod._ring_from() == ring
+    assert rule.shm_least() == (low if mpich else pair if paired else high)
+    assert rule.ring_from() == ring
     for ranks in (2, 3, 4, 5, 6, 7, 8, 12, 16):
         band = mpich and ranks not in (2, 4, 8, 16)
         two = paired and ranks in (2, 4)
-        assert reduce_mod._takes_window(ranks, pair - 1) is False
-        assert reduce_mod._takes_window(ranks, pair) is two, ranks
-        assert reduce_mod._takes_window(ranks, low - 1) is two, ranks
-        assert reduce_mod._takes_window(ranks, low) is (band or two), ranks
-        assert reduce_mod._takes_window(ranks, ring - 1) is (band or two), ranks
-        assert reduce_mod._takes_window(ranks, below - 1) is (band or two), ranks
-        assert reduce_mod._takes_window(ranks, below) is band, ranks
-        assert reduce_mod._takes_window(ranks, high - 1) is band, ranks
-        assert reduce_mod._takes_window(ranks, high) is True
-    monkeypatch.setattr(reduce_mod, "SHM_BYTES", 0)
-    assert reduce_mod._shm_least() == 0
-    assert reduce_mod._takes_window(3, high) is False
-    assert reduce_mod._takes_window(2, high) is False
+        assert rule.takes_window(ranks, pair - 1) is False
+        assert rule.takes_window(ranks, pair) is two, ranks
+        assert rule.takes_window(ranks, low - 1) is two, ranks
+        assert rule.takes_window(ranks, low) is (band or two), ranks
+        assert rule.takes_window(ranks, ring - 1) is (band or two), ranks
+        assert rule.takes_window(ranks, below - 1) is (band or two), ranks
+        assert rule.takes_window(ranks, below) is band, ranks
+        assert rule.takes_window(ranks, high - 1) is band, ranks
+        assert rule.takes_window(ranks, high) is True
+    monkeypatch.setattr(rule, "SHM_BYTES", 0)
+    assert rule.shm_least() == 0
+    assert rule.takes_window(3, high) is False
+    assert rule.takes_window(2, high) is False
 
 
 def test_an_mpi_the_ring_was_not_measured_against_keeps_its_own_call(monkeypatch):
@@ -192,15 +194,15 @@ def test_an_mpi_the_ring_was_not_measured_against_keeps_its_own_call(monkeypatch
     from pycoll.ops import plan
 
     monkeypatch.setattr(_mpi, "VENDOR", "Intel(R) MPI")
-    assert reduce_mod._ring_from() == 0
+    assert rule.ring_from() == 0
     kept = dict(ReduceOp.AVG._plans)  # (plan() caches its answer: put the real one back)
     try:
         assert plan(ReduceOp.AVG, np.dtype(np.float16), "t").split is False
     finally:
         ReduceOp.AVG._plans.clear()
         ReduceOp.AVG._plans.update(kept)
-    assert reduce_mod._shm_least() == reduce_mod.SHM_BYTES
-    assert reduce_mod._takes_window(2, reduce_mod.SHM_BYTES_PAIR) is False
+    assert rule.shm_least() == rule.SHM_BYTES
+    assert rule.takes_window(2, rule.SHM_BYTES_PAIR) is False
 
 
 def test_a_1_mib_all_reduce_takes_the_window_where_it_should(monkeypatch, rank, world_size):
@@ -212,8 +214,7 @@ def test_a_1_mib_all_reduce_takes_the_window_where_it_should(monkeypatch, rank, 
     from pycoll import _mpi, watch
 
     taken = []
-    real = reduce_mod._all_reduce_shm
-    monkeypatch.setattr(reduce_mod, "_all_reduce_shm", lambda *a: taken.append(1) or real(*a))
+    taken = spy_path(monkeypatch, "all_reduce", "window")
     x = np.full(1 << 18, rank + 1.0, np.float32)  # 1 MiB
     g = pycoll.new_group()
     rule_only(monkeypatch, g)
@@ -324,8 +325,8 @@ def scatter_group(monkeypatch, world_size):
     window, in chunks of 48 bytes of every rank's part (parts span chunks)."""
     if world_size == 1:
         pytest.skip("one rank reduces nothing")
-    monkeypatch.setattr(reduce_mod, "SCATTER_SHM_BYTES", 16)
-    monkeypatch.setattr(reduce_mod, "SCATTER_SHM_BYTES_OPEN_MPI", 16)
+    monkeypatch.setattr(rule, "SCATTER_SHM_BYTES", 16)
+    monkeypatch.setattr(rule, "SCATTER_SHM_BYTES_OPEN_MPI", 16)
     monkeypatch.setattr(shm, "CHUNK", 48 * world_size)
     yield from fresh_group()
 
@@ -376,10 +377,10 @@ def test_reduce_scatter_below_the_threshold_and_when_turned_off(monkeypatch, wor
     PAIRWISE_BYTES(_OPEN_MPI): turned off here, tests/collectives/test_pairwise.py.)"""
     if world_size == 1:
         pytest.skip("one rank reduces nothing")
-    monkeypatch.setattr(reduce_mod, "PAIRWISE_BYTES", 0)
-    monkeypatch.setattr(reduce_mod, "PAIRWISE_BYTES_OPEN_MPI", 0)
+    monkeypatch.setattr(rule, "PAIRWISE_BYTES", 0)
+    monkeypatch.setattr(rule, "PAIRWISE_BYTES_OPEN_MPI", 0)
     vendor = "Open MPI" if reduce_mod._mpi.VENDOR == "Open MPI" else "MPICH"
-    least = reduce_mod.SCATTER_SHM_BYTES_OPEN_MPI if vendor == "Open MPI" else 64 << 20
+    least = rule.SCATTER_SHM_BYTES_OPEN_MPI if vendor == "Open MPI" else 64 << 20
     g = pycoll.new_group()
     rule_only(monkeypatch, g)
     x = np.ones(world_size * 1024, np.float32)  # 4 KiB a rank: below every threshold
@@ -389,13 +390,15 @@ def test_reduce_scatter_below_the_threshold_and_when_turned_off(monkeypatch, wor
     assert g.attached("shm.window") is None
     f32, func = np.dtype(np.float32), "reduce_scatter_tensor"
     how = reduce_mod._plan(ReduceOp.SUM, f32, func)
-    assert reduce_mod._scatter_way(g, how, f32, func, least - 1, "SUM") == ("mpi", None, None)
+    chosen = paths.choose(g, paths.Call(func, "SUM", f32, least - 1, world_size, how))
+    assert (chosen.name, chosen.win, chosen.trial) == ("mpi", None, None)
     with monkeypatch.context() as off:
         off.setattr(shm, "SHM_SET", 0)
-        assert reduce_mod._scatter_way(g, how, f32, func, 1 << 40, "SUM") == ("mpi", None, None)
+        chosen = paths.choose(g, paths.Call(func, "SUM", f32, 1 << 40, world_size, how))
+        assert (chosen.name, chosen.win, chosen.trial) == ("mpi", None, None)
     assert g.attached("shm.window") is None  # neither made one
-    way, win, _ = reduce_mod._scatter_way(g, how, f32, func, least, "SUM")
-    assert way == "window" and win is not None
+    chosen = paths.choose(g, paths.Call(func, "SUM", f32, least, world_size, how))
+    assert chosen.name == "window" and chosen.win is not None
     pycoll.destroy_process_group(g)
 
 

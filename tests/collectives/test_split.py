@@ -10,7 +10,7 @@ import pytest
 
 import pycoll
 from pycoll import ReduceOp
-from pycoll.collectives import reduce as reduce_module
+from pycoll.paths import rule
 from support import (
     BF16,
     assert_equal,
@@ -36,10 +36,10 @@ def threshold(request, monkeypatch, world_size):
     """'large': past the real threshold; 'forced': a tiny threshold, so small
     arrays (and counts smaller than the number of ranks) take the path too."""
     if request.param == "forced":
-        monkeypatch.setattr(reduce_module, "SPLIT_BYTES", 1)
-        monkeypatch.setattr(reduce_module, "SPLIT_BYTES_TWO_RANKS", 1)
+        monkeypatch.setattr(rule, "SPLIT_BYTES", 1)
+        monkeypatch.setattr(rule, "SPLIT_BYTES_TWO_RANKS", 1)
         return 1
-    return reduce_module._split_from(world_size)
+    return rule.split_from(world_size)
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
@@ -71,8 +71,8 @@ def test_the_path_is_taken_where_it_should_be(pg):
 
 
 def forced(monkeypatch):
-    monkeypatch.setattr(reduce_module, "SPLIT_BYTES", 1)
-    monkeypatch.setattr(reduce_module, "SPLIT_BYTES_TWO_RANKS", 1)
+    monkeypatch.setattr(rule, "SPLIT_BYTES", 1)
+    monkeypatch.setattr(rule, "SPLIT_BYTES_TWO_RANKS", 1)
 
 
 def test_the_ring_carries_the_call(pg, monkeypatch, rank, world_size):
@@ -132,7 +132,7 @@ def ring_expected(world_size):
 def test_mpis_own_ops_take_the_ring_from_ring_bytes(
     op, dtype, async_op, monkeypatch, rank, world_size
 ):
-    monkeypatch.setattr(reduce_module, "RING_BYTES", 1)
+    monkeypatch.setattr(rule, "RING_BYTES", 1)
     rings = count_rings(monkeypatch)
     shape = (5, 7)  # 35 elements: parts cut unevenly
     x = data(rank, dtype, shape)
@@ -148,7 +148,7 @@ def test_a_float32_sum_of_ring_bytes_takes_the_ring(monkeypatch, rank, world_siz
     shared-memory path), the threshold itself takes the ring."""
     rule_only(monkeypatch, pycoll.group.WORLD)
     rings = count_rings(monkeypatch)
-    count = reduce_module.RING_BYTES // 4
+    count = rule.RING_BYTES // 4
     for size in (count - 1, count):
         x = np.full(size, rank + 1.0, np.float32)
         pycoll.all_reduce(x)
@@ -158,7 +158,7 @@ def test_a_float32_sum_of_ring_bytes_takes_the_ring(monkeypatch, rank, world_siz
 
 def test_a_complex_avg_stays_with_mpi(monkeypatch, rank, world_size):
     """The kernels do not divide complex numbers in their last sum."""
-    monkeypatch.setattr(reduce_module, "RING_BYTES", 1)
+    monkeypatch.setattr(rule, "RING_BYTES", 1)
     forced(monkeypatch)
     rings = count_rings(monkeypatch)
     dtype = np.dtype(np.complex64)

@@ -15,8 +15,8 @@ import pytest
 
 import pycoll
 from pycoll import ReduceOp, debug
-from pycoll.collectives import reduce as reduce_mod
 from pycoll.collectives import to_root
+from pycoll.paths import rule
 from support import (
     LATE_TIMEOUT,
     assert_equal,
@@ -48,7 +48,8 @@ def forced(monkeypatch, world_size):
     of 32 bytes. Yields the started calls' sequence numbers."""
     if world_size == 1:
         pytest.skip("the path runs on two ranks")
-    monkeypatch.setattr(reduce_mod, "_to_root_from", lambda: 8)
+    for name in ("TO_ROOT_BYTES", "TO_ROOT_BYTES_OPEN_MPI", "_TO_ROOT_SET"):
+        monkeypatch.setattr(rule, name, 8)
     monkeypatch.setattr(to_root, "CHUNK", 32)
     yield count_to_root(monkeypatch)
 
@@ -176,14 +177,14 @@ def test_the_built_in_rule(monkeypatch, rank, world_size):
 
     started = count_to_root(monkeypatch)
     vendor = _mpi.VENDOR
-    least = reduce_mod._to_root_from()
+    least = rule.to_root_from()
     assert least == {"MPICH": 64 << 10, "Open MPI": 8 << 20}[vendor]
     g = pycoll.new_group()
     reduce_around(least, rank, world_size, g)
     assert len(started) == (world_size == 2)
-    monkeypatch.setattr(reduce_mod, "TO_ROOT_BYTES", 0)
-    monkeypatch.setattr(reduce_mod, "TO_ROOT_BYTES_OPEN_MPI", 0)
-    assert reduce_mod._to_root_from() == 0
+    monkeypatch.setattr(rule, "TO_ROOT_BYTES", 0)
+    monkeypatch.setattr(rule, "TO_ROOT_BYTES_OPEN_MPI", 0)
+    assert rule.to_root_from() == 0
     pycoll.destroy_process_group(g)
 
 
@@ -191,7 +192,7 @@ def test_an_mpi_it_was_not_measured_against_keeps_its_own_call(monkeypatch):
     from pycoll import _mpi
 
     monkeypatch.setattr(_mpi, "VENDOR", "Intel(R) MPI")
-    assert reduce_mod._to_root_from() == 0
-    monkeypatch.setattr(reduce_mod, "_TO_ROOT_SET", 4096)
-    monkeypatch.setattr(reduce_mod, "TO_ROOT_BYTES", 4096)
-    assert reduce_mod._to_root_from() == 4096
+    assert rule.to_root_from() == 0
+    monkeypatch.setattr(rule, "_TO_ROOT_SET", 4096)
+    monkeypatch.setattr(rule, "TO_ROOT_BYTES", 4096)
+    assert rule.to_root_from() == 4096

@@ -13,7 +13,7 @@ import pytest
 import pycoll
 from pycoll import ReduceOp, tuning
 from pycoll.arrays import BFLOAT16
-from pycoll.collectives import reduce as reduce_mod
+from pycoll.paths import rule
 from support import (
     assert_equal,
     count_rings,
@@ -115,8 +115,8 @@ def test_a_complex_avg_stays_with_mpi_whatever_the_table(group, way, monkeypatch
 def test_the_tables_mpi_call_overrides_the_built_in_rule(group, monkeypatch, rank, world_size):
     """With the rule's ring and window thresholds at 1 byte, MPI's own op
     still takes MPI's call where the table says so."""
-    monkeypatch.setattr(reduce_mod, "RING_BYTES", 1)
-    monkeypatch.setattr(reduce_mod, "SHM_BYTES", 1)
+    monkeypatch.setattr(rule, "RING_BYTES", 1)
+    monkeypatch.setattr(rule, "SHM_BYTES", 1)
     rings = count_rings(monkeypatch)
     tuning.decide(group, "all_reduce", ([0], ["mpi"]))
     x = np.full(100, rank + 1.0, np.float32)
@@ -164,8 +164,8 @@ def test_reduce_scatter_where_the_table_says(group, way, op, dtype, form, rank, 
 def test_reduce_scatter_the_tables_mpi_call_overrides_the_built_in_rule(
     group, monkeypatch, rank, world_size
 ):
-    monkeypatch.setattr(reduce_mod, "SCATTER_SHM_BYTES", 16)
-    monkeypatch.setattr(reduce_mod, "SCATTER_SHM_BYTES_OPEN_MPI", 16)
+    monkeypatch.setattr(rule, "SCATTER_SHM_BYTES", 16)
+    monkeypatch.setattr(rule, "SCATTER_SHM_BYTES_OPEN_MPI", 16)
     tuning.decide(group, "reduce_scatter", ([0], ["mpi"]))
     _scatter(group, rank, world_size, np.float32, "SUM", "tensor")
     assert window_chunk(group) is None

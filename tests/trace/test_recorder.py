@@ -83,7 +83,7 @@ def test_a_send_recorded_once_done_keeps_the_collectives_count(rank, world_size)
     assert (sent["peer"], sent["bytes"], sent["state"]) == (world_size - 1 - rank, 24, "completed")
     assert sent["issued_s_ago"] is None and sent["duration_s"] is None
     assert recorder.p2p_done(group, ("recv", 3, 8)) == [
-        None, "recv", 0, 3, 8, None, None, recorder.COMPLETED, group
+        None, "recv", 0, 3, 8, None, None, recorder.COMPLETED, group, None
     ]  # fmt: skip
     pycoll.destroy_process_group(group)
 

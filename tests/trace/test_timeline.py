@@ -74,6 +74,31 @@ def test_one_event_per_operation_with_its_facts(rank, world_size, shared_dir):
     pycoll.destroy_process_group(group)
 
 
+def test_each_collective_names_the_path_it_took(rank, world_size, shared_dir, monkeypatch):
+    """The timeline gives each collective the path it took (pycoll.paths):
+    pycoll's ring for an all_reduce the rule sends there (its size made
+    1 KiB), MPI's own call for a broadcast; on one rank MPI's call, since
+    a ring needs two."""
+    from pycoll import _mpi
+    from pycoll.paths import rule
+
+    monkeypatch.setattr(rule, "RING_BYTES", 1024)
+    group = pycoll.new_group(group_desc="paths")
+    support.rule_only(monkeypatch, group)
+    x = np.ones(256, np.float32)  # 1 KiB
+    with pycoll.trace(shared_dir):
+        pycoll.all_reduce(x, group=group)
+        pycoll.broadcast(x, src=0, group=group)
+    support.assert_equal(x, np.full(256, world_size, np.float32))
+    events, _ = my_events(os.path.join(shared_dir, f"trace-rank{rank}.json"))
+    mine = [e for e in events if e["args"].get("group") == group.group_name]
+    ring = "ring" if world_size > 1 and _mpi.has("MPI_Isendrecv") else "mpi"
+    assert [(e["name"], e["args"]["path"]) for e in mine] == [
+        ("all_reduce", ring), ("broadcast", "mpi")
+    ]  # fmt: skip
+    pycoll.destroy_process_group(group)
+
+
 def test_merged_file_has_every_rank_and_the_arrival_waits(rank, world_size, shared_dir):
     group = pycoll.new_group(group_desc="merged")
     with pycoll.trace(shared_dir):
