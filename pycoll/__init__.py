@@ -36,11 +36,11 @@ if _TYPE_CHECKING:  # the names, for type checkers; at run time they load on fir
     from .collectives.p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
     from .collectives.reduce import (
         all_reduce,
-        all_reduce_coalesced,
         reduce,
         reduce_scatter,
         reduce_scatter_tensor,
     )
+    from .collectives.reduce_coalesced import all_reduce_coalesced
     from .collectives.scatter import broadcast, scatter
     from .debug import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
     from .errors import CollectiveMismatchError, DistBackendError, DistError, DistTimeoutError
@@ -166,7 +166,7 @@ _EXPORTS = {
     "recv": "collectives.p2p",
     "send": "collectives.p2p",
     "all_reduce": "collectives.reduce",
-    "all_reduce_coalesced": "collectives.reduce",
+    "all_reduce_coalesced": "collectives.reduce_coalesced",
     "reduce": "collectives.reduce",
     "reduce_scatter": "collectives.reduce",
     "reduce_scatter_tensor": "collectives.reduce",

@@ -10,6 +10,7 @@ memory or passes them to a CUDA-aware MPI.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import ml_dtypes
@@ -290,3 +291,9 @@ def check_dtype(func: str, name: str, dtype: np.dtype) -> None:
             f"{func}: {name} has dtype {dtype}, which pycoll cannot send; "
             f"supported dtypes are {_SUPPORTED_NAMES}"
         )
+
+
+def same_objects(arrays: Any, others: Any) -> bool:
+    """The same array objects in the same order (a list given again: a
+    training step's gradients)."""
+    return len(arrays) == len(others) and all(map(operator.is_, arrays, others))

@@ -12,10 +12,13 @@ import numpy as np
 
 from .. import _mpi, kernels
 from ..arrays import may_alias
-from ..ops import Plan
+from ..crosscheck import COUNT, OP_BITS
+from ..groups import ProcessGroup
+from ..ops import Plan, plan
 from ..reduceop import ReduceOp
+from ..work import Work
 from . import scratch
-from ._common import sig
+from ._common import run, sig
 
 
 def scaled(x: np.ndarray, scale: complex) -> np.ndarray:
@@ -84,3 +87,63 @@ def mpi_reduce_scatter(
         return comm.Ireduce_scatter, comm.Reduce_scatter, args
     args = (send_spec, recv_spec, how.mpi_op)
     return comm.Ireduce_scatter_block, comm.Reduce_scatter_block, args
+
+
+def plan_of(op: ReduceOp, dtype: np.dtype, func: str) -> Plan:
+    """The op's plan for the dtype: the one it keeps, else made (pycoll.ops.plan)."""
+    try:
+        return op._plans[dtype]
+    except (AttributeError, KeyError):
+        return plan(op, dtype, func)
+
+
+def reduce_scatter_block(
+    pg: ProcessGroup,
+    func: str,
+    send: np.ndarray,
+    output: np.ndarray,
+    how: Plan,
+    async_op: bool,
+    call: Callable[[], str],
+    into: Optional[np.ndarray] = None,
+    then: Optional[Callable[[], None]] = None,
+) -> Optional[Work]:
+    """Reduce ``send`` (group size x output.size elements, already scaled if
+    need be) and leave this rank's part in ``output``; through ``into`` (an
+    array shaped like ``output``, copied into it at the end) where ``output``
+    is part of ``send``, since MPI's buffers must not overlap. ``then`` runs
+    last, once ``output`` holds the result (a coalesced call copies out)."""
+    comm = pg.comm
+    n = pg._size
+    finish: Optional[Callable[[], None]] = averager(output, n) if how.average else None
+    if into is not None:
+
+        def finish() -> None:
+            if how.average:
+                kernels.divide(into, n, out=output)  # the copy and the division in one pass
+            else:
+                output[...] = into
+            scratch.give(pg, into)
+
+    if then is not None:
+        first = finish
+
+        def finish() -> None:
+            if first is not None:
+                first()
+            then()
+
+    recv = output if into is None else into
+    start, _, args = mpi_reduce_scatter(comm, n, how, send, recv)
+    return run(
+        pg,
+        func,
+        send.nbytes,
+        start,
+        args,
+        async_op,
+        finish,
+        [output],
+        call,
+        key=how.key | OP_BITS[func] | output.size & COUNT,
+    )

@@ -51,6 +51,7 @@ from ..arrays import (
     check_same_dtype,
     check_size,
     each_labelled,
+    same_objects,
 )
 from ..dispatch import collective
 from ..groups import ProcessGroup, resolve
@@ -59,7 +60,7 @@ from ..spec import IN, LIST, OUT, UNKNOWN, Array
 from ..work import Work
 from . import scratch, shm
 from ._common import run
-from .reduce import _plan, _reduce_scatter_block, _same
+from ._reduction import plan_of, reduce_scatter_block
 
 __all__ = [
     "all_gather_into_tensor_coalesced",
@@ -203,7 +204,7 @@ class Scatter:
         op: ReduceOp,
         func: str,
     ) -> None:
-        self.how = _plan(op, dtype, func)  # raises for an undefined (op, dtype)
+        self.how = plan_of(op, dtype, func)  # raises for an undefined (op, dtype)
         self.dtype, self.op = dtype, op
         parts = np.array([x.nbytes for x in inputs], np.int64) // n
         self.parts = parts
@@ -312,7 +313,7 @@ class Scatter:
                 kernels.copy_pieces(places, mine, self.parts, total)
                 scratch.give(pg, recv)
 
-        work = _reduce_scatter_block(pg, func, data, recv, how, async_op, desc, then=then)
+        work = reduce_scatter_block(pg, func, data, recv, how, async_op, desc, then=then)
         return work, recv
 
 
@@ -375,16 +376,16 @@ class _Kept:
 
 
 def _matches(entry: Tuple[Any, ...], func: str, op: Any, inputs: Any, outputs: Any) -> bool:
-    if entry[0] != func or entry[1] is not op or not _same(entry[2], inputs):
+    if entry[0] != func or entry[1] is not op or not same_objects(entry[2], inputs):
         return False
     kept = entry[3]
     if kept and type(kept[0]) is tuple:  # (all_gather_coalesced's list per rank)
         return (
             len(kept) == len(outputs)
             and all(type(o) in (list, tuple) for o in outputs)
-            and all(map(_same, kept, outputs))
+            and all(map(same_objects, kept, outputs))
         )
-    return _same(kept, outputs)
+    return same_objects(kept, outputs)
 
 
 def kept(pg: ProcessGroup, func: str, op: Any, inputs: Any, outputs: Any) -> Any:

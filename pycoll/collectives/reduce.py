@@ -1,5 +1,5 @@
-"""Reductions: all_reduce, all_reduce_coalesced, reduce, reduce_scatter,
-reduce_scatter_tensor.
+"""Reductions: all_reduce, reduce, reduce_scatter, reduce_scatter_tensor
+(all_reduce_coalesced: pycoll.collectives.reduce_coalesced).
 
 Each applies a ReduceOp across the group's ranks; how the op is carried out
 for the dtype (MPI op, pre-scaling, averaging) comes from pycoll.ops.
@@ -7,7 +7,6 @@ for the dtype (MPI op, pre-scaling, averaging) comes from pycoll.ops.
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Callable, List, Optional
 
 import numpy as np
@@ -27,14 +26,13 @@ from ..arrays import (
 )
 from ..crosscheck import COUNT, OP_BITS
 from ..dispatch import collective
-from ..fusion import FusedAllReduce
 from ..groups import STATE, ProcessGroup, resolve
 from ..ops import Plan, order_matters, plan
 from ..paths import Call
 from ..paths import rule as R
 from ..persistent import LIMIT as PLAN_LIMIT
 from ..reduceop import ReduceOp
-from ..spec import IN, INOUT, LIST, OUT, UNKNOWN, Array
+from ..spec import IN, INOUT, LIST, OUT, Array
 from ..work import Work
 from . import doubling, pair, pairwise, ring, scattered, scratch, shm, to_root  # noqa: F401 (paths)
 from ._common import lean, plain, root_of, run, sig
@@ -42,25 +40,19 @@ from ._reduction import (
     all_reduce_desc,
     averager,
     mpi_reduce_scatter,
+    plan_of,
     prescaler,
     reduce_desc,
+    reduce_scatter_block,
     scaled,
 )
 
 __all__ = [
     "all_reduce",
-    "all_reduce_coalesced",
     "reduce",
     "reduce_scatter",
     "reduce_scatter_tensor",
 ]
-
-
-def _plan(op: ReduceOp, dtype: np.dtype, func: str) -> Plan:
-    try:
-        return op._plans[dtype]
-    except (AttributeError, KeyError):
-        return plan(op, dtype, func)
 
 
 _ALL_REDUCE = OP_BITS["all_reduce"]  # the call check's key (pycoll.crosscheck)
@@ -266,146 +258,6 @@ def _along(
     return autotune.timed(pg, "all_reduce", chosen.trial, chosen.name, step)
 
 
-def _kept_list(
-    tensors: Any,
-    op: ReduceOp = ReduceOp.SUM,
-    group: Optional[ProcessGroup] = None,
-    async_op: bool = False,
-    stream: Any = None,
-) -> Any:
-    """all_reduce_coalesced's shortcut (pycoll.spec.Spec.known): a list
-    whose FusedAllReduce the group keeps (the very same array objects, so
-    numpy arrays all) runs through it at once, without the type check of
-    every item; any other call is pycoll.spec.UNKNOWN."""
-    pg = resolve(group, "all_reduce_coalesced")
-    fusions = pg.attached(_FUSIONS) if pg is not None else None
-    fused = fusions.find(tensors, op) if fusions is not None else None
-    if fused is None or fused.busy():
-        return UNKNOWN
-    assert pg is not None
-    return fused._run(pg, "all_reduce_coalesced", async_op, _coalesced(op, tensors, fused.dtype))
-
-
-def _coalesced(op: ReduceOp, tensors: List[np.ndarray], dtype: np.dtype) -> Callable[[], str]:
-    """all_reduce_coalesced's description for DETAIL's check, whichever way it runs."""
-    return lambda: f"all_reduce_coalesced({op.name}, shapes={[t.shape for t in tensors]}, {dtype})"
-
-
-@collective(Array("tensors", INOUT, LIST), known=_kept_list)
-def all_reduce_coalesced(
-    tensors: List[np.ndarray],
-    op: ReduceOp = ReduceOp.SUM,
-    group: Optional[ProcessGroup] = None,
-    async_op: bool = False,
-    stream: Any = None,
-) -> Optional[Work]:
-    """All-reduce several arrays of one dtype in a single MPI operation, in place.
-
-    The arrays are packed into one buffer, reduced together and unpacked, so
-    many small arrays cost about as much as one array of their total size.
-    """
-    func = "all_reduce_coalesced"
-    pg = resolve(group, func)
-    if pg is None:
-        return None
-    fusions = pg.attached(_FUSIONS)
-    fused = fusions.find(tensors, op) if fusions is not None else None
-    if fused is None:
-        tensors = [
-            check_output(func, f"tensors[{i}]", t)
-            for i, t in enumerate(check_list(func, "tensors", tensors))
-        ]
-        if not tensors:
-            raise ValueError(f"{func}: tensors is empty; pass at least one array")
-        dtype = check_same_dtype(func, tensors)
-        how = _plan(op, dtype, func)
-        if len(tensors) >= FUSE_FROM and sum(t.nbytes for t in tensors) <= FUSE_BYTES:
-            if fusions is None:
-                fusions = pg.attach(_FUSIONS, _Fusions())
-            if fusions.seen_before(tensors, op):
-                fused = fusions.add(FusedAllReduce(tensors, op, group), op)
-    else:
-        dtype = fused.dtype
-
-    desc = _coalesced(op, tensors, dtype)
-    if fused is not None and not fused.busy():
-        return fused._run(pg, func, async_op, desc)
-    how = _plan(op, dtype, func)
-    flat = np.concatenate([t.reshape(-1) for t in tensors])
-    if how.prescale is not None:
-        kernels.scale(flat, how.prescale, out=flat)
-    n = pg._size
-
-    def finish() -> None:
-        if how.average:
-            kernels.divide(flat, n, out=flat)
-        offset = 0
-        for t in tensors:
-            t.reshape(-1)[...] = flat[offset : offset + t.size]
-            offset += t.size
-
-    comm = pg.comm
-    return run(
-        pg,
-        func,
-        flat.nbytes,
-        comm.Iallreduce,
-        (_mpi.MPI.IN_PLACE, [flat, how.datatype], how.mpi_op),
-        async_op,
-        finish,
-        tensors,
-        desc,
-        key=how.key | OP_BITS[func] | flat.size & COUNT,
-    )
-
-
-# A list all_reduce_coalesced has seen before (the same arrays, in the same
-# order: a training step's gradients) runs, from its second call, through a
-# FusedAllReduce kept for it: one compiled pack, one MPI call, one compiled
-# unpack, and no per-array checks, which cost about 2 us an array. Lists of
-# at least FUSE_FROM arrays and at most FUSE_BYTES in all; the group keeps
-# the last FUSIONS of them (and so their arrays, and a buffer their size).
-_FUSIONS = "all_reduce_coalesced.fusions"
-FUSE_FROM = 8
-FUSE_BYTES = 16 << 20
-FUSIONS = 4
-
-
-class _Fusions:
-    """A group's FusedAllReduce for each of its last FUSIONS lists, newest first."""
-
-    def __init__(self) -> None:
-        self.kept: List[Any] = []  # [(arrays as a tuple, op, FusedAllReduce)]
-        self.last: Any = None  # (arrays, op) of the last list without one
-
-    def seen_before(self, tensors: List[np.ndarray], op: ReduceOp) -> bool:
-        """Whether the last list without a FusedAllReduce was this one (then
-        it gets one); else remember this one."""
-        last = self.last
-        if last is not None and last[1] is op and _same(last[0], tensors):
-            self.last = None
-            return True
-        self.last = (tuple(tensors), op)
-        return False
-
-    def find(self, tensors: Any, op: ReduceOp) -> Optional[FusedAllReduce]:
-        """The FusedAllReduce for exactly these array objects and this op, or None."""
-        if type(tensors) not in (list, tuple):
-            return None
-        for i, (arrays, kept_op, fused) in enumerate(self.kept):
-            if kept_op is op and _same(arrays, tensors):
-                if i:
-                    self.kept.insert(0, self.kept.pop(i))
-                return fused
-        return None
-
-    def add(self, fused: FusedAllReduce, op: ReduceOp) -> FusedAllReduce:
-        """Keep ``fused`` for its list, dropping the oldest beyond FUSIONS."""
-        self.kept.insert(0, (tuple(fused._arrays), op, fused))
-        del self.kept[FUSIONS:]
-        return fused
-
-
 @collective(Array("tensor", IN, root=("dst", INOUT)), aware=True)
 def reduce(
     tensor: np.ndarray,
@@ -459,7 +311,7 @@ def reduce(
         and (kept := native.again(pg, func, tensor, into, (op, dst)))
     ):
         return None
-    how = _plan(op, tensor.dtype, func)
+    how = plan_of(op, tensor.dtype, func)
     mpitype = how.datatype
     comm = pg.comm
     key = crosscheck.key(func, tensor.dtype, tensor.size, root, op.name)
@@ -527,58 +379,6 @@ def reduce(
     )
 
 
-def _reduce_scatter_block(
-    pg: ProcessGroup,
-    func: str,
-    send: np.ndarray,
-    output: np.ndarray,
-    how: Plan,
-    async_op: bool,
-    call: Callable[[], str],
-    into: Optional[np.ndarray] = None,
-    then: Optional[Callable[[], None]] = None,
-) -> Optional[Work]:
-    """Reduce ``send`` (group size x output.size elements, already scaled if
-    need be) and leave this rank's part in ``output``; through ``into`` (an
-    array shaped like ``output``, copied into it at the end) where ``output``
-    is part of ``send``, since MPI's buffers must not overlap. ``then`` runs
-    last, once ``output`` holds the result (a coalesced call copies out)."""
-    comm = pg.comm
-    n = pg._size
-    finish: Optional[Callable[[], None]] = averager(output, n) if how.average else None
-    if into is not None:
-
-        def finish() -> None:
-            if how.average:
-                kernels.divide(into, n, out=output)  # the copy and the division in one pass
-            else:
-                output[...] = into
-            scratch.give(pg, into)
-
-    if then is not None:
-        first = finish
-
-        def finish() -> None:
-            if first is not None:
-                first()
-            then()
-
-    recv = output if into is None else into
-    start, _, args = mpi_reduce_scatter(comm, n, how, send, recv)
-    return run(
-        pg,
-        func,
-        send.nbytes,
-        start,
-        args,
-        async_op,
-        finish,
-        [output],
-        call,
-        key=how.key | OP_BITS[func] | output.size & COUNT,
-    )
-
-
 def _scatter_along(
     pg: ProcessGroup,
     func: str,
@@ -606,7 +406,7 @@ def _scatter_along(
         into = (
             scratch.beside(pg, output) if whole is not None and may_alias(whole, output) else None
         )
-        step = lambda: _reduce_scatter_block(  # noqa: E731
+        step = lambda: reduce_scatter_block(  # noqa: E731
             pg, func, send, output, how, async_op, desc, into
         )
     return autotune.timed(pg, func, chosen.trial, chosen.name, step)
@@ -653,7 +453,7 @@ def reduce_scatter(
         ]
         dtype = check_same_dtype(func, [output] + inputs)
         check_same_shape(func, "input_list", inputs, output.shape, "output")
-    how = _plan(op, dtype, func)
+    how = plan_of(op, dtype, func)
     desc = lambda: f"{func}({op.name}, output {sig(output)})"  # noqa: E731
     chosen = paths.choose(pg, Call(func, op.name, dtype, n * output.nbytes, n, how, pg._aliases))
     if chosen.name != "mpi" or chosen.trial is not None:
@@ -691,7 +491,7 @@ def reduce_scatter(
     send = np.concatenate([x.reshape(-1) for x in inputs])  # (never the output: a copy)
     if how.prescale is not None:
         kernels.scale(send, how.prescale, out=send)
-    return _reduce_scatter_block(pg, func, send, output, how, async_op, desc)
+    return reduce_scatter_block(pg, func, send, output, how, async_op, desc)
 
 
 @collective(Array("output", OUT), Array("input", IN), aware=True)
@@ -754,7 +554,7 @@ def reduce_scatter_tensor(
         input = check_input(func, "input", input)
         dtype = check_same_dtype(func, [output, input])
         check_size(func, "input", input, output.size * n, "output.size x group size")
-    how = _plan(op, dtype, func)
+    how = plan_of(op, dtype, func)
     desc = lambda: f"{func}({op.name}, output shape={output.shape}, input {sig(input)})"  # noqa: E731
     nbytes = input.nbytes
     if (  # (the sizes first: small calls, the hot path, make no call)
@@ -840,7 +640,7 @@ def reduce_scatter_tensor(
         # in; 1/n of the input copied, where a private copy of the whole
         # input cost 1.3-1.9x a raw in-place call from 2 MiB.
         into = scratch.beside(pg, output)
-    return _reduce_scatter_block(pg, func, send, output, how, async_op, desc, into)
+    return reduce_scatter_block(pg, func, send, output, how, async_op, desc, into)
 
 
 def _in_input(output: np.ndarray, input: Any) -> bool:
@@ -848,8 +648,3 @@ def _in_input(output: np.ndarray, input: Any) -> bool:
     reduce-scatter makes it (a view of ``input``, or of what ``input`` views)."""
     base = output.base
     return base is not None and (base is input or base is getattr(input, "base", None))
-
-
-def _same(arrays: Any, tensors: Any) -> bool:
-    """The same array objects in the same order."""
-    return len(arrays) == len(tensors) and all(map(operator.is_, arrays, tensors))

@@ -17,6 +17,7 @@ import pycoll
 from pycoll import ReduceOp, debug, paths, tuning
 from pycoll.collectives import pairwise
 from pycoll.collectives import reduce as reduce_mod
+from pycoll.ops import plan
 from pycoll.paths import rule
 from support import (
     LATE_TIMEOUT,
@@ -251,9 +252,7 @@ def test_the_built_in_rule(monkeypatch, rank, world_size):
         assert_equal(out, np.full(size, world_size * (world_size + 1) / 2, np.float32))
     assert len(started) == (world_size == 2)
     func = "reduce_scatter_tensor"
-    call = paths.Call(
-        func, "SUM", f32, 1 << 40, world_size, reduce_mod._plan(ReduceOp.SUM, f32, func)
-    )
+    call = paths.Call(func, "SUM", f32, 1 << 40, world_size, plan(ReduceOp.SUM, f32, func))
     way = paths.choose(g, call).name
     assert way == ("pairwise" if world_size == 2 else "window" if world_size > 1 else "mpi")
     monkeypatch.setattr(rule, "PAIRWISE_BYTES", 0)

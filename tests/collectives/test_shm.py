@@ -18,6 +18,7 @@ from pycoll import ReduceOp, crosscheck, paths
 from pycoll.collectives import reduce as reduce_mod
 from pycoll.collectives import shm
 from pycoll.errors import DistTimeoutError
+from pycoll.ops import plan
 from pycoll.paths import rule
 from support import (
     LATE_TIMEOUT,
@@ -389,7 +390,7 @@ def test_reduce_scatter_below_the_threshold_and_when_turned_off(monkeypatch, wor
     assert_equal(out, np.full(1024, world_size, np.float32))
     assert g.attached("shm.window") is None
     f32, func = np.dtype(np.float32), "reduce_scatter_tensor"
-    how = reduce_mod._plan(ReduceOp.SUM, f32, func)
+    how = plan(ReduceOp.SUM, f32, func)
     chosen = paths.choose(g, paths.Call(func, "SUM", f32, least - 1, world_size, how))
     assert (chosen.name, chosen.win, chosen.trial) == ("mpi", None, None)
     with monkeypatch.context() as off:
