@@ -193,6 +193,48 @@ def test_no_import_cycles():
     assert not cycles, cycles
 
 
+# The layers below the public API that docs/design.md draws (torch/, rpc/,
+# bench/, testing/ and launch/ stand on them; the command-line entries too).
+_ABOVE = ("pycoll.torch", "pycoll.rpc", "pycoll.bench", "pycoll.testing", "pycoll.launch")
+
+
+def _design_layers() -> dict:
+    """module -> its line in docs/design.md's layer drawing (0: the top)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "design.md").read_text()
+    block = text.split("## Layers and imports", 1)[1].split("```", 2)[1]
+    lines = {}
+    for number, line in enumerate(block.strip().splitlines()):
+        for group in line.split(";"):
+            prefix, _, names = group.rpartition(":")
+            for name in names.split(","):
+                name = name.strip()
+                full = f"{prefix.strip()}.{name}" if prefix.strip() else name
+                lines["pycoll." + full] = number
+    return lines
+
+
+def test_the_layers_docs_design_md_draws_are_the_imports():
+    """Every module below the API is on one line of the drawing, and imports
+    only modules on its own line or below."""
+    graph = _imports(_modules())
+    lines = _design_layers()
+    drawn = {
+        name
+        for name in graph
+        if name != "pycoll" and not name.startswith(_ABOVE) and not name.endswith("__main__")
+        and name not in ("pycoll._torch_hook", "pycoll.collectives")
+    }  # fmt: skip
+    assert drawn - set(lines) == set(), "add these to docs/design.md's layers"
+    assert set(lines) - drawn == set(), "docs/design.md's layers name modules that are not"
+    up = [
+        f"{name} (line {lines[name]}) imports {target} (line {lines[target]})"
+        for name in sorted(drawn)
+        for target in sorted(graph[name])
+        if target in lines and lines[target] < lines[name]
+    ]
+    assert not up, up
+
+
 def test_only_the_test_harness_imports_the_launcher():
     """The library does not import pycoll.launch (the launcher imports the
     library); pycoll.testing runs its jobs through it, by design."""

@@ -6,7 +6,7 @@ reduce-scatter form. Shared by pycoll.collectives.reduce and the paths
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -19,6 +19,45 @@ from ..reduceop import ReduceOp
 from ..work import Work
 from . import scratch
 from ._common import run, sig
+
+
+class AllReduce(NamedTuple):
+    """An all_reduce as its paths start it (pycoll.paths: ``start(pg, job)``);
+    ``win``: the group's window, for the window's path."""
+
+    tensor: np.ndarray
+    op: ReduceOp
+    how: Plan
+    async_op: bool
+    key: int
+    win: Any = None
+
+
+class ReduceScatter(NamedTuple):
+    """A reduce-scatter of ``parts`` (one array shaped like ``output`` per
+    rank) into ``output``, as its paths start it."""
+
+    func: str
+    output: np.ndarray
+    parts: List[np.ndarray]
+    op: ReduceOp
+    how: Plan
+    async_op: bool
+    desc: Callable[[], str]
+    win: Any = None
+
+
+class Reduce(NamedTuple):
+    """A reduce of ``tensor`` to group rank ``root`` (global rank ``dst``), as
+    its paths start it."""
+
+    tensor: np.ndarray
+    dst: int
+    root: int
+    op: ReduceOp
+    how: Plan
+    async_op: bool
+    key: int
 
 
 def scaled(x: np.ndarray, scale: complex) -> np.ndarray:

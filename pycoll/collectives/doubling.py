@@ -38,12 +38,11 @@ import numpy as np
 
 from .. import _mpi, kernels, paths
 from ..groups import ProcessGroup
-from ..ops import Plan, order_matters
-from ..reduceop import ReduceOp
+from ..ops import order_matters
 from ..work import Work
 from . import scratch
 from ._common import run
-from ._reduction import all_reduce_desc, prescaler
+from ._reduction import AllReduce, all_reduce_desc, prescaler
 from .ring import side
 
 __all__ = ["Doubling", "applies"]
@@ -131,18 +130,11 @@ class Doubling:
                 self._arrays[0][...] = self._arrays[1]
 
 
-def all_reduce(
-    pg: ProcessGroup,
-    tensor: np.ndarray,
-    op: ReduceOp,
-    how: Plan,
-    async_op: bool,
-    key: int,
-    win: Any = None,
-) -> Optional[Work]:
+def all_reduce(pg: ProcessGroup, job: AllReduce) -> Optional[Work]:
     """all_reduce by pycoll's recursive doubling (pycoll.collectives.
     doubling), folding with pycoll's kernels (an AVG dividing in the last
     fold)."""
+    tensor, op, how, async_op, key, _ = job
     flat = tensor.reshape(-1)
     n = pg._size
     name = how.kernel_op(op)
@@ -178,13 +170,7 @@ def all_reduce(
     )
 
 
-PATH = paths.register(
-    paths.Path(
-        "doubling",
-        ("all_reduce",),
-        paths.own_carries,
-        all_reduce,
-        None,
-        "recursive doubling: each rank folds its peer's copy in",
-    )
-)
+PATH = paths.register(paths.Path(
+    "doubling", ("all_reduce",), paths.own_carries, all_reduce, None,
+    "recursive doubling: each rank folds its peer's copy in",
+))  # fmt: skip

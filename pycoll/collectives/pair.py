@@ -335,20 +335,10 @@ def _carries(c: paths.Call) -> bool:
 
 # A form of MPI's own call (the collectives ask it after pycoll.paths.choose,
 # inline: the small calls' hot path), registered for pycoll.paths.explain.
-for _func, _start in (
-    ("all_reduce", all_reduce),
-    ("reduce", reduce),
-    ("reduce_scatter", reduce_scatter),
-    ("reduce_scatter_tensor", reduce_scatter),
-):
-    paths.register(
-        paths.Path(
-            "pair",
-            (_func,),
-            _carries,
-            _start,
-            None,
-            "one exchange of the two ranks' arrays",
-            form=True,
-        )
-    )
+for _func, _start in (("all_reduce", all_reduce), ("reduce", reduce),
+                      ("reduce_scatter", reduce_scatter),
+                      ("reduce_scatter_tensor", reduce_scatter)):  # fmt: skip
+    paths.register(paths.Path(
+        "pair", (_func,), _carries, _start, None, "one exchange of the two ranks' arrays",
+        form=True,
+    ))  # fmt: skip

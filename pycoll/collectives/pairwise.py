@@ -37,12 +37,10 @@ import numpy as np
 from .. import _mpi, kernels, paths
 from ..crosscheck import COUNT, OP_BITS
 from ..groups import ProcessGroup
-from ..ops import Plan
-from ..reduceop import ReduceOp
 from ..work import Work
 from . import scratch
 from ._common import run
-from ._reduction import aside
+from ._reduction import ReduceScatter, aside
 from .ring import side
 
 __all__ = ["Pairwise", "CHUNK"]
@@ -163,17 +161,7 @@ class Pairwise:
             self._fold(len(self._steps) - 1)
 
 
-def reduce_scatter(
-    pg: ProcessGroup,
-    func: str,
-    output: np.ndarray,
-    parts: List[np.ndarray],
-    op: ReduceOp,
-    how: Plan,
-    async_op: bool,
-    desc: Callable[[], str],
-    win: Any = None,
-) -> Optional[Work]:
+def reduce_scatter(pg: ProcessGroup, job: ReduceScatter) -> Optional[Work]:
     """``parts`` (one array shaped like ``output`` per rank) reduce-scattered
     into ``output`` by pycoll's pairwise exchange (pycoll.collectives.
     pairwise), folding with pycoll's kernels (an AVG's division in each
@@ -181,6 +169,7 @@ def reduce_scatter(
     in-place form) is reduced where it is; one overlapping the parts
     otherwise receives aside and is copied in at the end. A PREMUL_SUM's
     parts are scaled into a copy first: the input is left as it is."""
+    func, output, parts, op, how, async_op, desc, _ = job
     n = pg._size
     dtype = output.dtype
     flats = [part.reshape(-1) for part in parts]
@@ -210,20 +199,9 @@ def reduce_scatter(
             then()
 
     return run(
-        pg,
-        func,
-        output.nbytes * n,
-        steps.start,
-        (),
-        async_op,
-        finish,
-        [output],
-        desc,
-        None,
-        steps.stages,
-        how.key | OP_BITS[func] | output.size & COUNT,
-        path="pairwise",
-    )
+        pg, func, output.nbytes * n, steps.start, (), async_op, finish, [output], desc, None,
+        steps.stages, how.key | OP_BITS[func] | output.size & COUNT, path="pairwise",
+    )  # fmt: skip
 
 
 def _two_ranks(c: paths.Call) -> bool:

@@ -37,6 +37,9 @@ from ..work import Work
 from . import doubling, pair, pairwise, ring, scattered, scratch, shm, to_root  # noqa: F401 (paths)
 from ._common import lean, plain, root_of, run, sig
 from ._reduction import (
+    AllReduce,
+    Reduce,
+    ReduceScatter,
     all_reduce_desc,
     averager,
     mpi_reduce_scatter,
@@ -254,7 +257,7 @@ def _along(
         )  # fmt: skip
     else:
         start = paths.path("all_reduce", chosen.name).start
-        step = lambda: start(pg, tensor, op, how, async_op, key, chosen.win)  # noqa: E731
+        step = lambda: start(pg, AllReduce(tensor, op, how, async_op, key, chosen.win))  # noqa: E731
     return autotune.timed(pg, "all_reduce", chosen.trial, chosen.name, step)
 
 
@@ -325,7 +328,7 @@ def reduce(
         chosen = paths.choose(pg, call)
         if chosen.name != "mpi":
             start = paths.path(func, chosen.name).start
-            return start(pg, tensor, dst, root, op, how, async_op, key)
+            return start(pg, Reduce(tensor, dst, root, op, how, async_op, key))
     if pg._plans is not None and how.plain and tensor.nbytes <= PLAN_LIMIT:  # repeated?
         made = persistent.for_reduce(pg, key, tensor, mpitype, how.mpi_op, root)
         if made is not None:
@@ -399,7 +402,7 @@ def _scatter_along(
     if chosen.name != "mpi":
         start = paths.path(func, chosen.name).start
         step = lambda: start(  # noqa: E731
-            pg, func, output, parts, op, how, async_op, desc, chosen.win
+            pg, ReduceScatter(func, output, parts, op, how, async_op, desc, chosen.win)
         )
     else:
         send = np.concatenate([x.reshape(-1) for x in parts]) if whole is None else whole

@@ -32,12 +32,10 @@ import numpy as np
 
 from .. import _mpi, kernels, paths, watch
 from ..groups import ProcessGroup
-from ..ops import Plan
-from ..reduceop import ReduceOp
 from ..work import Work
 from . import scratch
 from ._common import run
-from ._reduction import all_reduce_desc, prescaler
+from ._reduction import AllReduce, all_reduce_desc, prescaler
 
 __all__ = ["Ring", "parts", "side"]
 
@@ -147,19 +145,12 @@ class Ring:
         return [self._exchange()]
 
 
-def all_reduce(
-    pg: ProcessGroup,
-    tensor: np.ndarray,
-    op: ReduceOp,
-    how: Plan,
-    async_op: bool,
-    key: int,
-    win: Any = None,
-) -> Optional[Work]:
+def all_reduce(pg: ProcessGroup, job: AllReduce) -> Optional[Work]:
     """all_reduce in pycoll's ring (pycoll.collectives.ring): a reduce-scatter
     whose steps combine with pycoll's kernels (an AVG's last one dividing too,
     so its division covers this rank's 1/n of the data, in the same pass),
     then an all-gather."""
+    tensor, op, how, async_op, key, _ = job
     flat = tensor.reshape(-1)
     n = pg._size
     name = how.kernel_op(op)
@@ -173,29 +164,13 @@ def all_reduce(
 
     ring = Ring(pg, flat.view(np.uint8), part.view(np.uint8), tensor.dtype.itemsize, combine)
     return run(
-        pg,
-        "all_reduce",
-        tensor.nbytes,
-        ring.start,
-        (),
-        async_op,
-        lambda: scratch.give(pg, part),
-        [tensor],
-        all_reduce_desc(op, tensor),
-        prescaler(tensor, how.prescale),
-        ring.stages,
-        key,
+        pg, "all_reduce", tensor.nbytes, ring.start, (), async_op, lambda: scratch.give(pg, part),
+        [tensor], all_reduce_desc(op, tensor), prescaler(tensor, how.prescale), ring.stages, key,
         path="ring",
-    )
+    )  # fmt: skip
 
 
-PATH = paths.register(
-    paths.Path(
-        "ring",
-        ("all_reduce",),
-        paths.own_carries,
-        all_reduce,
-        None,
-        "a reduce-scatter, then an all-gather, around a ring of the ranks",
-    )
-)
+PATH = paths.register(paths.Path(
+    "ring", ("all_reduce",), paths.own_carries, all_reduce, None,
+    "a reduce-scatter, then an all-gather, around a ring of the ranks",
+))  # fmt: skip

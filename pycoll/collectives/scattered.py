@@ -7,35 +7,23 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-import numpy as np
-
 from .. import paths
 from ..groups import ProcessGroup
-from ..ops import Plan
-from ..reduceop import ReduceOp
 from ..work import Work
 from . import scratch
 from ._common import run
-from ._reduction import averager, prescaler, reduce_desc, scaled
+from ._reduction import Reduce, averager, prescaler, reduce_desc, scaled
 from .ring import parts
 
 
-def reduce(
-    pg: ProcessGroup,
-    tensor: np.ndarray,
-    dst: int,
-    root: int,
-    op: ReduceOp,
-    how: Plan,
-    async_op: bool,
-    key: int,
-) -> Optional[Work]:
+def reduce(pg: ProcessGroup, job: Reduce) -> Optional[Work]:
     """reduce as MPI's reduce-scatter into a part of pycoll's scratch on
     every rank (counts as even as the size allows), then MPI's gather of the
     parts into the root's array. The root's array is scaled first for a
     PREMUL_SUM and divided at the end for an AVG, as MPI's own reduce's; the
     other ranks send their arrays, or a PREMUL_SUM's scaled copy, and keep
     them."""
+    tensor, dst, root, op, how, async_op, key = job
     flat = tensor.reshape(-1)
     n, me, dtype = pg._size, pg._rank, tensor.dtype
     counts, starts = parts(flat.size, n)
@@ -56,33 +44,18 @@ def reduce(
             average()
 
     return run(
-        pg,
-        "reduce",
-        tensor.nbytes,
-        comm.Ireduce_scatter,
-        ([send, datatype], [part, datatype], counts, how.mpi_op),
-        async_op,
-        finish,
-        [tensor],
+        pg, "reduce", tensor.nbytes, comm.Ireduce_scatter,
+        ([send, datatype], [part, datatype], counts, how.mpi_op), async_op, finish, [tensor],
         lambda: reduce_desc(op, dst, tensor),
-        prescaler(tensor, how.prescale) if is_root else None,
-        [gather],
-        key,
-        path="scattered",
-    )
+        prescaler(tensor, how.prescale) if is_root else None, [gather], key, path="scattered",
+    )  # fmt: skip
 
 
 def _carries(c: paths.Call) -> bool:
     return c.ranks > 2 and not c.device  # (MPI's own calls: any op, any dtype MPI reduces)
 
 
-PATH = paths.register(
-    paths.Path(
-        "scattered",
-        ("reduce",),
-        _carries,
-        reduce,
-        None,
-        "MPI's reduce-scatter, then MPI's gather of the parts to the root",
-    )
-)
+PATH = paths.register(paths.Path(
+    "scattered", ("reduce",), _carries, reduce, None,
+    "MPI's reduce-scatter, then MPI's gather of the parts to the root",
+))  # fmt: skip

@@ -57,7 +57,7 @@ from ..paths import rule
 from ..reduceop import ReduceOp
 from ..work import Work
 from ._common import run
-from ._reduction import all_reduce_desc, aside, prescaler
+from ._reduction import AllReduce, ReduceScatter, all_reduce_desc, aside, prescaler
 from .ring import parts
 
 __all__ = [
@@ -713,16 +713,9 @@ class ShmReduceScatter(_Reducing):
         return [self._barrier()]
 
 
-def start_all_reduce(
-    pg: ProcessGroup,
-    tensor: np.ndarray,
-    op: ReduceOp,
-    how: Plan,
-    async_op: bool,
-    key: int,
-    win: Any,
-) -> Optional[Work]:
+def start_all_reduce(pg: ProcessGroup, job: AllReduce) -> Optional[Work]:
     """all_reduce of one array through the node's shared window."""
+    tensor, op, how, async_op, key, win = job
     return all_reduce(
         pg,
         win,
@@ -739,17 +732,7 @@ def start_all_reduce(
     )
 
 
-def start_reduce_scatter(
-    pg: ProcessGroup,
-    func: str,
-    output: np.ndarray,
-    parts: List[np.ndarray],
-    op: ReduceOp,
-    how: Plan,
-    async_op: bool,
-    desc: Callable[[], str],
-    win: Any = None,
-) -> Optional[Work]:
+def start_reduce_scatter(pg: ProcessGroup, job: ReduceScatter) -> Optional[Work]:
     """``parts`` (one array shaped like ``output`` per rank: the parts of
     reduce_scatter_tensor's input, or reduce_scatter's list) reduce-scattered
     into ``output`` through ``win`` (:class:`pycoll.collectives.shm.Block`).
@@ -757,6 +740,7 @@ def start_reduce_scatter(
     itself (torch's in-place form) it is taken as it is, since only the
     chunk being written reads those bytes; an output that overlaps the
     parts otherwise receives aside and is copied in at the end."""
+    func, output, parts, op, how, async_op, desc, win = job
     _, into, then = aside(pg, output, parts)
     flat = lambda x: x.reshape(-1).view(np.uint8)  # noqa: E731
     data = Block(win, [flat(part) for part in parts], flat(output), output.dtype, how.prescale)
@@ -772,23 +756,11 @@ def _scatter_window(pg: Any, c: paths.Call) -> Optional[Window]:
     return for_scatter(pg, c.how, c.dtype, c.func)
 
 
-ALL_REDUCE_PATH = paths.register(
-    paths.Path(
-        "window",
-        ("all_reduce",),
-        paths.window_carries,
-        start_all_reduce,
-        _all_reduce_window,
-        "through the node's shared memory, each rank a part",
-    )
-)
-SCATTER_PATH = paths.register(
-    paths.Path(
-        "window",
-        ("reduce_scatter", "reduce_scatter_tensor"),
-        paths.window_carries,
-        start_reduce_scatter,
-        _scatter_window,
-        "through the node's shared memory",
-    )
-)
+ALL_REDUCE_PATH = paths.register(paths.Path(
+    "window", ("all_reduce",), paths.window_carries, start_all_reduce, _all_reduce_window,
+    "through the node's shared memory, each rank a part",
+))  # fmt: skip
+SCATTER_PATH = paths.register(paths.Path(
+    "window", ("reduce_scatter", "reduce_scatter_tensor"), paths.window_carries,
+    start_reduce_scatter, _scatter_window, "through the node's shared memory",
+))  # fmt: skip

@@ -26,12 +26,10 @@ import numpy as np
 
 from .. import _mpi, kernels, paths
 from ..groups import ProcessGroup
-from ..ops import Plan
-from ..reduceop import ReduceOp
 from ..work import Work
 from . import scratch
 from ._common import run
-from ._reduction import prescaler, reduce_desc, scaled
+from ._reduction import Reduce, prescaler, reduce_desc, scaled
 from .ring import side
 
 __all__ = ["ToRoot", "CHUNK"]
@@ -131,21 +129,13 @@ class ToRoot:
             self._fold(len(self._pieces) - 1)
 
 
-def reduce(
-    pg: ProcessGroup,
-    tensor: np.ndarray,
-    dst: int,
-    root: int,
-    op: ReduceOp,
-    how: Plan,
-    async_op: bool,
-    key: int,
-) -> Optional[Work]:
+def reduce(pg: ProcessGroup, job: Reduce) -> Optional[Work]:
     """reduce on two ranks by pycoll's own path (pycoll.collectives.
     to_root). The root's array is scaled first for a PREMUL_SUM (once the
     call check has passed) and each piece is folded into it (an AVG's
     division in the same pass: each element is folded once); the other
     rank sends its array, or a PREMUL_SUM's scaled copy, and keeps it."""
+    tensor, dst, root, op, how, async_op, key = job
     flat = tensor.reshape(-1)
     if root == pg._rank:
         fold = kernels.folder(how.kernel_op(op), tensor.dtype, 2 if how.average else None)
@@ -162,29 +152,12 @@ def reduce(
         steps = ToRoot(pg, send, root, None, None)  # (it only sends: nothing to fold)
         prepare, finish = None, steps.finish
     return run(
-        pg,
-        "reduce",
-        tensor.nbytes,
-        steps.start,
-        (),
-        async_op,
-        finish,
-        [tensor],
-        lambda: reduce_desc(op, dst, tensor),
-        prepare,
-        steps.stages or None,
-        key,
-        path="to_root",
-    )
+        pg, "reduce", tensor.nbytes, steps.start, (), async_op, finish, [tensor],
+        lambda: reduce_desc(op, dst, tensor), prepare, steps.stages or None, key, path="to_root",
+    )  # fmt: skip
 
 
-PATH = paths.register(
-    paths.Path(
-        "to_root",
-        ("reduce",),
-        paths.own_carries,
-        reduce,
-        None,
-        "the other rank sends its array in pieces, the root folds each in",
-    )
-)
+PATH = paths.register(paths.Path(
+    "to_root", ("reduce",), paths.own_carries, reduce, None,
+    "the other rank sends its array in pieces, the root folds each in",
+))  # fmt: skip

@@ -197,7 +197,11 @@ def choose(pg: Any, c: Call) -> Choice:
         why = f"the tuning table ({tuning.ENV}) names {wanted} for {rule.size(c.nbytes)}"
         if ok:
             return Choice(wanted, win, None, "table", why)
-        if c.how.plain and c.how.builtin:  # (MPI's own ops follow it; the others, the rule)
+        # Where it keeps MPI's call (or its path cannot carry this one), an
+        # all_reduce of MPI's own ops follows it and the others the rule (MPI
+        # runs them as user ops, which pycoll's paths beat the more); a
+        # reduce-scatter takes MPI's call whatever its op.
+        if c.how.plain and c.how.builtin or family(c.func) == "reduce_scatter":
             return Choice("mpi", None, None, "table", why)
     elif c.nbytes >= pg._live_from and family(c.func) in tuning.COLLECTIVES and tried(c):
         func = c.func
@@ -269,13 +273,14 @@ def explain(c: Call, one_node: bool = True) -> str:
         lines.append(f"  tuning table: {'none' if table is None else 'no entry this size'}")
         taken, why = "", ""
     live = tuning.read_live()
+    covers = {"pairs": "groups of two", "live": "every group", "off": "no group"}[live]
     if not taken and tuning.LIVE_FROM <= c.nbytes and family(c.func) in tuning.COLLECTIVES:
         decides = live == "live" or (live == "pairs" and c.ranks == 2)
         if decides and tried(c):
-            lines.append(f"  live trials ({tuning.ENV}={live}): decide, from its first calls")
+            lines.append(f"  live trials (on {covers}): decide, from the first calls")
             taken, why = "trials", "the live trials decide between the paths below"
         else:
-            lines.append(f"  live trials: not for this call ({tuning.ENV}={live or 'unset'})")
+            lines.append(f"  live trials: not for this call (they run on {covers})")
     lines.append("  built-in rule (pycoll.paths.rule):")
     for name, takes in rule.ORDER.get(c.func, ()):
         reason = takes(c)
