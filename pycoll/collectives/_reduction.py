@@ -1,4 +1,5 @@
-"""What every reduction path does around its messages: scale a PREMUL_SUM's
+"""What every reduction path does around its messages: start the path
+pycoll.paths chose (timed where it is a live trial), scale a PREMUL_SUM's
 input first, divide an AVG's result last, describe the call for DETAIL's
 check, receive beside an output that overlaps its input, and pick MPI's
 reduce-scatter form. Shared by pycoll.collectives.reduce and the paths
@@ -10,7 +11,7 @@ from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from .. import _mpi, kernels
+from .. import _mpi, autotune, kernels, paths
 from ..arrays import may_alias
 from ..crosscheck import COUNT, OP_BITS
 from ..groups import ProcessGroup
@@ -186,3 +187,61 @@ def reduce_scatter_block(
         call,
         key=how.key | OP_BITS[func] | output.size & COUNT,
     )
+
+
+def along(
+    pg: ProcessGroup,
+    chosen: Any,
+    tensor: np.ndarray,
+    op: ReduceOp,
+    how: Plan,
+    async_op: bool,
+    key: int,
+) -> Optional[Work]:
+    """all_reduce by the path pycoll.paths chose; timed where the call is a
+    live trial (pycoll.autotune), whose MPI call takes its general path. (A
+    function of its own: the closures would make all_reduce's variables
+    cells, 0.2 us on every small call.)"""
+    if chosen.name == "mpi":
+        step = lambda: run(  # noqa: E731
+            pg, "all_reduce", tensor.nbytes, pg.comm.Iallreduce,
+            (_mpi.IN_PLACE, [tensor, how.datatype], how.mpi_op), async_op,
+            None, [tensor], all_reduce_desc(op, tensor), key=key,
+        )  # fmt: skip
+    else:
+        start = paths.path("all_reduce", chosen.name).start
+        step = lambda: start(pg, AllReduce(tensor, op, how, async_op, key, chosen.win))  # noqa: E731
+    return autotune.timed(pg, "all_reduce", chosen.trial, chosen.name, step)
+
+
+def scatter_along(
+    pg: ProcessGroup,
+    func: str,
+    chosen: Any,
+    output: np.ndarray,
+    parts: List[np.ndarray],
+    whole: Optional[np.ndarray],
+    op: ReduceOp,
+    how: Plan,
+    async_op: bool,
+    desc: Callable[[], str],
+) -> Optional[Work]:
+    """A reduce-scatter of ``parts`` (``whole``: the input they are parts
+    of, reduce_scatter_tensor's; None for the list form) into ``output`` by
+    the path pycoll.paths chose: one of pycoll's, or MPI's own call where
+    the call is a live trial (its general path; else the caller's own paths
+    to MPI's call serve it), timed where it is a timed trial."""
+    if chosen.name != "mpi":
+        start = paths.path(func, chosen.name).start
+        step = lambda: start(  # noqa: E731
+            pg, ReduceScatter(func, output, parts, op, how, async_op, desc, chosen.win)
+        )
+    else:
+        send = np.concatenate([x.reshape(-1) for x in parts]) if whole is None else whole
+        into = (
+            scratch.beside(pg, output) if whole is not None and may_alias(whole, output) else None
+        )
+        step = lambda: reduce_scatter_block(  # noqa: E731
+            pg, func, send, output, how, async_op, desc, into
+        )
+    return autotune.timed(pg, func, chosen.trial, chosen.name, step)

@@ -7,11 +7,11 @@ for the dtype (MPI op, pre-scaling, averaging) comes from pycoll.ops.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 
-from .. import _mpi, autotune, crosscheck, debug, kernels, native, paths, persistent
+from .. import _mpi, crosscheck, debug, kernels, native, paths, persistent
 from ..arrays import (
     MPI_TYPES,
     check_input,
@@ -27,7 +27,7 @@ from ..arrays import (
 from ..crosscheck import COUNT, OP_BITS
 from ..dispatch import collective
 from ..groups import STATE, ProcessGroup, resolve
-from ..ops import Plan, order_matters, plan
+from ..ops import order_matters, plan
 from ..paths import Call
 from ..paths import rule as R
 from ..persistent import LIMIT as PLAN_LIMIT
@@ -37,10 +37,9 @@ from ..work import Work
 from . import doubling, pair, pairwise, ring, scattered, scratch, shm, to_root  # noqa: F401 (paths)
 from ._common import lean, plain, root_of, run, sig
 from ._reduction import (
-    AllReduce,
     Reduce,
-    ReduceScatter,
     all_reduce_desc,
+    along,
     averager,
     mpi_reduce_scatter,
     plan_of,
@@ -48,6 +47,7 @@ from ._reduction import (
     reduce_desc,
     reduce_scatter_block,
     scaled,
+    scatter_along,
 )
 
 __all__ = [
@@ -160,7 +160,7 @@ def all_reduce(
         call = Call("all_reduce", op.name, tensor.dtype, nbytes, pg._size, how, pg._aliases)
         chosen = paths.choose(pg, call)
         if chosen.name != "mpi" or chosen.trial is not None:
-            return _along(pg, chosen, tensor, op, how, async_op, key)
+            return along(pg, chosen, tensor, op, how, async_op, key)
         if chosen.by != "rule":
             nbytes = 0  # MPI's own call, as the table or the trials say: not the exchange
     mpi_op, plainly, average = how.mpi_op, how.plain, how.average
@@ -234,31 +234,6 @@ def all_reduce(
         prescaler(tensor, how.prescale),
         key=key,
     )
-
-
-def _along(
-    pg: ProcessGroup,
-    chosen: Any,
-    tensor: np.ndarray,
-    op: ReduceOp,
-    how: Plan,
-    async_op: bool,
-    key: int,
-) -> Optional[Work]:
-    """all_reduce by the path pycoll.paths chose; timed where the call is a
-    live trial (pycoll.autotune), whose MPI call takes its general path. (A
-    function of its own: the closures would make all_reduce's variables
-    cells, 0.2 us on every small call.)"""
-    if chosen.name == "mpi":
-        step = lambda: run(  # noqa: E731
-            pg, "all_reduce", tensor.nbytes, pg.comm.Iallreduce,
-            (_mpi.IN_PLACE, [tensor, how.datatype], how.mpi_op), async_op,
-            None, [tensor], all_reduce_desc(op, tensor), key=key,
-        )  # fmt: skip
-    else:
-        start = paths.path("all_reduce", chosen.name).start
-        step = lambda: start(pg, AllReduce(tensor, op, how, async_op, key, chosen.win))  # noqa: E731
-    return autotune.timed(pg, "all_reduce", chosen.trial, chosen.name, step)
 
 
 @collective(Array("tensor", IN, root=("dst", INOUT)), aware=True)
@@ -382,39 +357,6 @@ def reduce(
     )
 
 
-def _scatter_along(
-    pg: ProcessGroup,
-    func: str,
-    chosen: Any,
-    output: np.ndarray,
-    parts: List[np.ndarray],
-    whole: Optional[np.ndarray],
-    op: ReduceOp,
-    how: Plan,
-    async_op: bool,
-    desc: Callable[[], str],
-) -> Optional[Work]:
-    """A reduce-scatter of ``parts`` (``whole``: the input they are parts
-    of, reduce_scatter_tensor's; None for the list form) into ``output`` by
-    the path pycoll.paths chose: one of pycoll's, or MPI's own call where
-    the call is a live trial (its general path; else the caller's own paths
-    to MPI's call serve it), timed where it is a timed trial."""
-    if chosen.name != "mpi":
-        start = paths.path(func, chosen.name).start
-        step = lambda: start(  # noqa: E731
-            pg, ReduceScatter(func, output, parts, op, how, async_op, desc, chosen.win)
-        )
-    else:
-        send = np.concatenate([x.reshape(-1) for x in parts]) if whole is None else whole
-        into = (
-            scratch.beside(pg, output) if whole is not None and may_alias(whole, output) else None
-        )
-        step = lambda: reduce_scatter_block(  # noqa: E731
-            pg, func, send, output, how, async_op, desc, into
-        )
-    return autotune.timed(pg, func, chosen.trial, chosen.name, step)
-
-
 @collective(Array("output", OUT), Array("input_list", IN, LIST))
 def reduce_scatter(
     output: np.ndarray,
@@ -460,7 +402,7 @@ def reduce_scatter(
     desc = lambda: f"{func}({op.name}, output {sig(output)})"  # noqa: E731
     chosen = paths.choose(pg, Call(func, op.name, dtype, n * output.nbytes, n, how, pg._aliases))
     if chosen.name != "mpi" or chosen.trial is not None:
-        return _scatter_along(pg, func, chosen, output, inputs, None, op, how, async_op, desc)
+        return scatter_along(pg, func, chosen, output, inputs, None, op, how, async_op, desc)
     if (  # (only what every rank shares: each lays out its arrays as it will)
         how.plain
         and pair.applies(func, n, n * output.nbytes)
@@ -571,7 +513,7 @@ def reduce_scatter_tensor(
         if chosen.name != "mpi" or chosen.trial is not None:
             flat, count = input.reshape(-1), output.size
             parts = [flat[d * count : (d + 1) * count] for d in range(n)]
-            return _scatter_along(pg, func, chosen, output, parts, input, op, how, async_op, desc)
+            return scatter_along(pg, func, chosen, output, parts, input, op, how, async_op, desc)
     if pg._plans is not None and how.plain and input.nbytes <= PLAN_LIMIT:  # repeated?
         key = how.key | OP_BITS[func] | output.size & COUNT
         made = persistent.for_reduce_scatter(pg, key, output, how.datatype, how.mpi_op)
