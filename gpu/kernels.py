@@ -44,6 +44,7 @@ OPS = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
 _CODE = {name: i for i, name in enumerate(OPS)}
 _THREADS = 256
 _MAX_BLOCKS = 4096  # grid-stride loops beyond this (measured faster than a thread per element)
+_SIM_BLOCKS, _SIM_THREADS = 2, 32  # the CUDA simulator's grid (tests without a GPU)
 
 _KERNELS: Dict[Tuple[str, str], Any] = {}
 cuda: Any = None  # numba.cuda, imported by _build
@@ -262,7 +263,10 @@ def _launch(kernel: Any, x: DeviceArray, stream: int, *args: Any) -> None:
         return
     blocks = min(_MAX_BLOCKS, (x.size + _THREADS - 1) // _THREADS)
     if runtime.simulated():
-        kernel[blocks, _THREADS](*args)
+        # numba's simulator runs each thread as a Python thread: a grid of
+        # _SIM_BLOCKS x _SIM_THREADS, each thread striding over many elements
+        # (the loop the GPU takes past _MAX_BLOCKS), costs it a fraction.
+        kernel[min(blocks, _SIM_BLOCKS), _SIM_THREADS](*args)
         return
     from numba import cuda
 
