@@ -570,7 +570,14 @@ class Supervisor:
             return EXIT_TIMEOUT
         if self.failure is not None:
             rank, code = self.failure
-            if code == MPI_EXIT and rank not in self.reported and self.launcher_log:
+            never = [r for r in range(self.n) if r not in self.ranks]
+            if never and self.launcher_log:
+                # Ranks that never started (a host the launcher could not reach:
+                # it may kill the ranks it did start before it exits): its
+                # output is the only account of why.
+                self.note(f"ranks {','.join(map(str, never))} never started; the launcher said:")
+                self._dump_launcher_log()
+            elif code == MPI_EXIT and rank not in self.reported and self.launcher_log:
                 # No Python traceback, and the status MPI libraries exit with when
                 # they end a process themselves: their message may have gone to
                 # the launcher (Open MPI's does), whose output is otherwise kept
