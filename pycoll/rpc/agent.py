@@ -188,7 +188,11 @@ class Agent:
         self.pool = _Pool(int(options.num_worker_threads))
         self._any_source = MPI.ANY_SOURCE
         self._status = MPI.Status()
-        self._improbe = self.pcomm.improbe
+        self._pkl5 = pkl5
+        # pkl5's header part: how many parts follow it (the layout pkl5.Message.recv
+        # reads; pkl5 gives the datatype no public name)
+        self._info = pkl5._info_datatype()  # type: ignore[attr-defined]
+        self._parts: Dict[int, Tuple[List[Any], int]] = {}  # source -> parts matched, of how many
         self._recv_lock = threading.Lock()
         self._driving = 0  # callers polling for their replies (drive)
         self._idle_pause = float(options.idle_pause)
@@ -363,13 +367,46 @@ class Agent:
         if not self._recv_lock.acquire(blocking=False):
             return False
         try:
-            message = self._improbe(self._any_source, TAG, self._status)
-            if message is None:
+            taken = self._take()
+            if taken is None:
                 return False
-            self._route(self._status.Get_source(), message.recv())
+            if taken[1] is not None:
+                self._route(taken[0], taken[1].recv())
             return True
         finally:
             self._recv_lock.release()
+
+    def _take(self) -> Optional[Tuple[int, Any]]:
+        """The next message part, matched without waiting: ``(source, message)``
+        once all of a message's parts have come (a pkl5.Message), ``(source,
+        None)`` for a part of one still coming, None if nothing came.
+
+        pkl5's own improbe matches a message's first part at once but then
+        waits (MPI_Mprobe) for the parts after it: a message a partition cut in
+        two (its header here, the rest lost with the link) stalled every
+        receive of this rank for good, and its callers were told that peers
+        that had answered did not. Here the parts matched so far wait, per
+        source, for the rest: a source's next message is its next part (MPI
+        keeps a pair's messages in order), and the other sources' messages
+        go on being taken meanwhile."""
+        MPI, status = _mpi.MPI, self._status
+        part = MPI.Comm.Improbe(self.comm, self._any_source, TAG, status)
+        if part is None:
+            return None
+        source = status.Get_source()
+        held = self._parts.pop(source, None)
+        if held is None:
+            held = ([part], 1 + status.Get_elements(self._info))
+        else:
+            held[0].append(part)
+        parts, total = held
+        while len(parts) < total:
+            part = MPI.Comm.Improbe(self.comm, source, TAG, status)
+            if part is None:
+                self._parts[source] = held
+                return source, None
+            parts.append(part)
+        return source, self._pkl5.Message(parts)
 
     def drive(self, call_id: int) -> None:
         """Wait for call ``call_id``'s reply, taking messages in meanwhile.
@@ -690,14 +727,15 @@ class Agent:
             self._post(peer, (GOODBYE,))
         waiting = set(others) - self._goodbyes
         while waiting:
-            message = self._improbe(self._any_source, TAG, self._status)
-            if message is None:
+            taken = self._take()
+            if taken is None or taken[1] is None:
                 if time.monotonic() > deadline:
                     keep_alive(list(self._sends))  # (MPI may still read their buffers)
                     return False
-                time.sleep(1e-4)
+                if taken is None:
+                    time.sleep(1e-4)
                 continue
-            source = self._status.Get_source()
+            source, message = taken
             if message.recv()[0] == GOODBYE:
                 waiting.discard(source)
         return self.drain_sends(deadline)

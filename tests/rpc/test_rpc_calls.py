@@ -268,3 +268,34 @@ def test_coexists_with_collectives(pg, me, size):
         assert (x == sum(range(size)) + size * step).all()
     caller.join(120)
     assert results == [i + 1 for i in range(200)]
+
+
+def test_a_message_come_in_part_holds_back_no_other_senders(me, size):
+    """A message whose first part has come but not the rest (a partition can
+    cut one in two) waits for its rest alone: rank 0 holds such a message from
+    itself (a heartbeat's header, its pickle kept back) while rank 1's call to
+    it is served. (mpi4py's pkl5 improbe waited for the rest in MPI_Mprobe,
+    and every receive of the rank with it waited too.)"""
+    import pickle
+
+    from mpi4py import MPI
+
+    from pycoll.rpc import agent as agent_mod
+    from pycoll.rpc import current
+
+    if size < 2:
+        pytest.skip("needs a caller besides the rank holding the part")
+    world = MPI.COMM_WORLD
+    comm = current.AGENT.comm
+    data = pickle.dumps((agent_mod.BEAT,), protocol=5)  # (what pkl5 sends: no buffers)
+    header = np.array([len(data)], np.int64)  # pkl5's first part: the sizes that follow
+    if me == 0:
+        comm.Send([header, MPI.INT64_T], 0, agent_mod.TAG)  # (eager to itself: returns)
+    world.Barrier()
+    if me == 1:
+        assert rpc.rpc_sync("worker0", echo, args=(7,), timeout=10) == 7
+    world.Barrier()
+    if me == 0:
+        comm.Send([data, MPI.BYTE], 0, agent_mod.TAG)  # the rest: taken in whole, a heartbeat
+        assert rpc.rpc_sync("worker0", echo, args=(8,), timeout=10) == 8  # (its own in order)
+    world.Barrier()
