@@ -159,20 +159,16 @@ def tried(c: Call) -> bool:
     return bool(c.how.plain) and not order_matters(c.op, c.dtype) and not c.device
 
 
-def _ready(pg: Any, c: Call, name: str) -> Tuple[bool, Any, str]:
-    """Whether the path ``name`` can carry the call on this group, its window
-    where it is the window, and why not."""
+def _ready(pg: Any, c: Call, name: str) -> Tuple[bool, Any]:
+    """Whether the path ``name`` can carry the call on this group, and its
+    window where it is the window (None: no shared window here)."""
     path = _REGISTRY.get(c.func, {}).get(name)
-    if path is None:
-        return False, None, f"no {name} path for {c.func}"
-    if not path.carries(c):
-        return False, None, f"{name} cannot carry it"
+    if path is None or not path.carries(c):
+        return False, None
     if path.window is None:
-        return True, None, ""
+        return True, None
     win = path.window(pg, c) if pg is not None else True
-    if win is None:
-        return False, None, "no shared window (the ranks are not on one node, or it is off)"
-    return True, win, ""
+    return win is not None, win
 
 
 def _tables(pg: Any, c: Call) -> Tuple[int, Any]:
@@ -193,7 +189,7 @@ def choose(pg: Any, c: Call) -> Choice:
     least, entries = _tables(pg, c)
     if c.nbytes >= least:
         wanted = tuning.path(entries, c.nbytes)
-        ok, win, _ = _ready(pg, c, wanted) if wanted != "mpi" else (False, None, "")
+        ok, win = _ready(pg, c, wanted) if wanted != "mpi" else (False, None)
         why = f"the tuning table ({tuning.ENV}) names {wanted} for {rule.size(c.nbytes)}"
         if ok:
             return Choice(wanted, win, None, "table", why)
@@ -208,11 +204,12 @@ def choose(pg: Any, c: Call) -> Choice:
         wanted, trial = autotune.trials(pg).choose(
             pg, func, (func, c.how.key, c.nbytes.bit_length()), lambda: candidates(pg, c)
         )
-        ok, win, _ = _ready(pg, c, wanted) if wanted != "mpi" else (False, None, "")
+        ok, win = _ready(pg, c, wanted) if wanted != "mpi" else (False, None)
         why = "the live trials (pycoll.autotune)"
         return Choice(wanted if ok else "mpi", win, trial, "trials", why)
-    for name, (reason, win) in _rule(pg, c):
-        return Choice(name, win, None, "rule", reason)
+    taken = _rule(pg, c)
+    if taken is not None:
+        return Choice(taken[0], taken[2], None, "rule", taken[1])
     return Choice("mpi", None, None, "rule", "no path of pycoll's takes it: MPI's own call")
 
 
@@ -220,21 +217,20 @@ def by_rule(c: Call) -> Tuple[str, str]:
     """The built-in rule's path for the call on a group whose ranks share
     one node, and why (``"mpi"``: none of pycoll's takes it); nothing is
     made or sent."""
-    for name, (reason, _) in _rule(None, c):
-        return name, reason
-    return "mpi", "no path of pycoll's takes it"
+    taken = _rule(None, c)
+    return (taken[0], taken[1]) if taken is not None else ("mpi", "no path of pycoll's takes it")
 
 
-def _rule(pg: Any, c: Call) -> List[Tuple[str, Tuple[str, Any]]]:
-    """The built-in rule's path for the call (at most one: the first that
-    takes it and can carry it), with why and its window."""
+def _rule(pg: Any, c: Call) -> Optional[Tuple[str, str, Any]]:
+    """The built-in rule's path for the call (the first that takes it and can
+    carry it), why, and its window; None where none does."""
     for name, takes in rule.ORDER.get(c.func, ()):
         why = takes(c)
         if why is not None:
-            ok, win, _ = _ready(pg, c, name)
+            ok, win = _ready(pg, c, name)
             if ok:
-                return [(name, (why, win))]
-    return []
+                return name, why, win
+    return None
 
 
 def candidates(pg: Any, c: Call) -> List[str]:
@@ -242,8 +238,8 @@ def candidates(pg: Any, c: Call) -> List[str]:
     built-in rule's first (what the others must beat), then MPI's own call,
     then each path the tuning table may name that can carry it (a window is
     made here, on every rank alike)."""
-    first = [name for name, _ in _rule(pg, c)] or ["mpi"]
-    paths = first + ["mpi"]
+    taken = _rule(pg, c)
+    paths = [taken[0] if taken is not None else "mpi", "mpi"]
     for name in tuning.COLLECTIVES[family(c.func)]:
         path = _REGISTRY.get(c.func, {}).get(name)
         if path is None or path.trials is not None and not path.trials(c):
