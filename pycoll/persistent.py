@@ -179,7 +179,7 @@ class Plan:
 
     def _issue_and_wait(self, pg: Any, op: str) -> None:
         """pycoll.collectives._common.plain with the plan's request started in
-        place and its first tests inlined: the call a training loop repeats,
+        place: the call a training loop repeats,
         where the compiled path is off (PYCOLL_NATIVE=0). Through plain, whose
         start is a call of its own, an 8-byte all_reduce took 10.9 us, not
         9.2, on 2 ranks of the CI VM (docs/measurements/ab_versions.py)."""
@@ -196,15 +196,7 @@ class Plan:
                 raise watch.backend_error(op, seq, exc) from None
         finally:
             let_go(pg, lock)
-        test = request.Test
-        try:
-            for _ in watch.spin_tests:
-                if test():
-                    break
-            else:
-                watch.wait1_yielding(pg, op, seq, request)
-        except _mpi.MPI.Exception as exc:
-            raise watch.backend_error(op, seq, exc) from None
+        watch.wait1(pg, op, seq, request)
         watch.end(pg, seq)
 
     def free(self) -> None:
@@ -290,28 +282,34 @@ def lookup(pg: Any, key: int, nbytes: int) -> Union[Plan, bool]:
     return plans.due(key, nbytes)
 
 
+def _one_buffer(
+    pg: Any, key: int, tensor: np.ndarray, init: Callable[..., Any], args: Callable[..., tuple]
+) -> Optional[Plan]:
+    """The plan of a call made in place on one buffer of ``tensor``'s shape
+    (``init``: MPI's persistent call; ``args``: its arguments, given the
+    buffer), or None."""
+    plan = lookup(pg, key, tensor.nbytes)
+    if plan is True:
+        buf = np.empty(tensor.size, tensor.dtype)
+        return pg._plans.make(key, tensor.nbytes, init, args(buf), buf, buf)
+    return plan or None
+
+
 def for_all_reduce(
     pg: Any, key: int, tensor: np.ndarray, datatype: Any, mpi_op: Any
 ) -> Optional[Plan]:
     """all_reduce's plan for this call (in place on one buffer), or None."""
-    plan = lookup(pg, key, tensor.nbytes)
-    if plan is True:
-        buf = np.empty(tensor.size, tensor.dtype)
-        args = (_mpi.MPI.IN_PLACE, [buf, datatype], mpi_op)
-        return pg._plans.make(key, tensor.nbytes, pg.comm.Allreduce_init, args, buf, buf)
-    return plan or None
+    return _one_buffer(
+        pg, key, tensor, pg.comm.Allreduce_init,
+        lambda buf: (_mpi.MPI.IN_PLACE, [buf, datatype], mpi_op),
+    )  # fmt: skip
 
 
 def for_broadcast(
     pg: Any, key: int, tensor: np.ndarray, datatype: Any, root: int
 ) -> Optional[Plan]:
     """broadcast's plan (one buffer; ``root`` a group rank), or None."""
-    plan = lookup(pg, key, tensor.nbytes)
-    if plan is True:
-        buf = np.empty(tensor.size, tensor.dtype)
-        args = ([buf, datatype], root)
-        return pg._plans.make(key, tensor.nbytes, pg.comm.Bcast_init, args, buf, buf)
-    return plan or None
+    return _one_buffer(pg, key, tensor, pg.comm.Bcast_init, lambda buf: ([buf, datatype], root))
 
 
 def for_reduce(
@@ -319,15 +317,14 @@ def for_reduce(
 ) -> Optional[Plan]:
     """reduce's plan (one buffer, in place on ``root``, a group rank), or None.
     Every rank copies its input in; only the root copies the result out."""
-    plan = lookup(pg, key, tensor.nbytes)
-    if plan is True:
-        buf = np.empty(tensor.size, tensor.dtype)
-        if root == pg._rank:
-            args: tuple = (_mpi.MPI.IN_PLACE, [buf, datatype], mpi_op, root)
-        else:
-            args = ([buf, datatype], None, mpi_op, root)
-        return pg._plans.make(key, tensor.nbytes, pg.comm.Reduce_init, args, buf, buf)
-    return plan or None
+    if root == pg._rank:
+        return _one_buffer(
+            pg, key, tensor, pg.comm.Reduce_init,
+            lambda buf: (_mpi.MPI.IN_PLACE, [buf, datatype], mpi_op, root),
+        )  # fmt: skip
+    return _one_buffer(
+        pg, key, tensor, pg.comm.Reduce_init, lambda buf: ([buf, datatype], None, mpi_op, root)
+    )
 
 
 def for_all_gather(pg: Any, key: int, inp: np.ndarray, datatype: Any) -> Optional[Plan]:

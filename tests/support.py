@@ -191,7 +191,7 @@ def count_rings(monkeypatch) -> List[int]:
     on one rank a ring has nothing to send)."""
     from pycoll.collectives.ring import Ring
 
-    return count_starts(monkeypatch, Ring, lambda ring: ring._plan)
+    return count_starts(monkeypatch, Ring, lambda ring: ring._steps)
 
 
 def json_reports(out: str) -> List[dict]:

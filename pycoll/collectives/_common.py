@@ -97,15 +97,7 @@ def run(
     if async_op:
         return Work(op, seq, [request], finish, result, pg, nbytes, keep=args, entry=entry)
     t0 = time.perf_counter() if debug.LEVEL else 0.0
-    try:
-        watch.wait1(pg, op, seq, request)
-    except BaseException:
-        recorder.complete(entry, recorder.FAILED)  # (a timeout has marked it already)
-        raise
-    watch.end(pg, seq)
-    recorder.complete(entry)
-    if finish is not None:
-        finished(op, seq, finish)
+    _wait(pg, op, seq, request, entry, finish)
     if debug.LEVEL:
         debug.log_collective(op, pg.group_desc, seq, nbytes, time.perf_counter() - t0)
     return None
@@ -151,6 +143,21 @@ def lean(
         let_go(pg, lock)
     if async_op:
         return Work(op, seq, [request], finish, result, pg, nbytes, None, None, None, args, entry)
+    _wait(pg, op, seq, request, entry, finish)
+    return None
+
+
+def _wait(
+    pg: ProcessGroup,
+    op: str,
+    seq: int,
+    request: Any,
+    entry: Optional[List[Any]],
+    finish: Optional[Callable[[], None]],
+) -> None:
+    """The end of a synchronous call of :func:`run` and :func:`lean`: wait for
+    its request within the group's timeout, then close its flight record's
+    entry and make its finishing copy."""
     try:
         watch.wait1(pg, op, seq, request)
     except BaseException:
@@ -160,7 +167,6 @@ def lean(
     recorder.complete(entry)
     if finish is not None:
         finished(op, seq, finish)
-    return None
 
 
 def finished(op: str, seq: int, finish: Callable[[], None]) -> None:

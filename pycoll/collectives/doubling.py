@@ -43,7 +43,7 @@ from ..work import Work
 from . import scratch
 from ._common import run
 from ._reduction import AllReduce, all_reduce_desc, prescaler
-from .ring import side
+from .ring import Steps
 
 __all__ = ["Doubling", "applies"]
 
@@ -53,7 +53,7 @@ def applies(n: int) -> bool:
     return n > 1 and n & (n - 1) == 0
 
 
-class Doubling:
+class Doubling(Steps):
     """One all_reduce, in place, as a first MPI operation (:meth:`start`),
     the steps after it (:attr:`stages`) and the last fold (:meth:`finish`),
     for :func:`pycoll.collectives._common.run`, which counts, checks and
@@ -78,29 +78,16 @@ class Doubling:
         fold: Callable[[np.ndarray, np.ndarray, bool], None],
         ordered: bool,
     ) -> None:
-        self.pg, self.fold, self.ordered = pg, fold, ordered
+        self.fold, self.ordered = fold, ordered
         n, me = pg.size(), pg.rank()
         self.me = me
-        self._peers = [me ^ bit for bit in (1 << k for k in range(n.bit_length() - 1))]
         self._arrays = (data, scratch)
         self._bytes = (data.view(np.uint8), scratch.view(np.uint8))
         self._holds = 0  # which of the two holds this rank's value so far
-        self.comm: Any = None
-        self.tag = 0
-        self._at = 0
-        self.stages = [self._next for _ in range(len(self._peers) - 1)]
-
-    def start(self) -> Any:
-        """Start the first step (called under the group's lock, once the call
-        is counted: the tag comes from its sequence number)."""
-        pg = self.pg
-        if not self._peers:  # one rank: nothing to send
-            return _mpi.MPI.REQUEST_NULL
-        self.comm, self.tag = side(pg, "all_reduce")
-        return self._exchange()
+        super().__init__(pg, [me ^ bit for bit in (1 << k for k in range(n.bit_length() - 1))])
 
     def _exchange(self) -> Any:
-        peer, byte, held = self._peers[self._at], _mpi.MPI.BYTE, self._holds
+        peer, byte, held = self._steps[self._at], _mpi.MPI.BYTE, self._holds
         return self.comm.Isendrecv(
             [self._bytes[held], byte], peer, self.tag, [self._bytes[1 - held], byte], peer, self.tag
         )
@@ -109,7 +96,7 @@ class Doubling:
         """Fold the copy just received into this rank's value."""
         held = self._holds
         mine, theirs = self._arrays[held], self._arrays[1 - held]
-        if self.ordered and self.me < self._peers[self._at]:
+        if self.ordered and self.me < self._steps[self._at]:
             self.fold(mine, theirs, last)  # the lower half's first; the result in theirs
             self._holds = 1 - held
         else:
@@ -124,7 +111,7 @@ class Doubling:
     def finish(self) -> None:
         """Fold the last step's copy (once its exchange is done), and copy the
         result into the array where it lies in the scratch."""
-        if self._peers:
+        if self._steps:
             self._fold(True)
             if self._holds:
                 self._arrays[0][...] = self._arrays[1]

@@ -37,7 +37,7 @@ from . import scratch
 from ._common import run
 from ._reduction import AllReduce, all_reduce_desc, prescaler
 
-__all__ = ["Ring", "parts", "side"]
+__all__ = ["Ring", "Steps", "parts", "side"]
 
 TAGS = _mpi.TAGS  # MPI guarantees tags below 32768
 
@@ -58,7 +58,38 @@ def parts(count: int, n: int) -> Tuple[List[int], List[int]]:
     return counts, starts
 
 
-class Ring:
+class Steps:
+    """A call made as exchange steps over the group's side communicator, for
+    :func:`pycoll.collectives._common.run`: the first step's MPI operation
+    (:meth:`start`) and one stage for each step after it (:attr:`stages`).
+    A subclass gives ``steps`` (one entry per exchange; none on one rank),
+    :meth:`_exchange` (start the step at ``self._at``) and ``_next`` (finish
+    the step just done and start the next)."""
+
+    def __init__(self, pg: Any, steps: List[Any]) -> None:
+        self.pg = pg
+        self._steps = steps
+        self.comm: Any = None
+        self.tag = 0
+        self._at = 0
+        self.stages = [self._next for _ in range(len(steps) - 1)]
+
+    def start(self) -> Any:
+        """Start the first step (called under the group's lock, once the call
+        is counted: the tag comes from its sequence number)."""
+        if not self._steps:  # one rank: nothing to send
+            return _mpi.MPI.REQUEST_NULL
+        self.comm, self.tag = side(self.pg, "all_reduce")
+        return self._exchange()
+
+    def _exchange(self) -> Any:
+        raise NotImplementedError
+
+    def _next(self) -> List[Any]:
+        raise NotImplementedError
+
+
+class Ring(Steps):
     """One ring all_reduce, in place, as a first MPI operation (:meth:`start`)
     and the steps after it (:attr:`stages`), for :func:`pycoll.collectives.
     _common.run`, which counts, checks and waits for them.
@@ -84,36 +115,22 @@ class Ring:
         combine: Callable[[int, int], None],
         reduced: Optional[Callable[[int, int], None]] = None,
     ) -> None:
-        self.pg, self.data, self.scratch, self.itemsize = pg, data, scratch, itemsize
+        self.data, self.scratch, self.itemsize = data, scratch, itemsize
         self.combine, self.reduced = combine, reduced
         n, me = pg.size(), pg.rank()
         self.counts, self.starts = parts(len(data) // itemsize, n)
         self.right, self.left = (me + 1) % n, (me - 1) % n
         self.own = (me + 1) % n  # the part that ends fully reduced on this rank
-        self.comm: Any = None
-        self.tag = 0
         # Reduce-scatter: at step k this rank sends part (me - k) and receives
         # part (me - k - 1) into scratch; the last step receives its own. Then
         # the all-gather: send part (me + 1 - k), receive part (me - k) in place.
         rs = [((me - k) % n, (me - k - 1) % n) for k in range(n - 1)]
         ag = [((me + 1 - k) % n, (me - k) % n) for k in range(n - 1)]
-        self._plan = [(send, recv, True) for send, recv in rs] + [
-            (send, recv, False) for send, recv in ag
-        ]
-        self._at = 0
-        self.stages = [self._next for _ in range(len(self._plan) - 1)]
-
-    def start(self) -> Any:
-        """Start the first step (called under the group's lock, once the call
-        is counted: the tag comes from its sequence number)."""
-        pg = self.pg
-        if not self._plan:  # one rank: nothing to send
-            return _mpi.MPI.REQUEST_NULL
-        self.comm, self.tag = side(pg, "all_reduce")
-        return self._exchange()
+        steps = [(send, recv, True) for send, recv in rs]
+        super().__init__(pg, steps + [(send, recv, False) for send, recv in ag])
 
     def _exchange(self) -> Any:
-        send, recv, scattering = self._plan[self._at]
+        send, recv, scattering = self._steps[self._at]
         item = self.itemsize
         lo, size = self.starts[send] * item, self.counts[send] * item
         if scattering:
@@ -134,12 +151,12 @@ class Ring:
     def _next(self) -> List[Any]:
         """Finish the step just completed (a combine while scattering) and
         start the next one."""
-        send, recv, scattering = self._plan[self._at]
+        send, recv, scattering = self._steps[self._at]
         if scattering and self.counts[recv]:
             self.combine(self.starts[recv], self.counts[recv])
         self._at += 1
         own = self.own
-        if self.reduced is not None and scattering and not self._plan[self._at][2]:
+        if self.reduced is not None and scattering and not self._steps[self._at][2]:
             if self.counts[own]:
                 self.reduced(self.starts[own], self.counts[own])
         return [self._exchange()]

@@ -38,7 +38,7 @@ NEVER = 1 << 62
 
 def count_doubling(monkeypatch) -> List[int]:
     """:func:`support.count_starts` of the doubling all_reduce (one rank sends nothing)."""
-    return count_starts(monkeypatch, doubling.Doubling, lambda steps: steps._peers)
+    return count_starts(monkeypatch, doubling.Doubling, lambda steps: steps._steps)
 
 
 @pytest.fixture
