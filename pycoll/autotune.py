@@ -160,7 +160,7 @@ class Trials:
         decides again, from each path's latest :data:`ROUNDS` timings. On a
         group an earlier operation broke, raises as any call on it does,
         before the trials' own waits."""
-        if pg._broken is not None:
+        if pg.is_broken():
             raise watch.broken(pg, func)
         with self.lock:
             entry = self.classes.get(key)
@@ -226,7 +226,7 @@ def _decide(pg: Any, func: str, key: Tuple[str, int, int], entry: _Class) -> Non
     class's path, the same on every rank."""
 
     MPI = _mpi.MPI
-    seq = pg._seq + 1  # (the call this decision precedes, for a diagnosis)
+    seq = pg.sequence_number() + 1  # (the call this decision precedes, for a diagnosis)
     # Each round's time of a path over the rule's path's in the same round (a
     # round's calls come one after the other, so a drift of the machine's
     # state between rounds cancels), the median over the rounds.
@@ -273,7 +273,7 @@ def timed(
         return call()
     entry = trial[0]
 
-    seq = pg._seq + 1  # (the call, for a diagnosis)
+    seq = pg.sequence_number() + 1  # (the call, for a diagnosis)
     watch.wait(pg, func, seq, [_comm(pg, func, seq).Ibarrier()])
     t0 = time.perf_counter()
     result = call()

@@ -239,6 +239,27 @@ class ProcessGroup:
         entry = self._attached.get(key)
         return None if entry is None else entry[0]
 
+    def tuned(self, collective: str) -> Tuple[int, Any]:
+        """The tuning table's entries this group follows for ``collective``
+        (``"all_reduce"`` or ``"reduce_scatter"``): the least size they
+        decide and the entries (pycoll.tuning; read by pycoll.paths)."""
+        if collective == "all_reduce":
+            return self._tuned_from, self._tuned
+        return self._tuned_rs_from, self._tuned_rs
+
+    def tune(self, collective: str, least: int, entries: Any) -> None:
+        """Follow ``entries`` (deciding from ``least`` bytes) for
+        ``collective`` from the next call on (pycoll.tuning.decide)."""
+        if collective == "all_reduce":
+            self._tuned_from, self._tuned = least, entries
+        else:
+            self._tuned_rs_from, self._tuned_rs = least, entries
+
+    def live_from(self) -> int:
+        """The least all_reduce whose path this group's own first calls
+        measure and choose (pycoll.autotune; tuning.NEVER where none do)."""
+        return self._live_from
+
     @property
     def ranks(self) -> List[int]:
         """Global ranks of the members, in group-rank order."""

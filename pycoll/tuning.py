@@ -243,16 +243,12 @@ def entries_for(collective: str, ranks: int) -> Tuple[int, Entries]:
 def decide(pg: Any, collective: str, entries: Optional[Entries]) -> None:
     """Give the group ``pg`` these entries for ``collective`` in place of the
     installed table's (None: the table's again): pycoll.bench.tune forces
-    each path so. (The group keeps them as ``_tuned_from, _tuned`` for
-    all_reduce and ``_tuned_rs_from, _tuned_rs`` for reduce_scatter.)"""
+    each path so (ProcessGroup.tune keeps them)."""
     if entries is None:
         least, entries = entries_for(collective, pg.size())
     else:
         least = entries[0][0]
-    if collective == "all_reduce":
-        pg._tuned_from, pg._tuned = least, entries
-    else:
-        pg._tuned_rs_from, pg._tuned_rs = least, entries
+    pg.tune(collective, least, entries)
 
 
 def path(entries: Entries, nbytes: int) -> str:

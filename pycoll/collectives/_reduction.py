@@ -101,7 +101,7 @@ def aside(
     (torch's in-place form); and where it overlaps the ``parts`` otherwise,
     an array shaped like it to receive into and what copies that in once
     the call is done (else None, None)."""
-    me = pg._rank
+    me = pg.rank()
     mine = parts[me].ctypes.data == output.ctypes.data
     if not any(may_alias(part, output) for d, part in enumerate(parts) if not (mine and d == me)):
         return mine, None, None
@@ -154,7 +154,7 @@ def reduce_scatter_block(
     is part of ``send``, since MPI's buffers must not overlap. ``then`` runs
     last, once ``output`` holds the result (a coalesced call copies out)."""
     comm = pg.comm
-    n = pg._size
+    n = pg.size()
     finish: Optional[Callable[[], None]] = averager(output, n) if how.average else None
     if into is not None:
 

@@ -123,7 +123,7 @@ def all_reduce(pg: ProcessGroup, job: AllReduce) -> Optional[Work]:
     fold)."""
     tensor, op, how, async_op, key, _ = job
     flat = tensor.reshape(-1)
-    n = pg._size
+    n = pg.size()
     name = how.kernel_op(op)
     peer = scratch.take(pg, tensor.nbytes, tensor.dtype, scratch.KEEP_FROM_LEAST)
     fold_in = kernels.folder(name, tensor.dtype)

@@ -170,7 +170,7 @@ def reduce_scatter(pg: ProcessGroup, job: ReduceScatter) -> Optional[Work]:
     otherwise receives aside and is copied in at the end. A PREMUL_SUM's
     parts are scaled into a copy first: the input is left as it is."""
     func, output, parts, op, how, async_op, desc, _ = job
-    n = pg._size
+    n = pg.size()
     dtype = output.dtype
     flats = [part.reshape(-1) for part in parts]
     if how.prescale is not None:

@@ -93,7 +93,7 @@ def all_reduce_coalesced(
     flat = np.concatenate([t.reshape(-1) for t in tensors])
     if how.prescale is not None:
         kernels.scale(flat, how.prescale, out=flat)
-    n = pg._size
+    n = pg.size()
 
     def finish() -> None:
         if how.average:

@@ -47,7 +47,8 @@ def side(pg: Any, func: str) -> Tuple[Any, int]:
     number: for the first step of a collective made of point-to-point
     messages (the ring, the pairwise exchange, the doubling, the reduce to
     a root), called under the group's lock once the call is counted."""
-    return watch.side_comm(pg, func, pg._seq), pg._seq % TAGS
+    seq = pg.sequence_number()
+    return watch.side_comm(pg, func, seq), seq % TAGS
 
 
 def parts(count: int, n: int) -> Tuple[List[int], List[int]]:
@@ -169,7 +170,7 @@ def all_reduce(pg: ProcessGroup, job: AllReduce) -> Optional[Work]:
     then an all-gather."""
     tensor, op, how, async_op, key, _ = job
     flat = tensor.reshape(-1)
-    n = pg._size
+    n = pg.size()
     name = how.kernel_op(op)
     part = scratch.take(pg, (flat.size // n + 1) * tensor.dtype.itemsize, tensor.dtype)
 

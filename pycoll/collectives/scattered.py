@@ -25,7 +25,7 @@ def reduce(pg: ProcessGroup, job: Reduce) -> Optional[Work]:
     them."""
     tensor, dst, root, op, how, async_op, key = job
     flat = tensor.reshape(-1)
-    n, me, dtype = pg._size, pg._rank, tensor.dtype
+    n, me, dtype = pg.size(), pg.rank(), tensor.dtype
     counts, starts = parts(flat.size, n)
     part = scratch.take(pg, counts[me] * dtype.itemsize, dtype)
     is_root = root == me

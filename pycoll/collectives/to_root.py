@@ -137,7 +137,7 @@ def reduce(pg: ProcessGroup, job: Reduce) -> Optional[Work]:
     rank sends its array, or a PREMUL_SUM's scaled copy, and keeps it."""
     tensor, dst, root, op, how, async_op, key = job
     flat = tensor.reshape(-1)
-    if root == pg._rank:
+    if root == pg.rank():
         fold = kernels.folder(how.kernel_op(op), tensor.dtype, 2 if how.average else None)
         room = scratch.take(pg, ToRoot.needs(flat) * tensor.dtype.itemsize, tensor.dtype)
         steps = ToRoot(pg, flat, root, room, fold)

@@ -175,10 +175,8 @@ def _tables(pg: Any, c: Call) -> Tuple[int, Any]:
     """The group's tuning entries for the call's collective: their first
     size (tuning.NEVER: none) and the entries."""
     name = family(c.func)
-    if name == "all_reduce":
-        return pg._tuned_from, pg._tuned
-    if name == "reduce_scatter":
-        return pg._tuned_rs_from, pg._tuned_rs
+    if name in tuning.COLLECTIVES:
+        return pg.tuned(name)
     return tuning.NEVER, None
 
 
@@ -199,7 +197,7 @@ def choose(pg: Any, c: Call) -> Choice:
         # reduce-scatter takes MPI's call whatever its op.
         if c.how.plain and c.how.builtin or family(c.func) == "reduce_scatter":
             return Choice("mpi", None, None, "table", why)
-    elif c.nbytes >= pg._live_from and family(c.func) in tuning.COLLECTIVES and tried(c):
+    elif c.nbytes >= pg.live_from() and family(c.func) in tuning.COLLECTIVES and tried(c):
         func = c.func
         wanted, trial = autotune.trials(pg).choose(
             pg, func, (func, c.how.key, c.nbytes.bit_length()), lambda: candidates(pg, c)

@@ -107,6 +107,11 @@ def attach(pg: Any) -> None:
         _groups.add(pg)
 
 
+def records(pg: Any) -> bool:
+    """Whether ``pg`` keeps a flight record (the recorder is not off)."""
+    return pg._flight is not None
+
+
 def issue(
     pg: Any,
     op: str,

@@ -57,7 +57,7 @@ def _problem(pg: Any, directory: str) -> Optional[str]:
         return f"a timeline is being recorded already (into {_state['dir']}); stop it first"
     if not directory:
         return "give the directory the timeline goes into"
-    if pg._flight is None:
+    if not recorder.records(pg):
         return (
             f"the timeline is made from the flight recorder, which {recorder.RECORDS_ENV}=0 "
             "turned off; unset it to trace"
@@ -161,7 +161,8 @@ def _agree_and_measure(
             pg, OP, seq, [comm.Iallgather([mine, _mpi.MPI.INT8_T], [refused, _mpi.MPI.INT8_T])]
         )
         if refused.any():
-            ranks = ",".join(str(pg._ranks[r]) for r in np.flatnonzero(refused))
+            members = pg.ranks
+            ranks = ",".join(str(members[r]) for r in np.flatnonzero(refused))
             why = f"; here: {problem}" if problem else ""
             kind = ValueError if problem is not None and not directory else RuntimeError
             raise kind(
@@ -170,7 +171,7 @@ def _agree_and_measure(
             )
         return _measure(pg, seq, comm)
     finally:
-        if pg._broken is None:  # (after a timeout its requests may still be in use)
+        if not pg.is_broken():  # (after a timeout its requests may still be in use)
             comm.Free()
 
 
@@ -251,7 +252,7 @@ def chrome_trace(entries: List[List[Any]]) -> Dict[str, Any]:
             track, extra = group.group_desc, {}
             extra["group"] = group.group_name
             if e[recorder.KEY]:
-                extra["call"] = crosscheck.describe(e[recorder.KEY], group._ranks)
+                extra["call"] = crosscheck.describe(e[recorder.KEY], group.ranks)
             extra["path"] = e[recorder.PATH]  # (None for a point-to-point one: left out)
         tid = tracks.setdefault(track, len(tracks))
         nbytes = _bytes(e) if not isinstance(group, str) else e[recorder.NBYTES]
