@@ -15,7 +15,7 @@ import warnings
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import _mpi, crosscheck, tuning
+from . import _mpi, crosscheck, progress, tuning
 from .progress import uid_of
 from .trace import recorder
 
@@ -259,6 +259,42 @@ class ProcessGroup:
         """The least all_reduce whose path this group's own first calls
         measure and choose (pycoll.autotune; tuning.NEVER where none do)."""
         return self._live_from
+
+    def is_destroyed(self) -> bool:
+        """True once :meth:`destroy` has run."""
+        return self._destroyed
+
+    def destroy(self) -> None:
+        """Free what the group holds: its communicators, its persistent plans,
+        what layers attached, its slot on the progress board; the group is
+        unusable after. pycoll.world's destroy_process_group calls it once
+        the group's last call check has run. A group broken by a timeout
+        keeps its communicators (a timed-out operation may still use them)."""
+        if self._destroyed:
+            return
+        side_free = crosscheck.free(self)
+        if self._broken is None:
+            plans, self._plans = self._plans, None
+            if plans is not None:
+                plans.free()
+            if self._strays:
+                progress.keep_alive([self.comm])
+            else:
+                self.comm.Free()
+            side = self._side
+            if isinstance(side, tuple):  # MPI_Comm_idup still under way
+                progress.keep_alive(list(side))
+            elif side is not None and side_free:
+                side.Free()
+            for value, free in self._attached.values():
+                if free is not None:
+                    free(value)
+        self._attached.clear()
+        self._destroyed = True
+        board = self._board
+        if board is not None and not board.closed:
+            board.release(self._word)  # the slot is free for a later group
+        self._rec = self._board = self._native = None  # (the compiled path wrote to the record)
 
     @property
     def ranks(self) -> List[int]:

@@ -370,11 +370,3 @@ def for_all_to_all(
             args = ([send, datatype], [recv, datatype])
         return pg._plans.make(key, inp.nbytes, pg.comm.Alltoall_init, args, send, recv)
     return plan or None
-
-
-def free(pg: Any) -> None:
-    """Free a group's plans (at destroy_process_group, the group not broken)."""
-    plans = pg._plans
-    if plans is not None:
-        pg._plans = None
-        plans.free()

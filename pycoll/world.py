@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from pycoll.gpu.backend_config import BackendConfig
 
-from . import _mpi, crosscheck, debug, native, persistent, progress, tuning, watch
+from . import _mpi, crosscheck, debug, native, persistent, tuning, watch
 from .groups import (
     BACKEND,
     STATE,
@@ -198,9 +198,9 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         timeline.stop()  # this rank's timeline file, if one is being recorded
         groups = list(STATE.groups.values())
         deadline = _final_deadline(STATE.default)
-        found = [crosscheck.final(pg, deadline) for pg in groups if not pg._destroyed]
+        found = [crosscheck.final(pg, deadline) for pg in groups if not pg.is_destroyed()]
         for pg in groups:
-            _free(pg)
+            pg.destroy()
         free_user_ops()
         atexit.unregister(_at_exit)
         if STATE.board is not None:
@@ -218,7 +218,7 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
         if member is None:
             return
         found = [crosscheck.final(member, _final_deadline(member))]
-        _free(member)
+        member.destroy()
         STATE.groups.pop(member.group_name, None)
     for error in found:
         if error is not None:
@@ -226,32 +226,7 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
 
 
 def _final_deadline(pg: ProcessGroup) -> float:
-    return time.monotonic() + min(pg._timeout_s, crosscheck.FINAL_WAIT)
-
-
-def _free(pg: ProcessGroup) -> None:
-    if not pg._destroyed:
-        side_free = crosscheck.free(pg)
-        if pg._broken is None:  # a timed-out operation may still use the communicator
-            persistent.free(pg)
-            if pg._strays:
-                progress.keep_alive([pg.comm])
-            else:
-                pg.comm.Free()
-            side = pg._side
-            if isinstance(side, tuple):  # MPI_Comm_idup still under way
-                progress.keep_alive(list(side))
-            elif side is not None and side_free:
-                side.Free()
-            for value, free in pg._attached.values():
-                if free is not None:
-                    free(value)
-        pg._attached.clear()
-        pg._destroyed = True
-        board = pg._board
-        if board is not None and not board.closed:
-            board.release(pg._word)  # the slot is free for a later group
-        pg._rec = pg._board = pg._native = None  # (the compiled path wrote to the record)
+    return time.monotonic() + min(pg.timeout.total_seconds(), crosscheck.FINAL_WAIT)
 
 
 def _at_exit() -> None:
@@ -262,7 +237,7 @@ def _at_exit() -> None:
     deadline = time.monotonic() + crosscheck.EXIT_WAIT
     errors = []
     for pg in list(STATE.groups.values()):
-        if pg._destroyed:
+        if pg.is_destroyed():
             continue
         error = crosscheck.final(pg, deadline)
         if error is not None:

@@ -155,11 +155,11 @@ def _collect_arrivals(pg: ProcessGroup, seq: int, seconds: float, wait_all: bool
         for listener in waiting.values():
             listener.cancel()
         pg._strays = True  # their tokens may still come
-        missing = [pg._ranks[r] for r in sorted(waiting)]
+        missing = [pg.ranks[r] for r in sorted(waiting)]
         named = missing if wait_all else missing[:1]
         said = monitored_barrier_words(named, seconds)
         if seconds <= 0:  # no time to wait for anyone: gloo's words for a spent budget first
-            said = f"Rank {pg._ranks[0]} timed out in monitoredBarrier after 0 ms: {said}"
+            said = f"Rank {pg.ranks[0]} timed out in monitoredBarrier after 0 ms: {said}"
         raise DistTimeoutError(
             f"{said} (group {pg.group_name!r}, seq {seq})",
             "monitored_barrier",
@@ -185,9 +185,9 @@ def _arrive(pg: ProcessGroup, seq: int, seconds: float) -> None:
         confirmation.cancel()
         pg._strays = True  # the first rank's confirmation may still come
         raise DistTimeoutError(
-            f"monitored_barrier: rank {pg._ranks[pg.rank()]} waited "
-            f"{round(seconds * 1000)} ms for rank {pg._ranks[0]} to confirm that every "
-            f"rank of group {pg.group_name!r} arrived (seq {seq}); rank {pg._ranks[0]} "
+            f"monitored_barrier: rank {pg.ranks[pg.rank()]} waited "
+            f"{round(seconds * 1000)} ms for rank {pg.ranks[0]} to confirm that every "
+            f"rank of group {pg.group_name!r} arrived (seq {seq}); rank {pg.ranks[0]} "
             f"reports which ranks did not",
             "monitored_barrier",
             seq,

@@ -186,7 +186,7 @@ def all_gather_bytes(
     desc: Union[str, Callable[[], str], None],
 ) -> Optional[Work]:
     """:class:`Gather` of ``inputs`` into ``targets``, one call."""
-    return Gather(pg._size, inputs, targets).run(pg, func, result, async_op, desc)
+    return Gather(pg.size(), inputs, targets).run(pg, func, result, async_op, desc)
 
 
 class Scatter:
@@ -264,7 +264,7 @@ class Scatter:
                 pg, win, func, data, op, how, recv, async_op, [recv], desc, key
             )
             return work, recv
-        if self.apart(pg._rank):
+        if self.apart(pg.rank()):
             work = shm.reduce_scatter(
                 pg, win, func, data, op, how, None, async_op, self.result, desc, key
             )
@@ -329,7 +329,7 @@ def reduce_scatter_parts(
 ) -> Tuple[Optional[Work], Optional[np.ndarray]]:
     """:class:`Scatter` of ``inputs`` into ``outputs``, one call: its Work and,
     where ``outputs`` is None, the array the results are views of."""
-    return Scatter(pg._size, inputs, outputs, dtype, op, func).run(pg, func, async_op, desc)
+    return Scatter(pg.size(), inputs, outputs, dtype, op, func).run(pg, func, async_op, desc)
 
 
 # A list given again (the very same array objects, in the same order: a
@@ -508,7 +508,7 @@ def all_gather_into_tensor_coalesced(
     pg = resolve(group, func)
     if pg is None:
         return None
-    n = pg._size
+    n = pg.size()
     outs, ins = _pairs(func, output_tensors, input_tensors, "output_tensors", "input_tensors")
     _sizes(func, outs, ins, n, "output_tensors", "input_tensors[{i}].size x group size")
     sizes = np.array([x.nbytes for x in ins], np.int64)
@@ -563,7 +563,7 @@ def reduce_scatter_tensor_coalesced(
     pg = resolve(group, func)
     if pg is None:
         return None
-    n = pg._size
+    n = pg.size()
     outs, ins = _pairs(func, output_tensors, input_tensors, "output_tensors", "input_tensors")
     dtype = check_same_dtype(func, ins)
     _sizes(func, ins, outs, n, "input_tensors", "output_tensors[{i}].size x group size")

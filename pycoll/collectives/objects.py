@@ -103,20 +103,27 @@ def _sizes(
     to pickle, or if the root ``refused`` its output list (only it can check
     that: it still takes part, so every rank raises and the group stays in step)."""
     MPI = _mpi.MPI
-    sizes = np.empty(pg._size, np.int64)
+    sizes = np.empty(pg.size(), np.int64)
     size = _REFUSED if refused is not None else -1 if exc is not None else payload.size
     mine = np.array([size], np.int64)
-    watch.call(pg, func, pg._seq, pg.comm.Iallgather, [mine, MPI.INT64_T], [sizes, MPI.INT64_T])
+    watch.call(
+        pg,
+        func,
+        pg.sequence_number(),
+        pg.comm.Iallgather,
+        [mine, MPI.INT64_T],
+        [sizes, MPI.INT64_T],
+    )
     if refused is not None:
         raise refused
     if (sizes == _REFUSED).any():
-        who = pg._ranks[int(np.flatnonzero(sizes == _REFUSED)[0])]
+        who = pg.ranks[int(np.flatnonzero(sizes == _REFUSED)[0])]
         raise ValueError(
             f"{func}: the root (rank {who}) refused its output list (see the error raised "
             f"there), so nothing was exchanged"
         )
     if (sizes < 0).any():
-        raise _pickle_error(func, [pg._ranks[i] for i in np.flatnonzero(sizes < 0)], exc)
+        raise _pickle_error(func, [pg.ranks[i] for i in np.flatnonzero(sizes < 0)], exc)
     return sizes
 
 
@@ -144,7 +151,7 @@ def all_gather_object(
     pg = resolve(group, func)
     if pg is None:
         return None
-    n = pg._size
+    n = pg.size()
     _check_slots(func, "object_list", object_list, n)
     MPI = _mpi.MPI
     payload, exc = _pack(obj)
@@ -162,7 +169,7 @@ def all_gather_object(
         else:
             for i in range(n):
                 size = int(sizes[i])
-                buf = payload if i == pg._rank else np.empty(size, np.uint8)
+                buf = payload if i == pg.rank() else np.empty(size, np.uint8)
                 _transfer(pg, func, seq, comm.Ibcast, buf, size, i)
                 object_list[i] = _unpack(buf, size)
 
@@ -193,9 +200,9 @@ def gather_object(
     pg = resolve(group, func)
     if pg is None:
         return None
-    n = pg._size
+    n = pg.size()
     root = group_rank(pg, dst, "dst", func)
-    is_root = root == pg._rank
+    is_root = root == pg.rank()
     refused: Optional[Exception] = None
     if is_root:
         try:
@@ -256,7 +263,7 @@ def broadcast_object_list(
     _check_slots(func, "object_list", object_list, None)
     MPI = _mpi.MPI
     comm = pg.comm
-    is_root = root == pg._rank
+    is_root = root == pg.rank()
     payload, exc = _pack(list(object_list)) if is_root else (np.empty(0, np.uint8), None)
     desc = f"broadcast_object_list(src={src}, {len(object_list)} objects)"
     key = crosscheck.key(func, root=root)  # a length that differs from src's raises below
@@ -297,7 +304,7 @@ def scatter_object_list(
     pg = resolve(group, func)
     if pg is None:
         return None
-    n = pg._size
+    n = pg.size()
     root = group_rank(pg, src, "src", func)
     out = scatter_object_output_list
     _check_slots(func, "scatter_object_output_list", out, None)
@@ -305,7 +312,7 @@ def scatter_object_list(
         raise ValueError(
             f"{func}: scatter_object_output_list must have at least one entry to receive into"
         )
-    is_root = root == pg._rank
+    is_root = root == pg.rank()
     MPI = _mpi.MPI
     comm = pg.comm
     exc = None
@@ -337,7 +344,7 @@ def scatter_object_list(
         if (sizes < 0).any():
             raise _pickle_error(func, [src], exc)
         total = int(sizes.sum())
-        mine = int(sizes[pg._rank])
+        mine = int(sizes[pg.rank()])
         if total <= _INT_MAX:
             send = None
             if is_root:
@@ -423,7 +430,7 @@ def recv_object_list(
     if len(objs) != len(object_list):
         raise ValueError(
             f"{func}: object_list has {len(object_list)} entries but rank "
-            f"{pg._ranks[sender]} sent {len(objs)}; make them the same length"
+            f"{pg.ranks[sender]} sent {len(objs)}; make them the same length"
         )
     object_list[:] = objs
-    return pg._ranks[sender]
+    return pg.ranks[sender]

@@ -165,15 +165,16 @@ def window(pg: Any, func: str) -> Optional[Window]:
     made = pg.attached(_KEY)
     if made is None:
         MPI = _mpi.MPI
-        if pg._broken is not None:  # (its calls raise at once: so does this one)
+        if pg.is_broken():  # (its calls raise at once: so does this one)
             raise watch.broken(pg, func)
-        watch.wait(pg, func, pg._seq + 1, [pg.comm.Ibarrier()])
+        watch.wait(pg, func, pg.sequence_number() + 1, [pg.comm.Ibarrier()])
         node = pg.comm.Split_type(MPI.COMM_TYPE_SHARED)
         one_node = node.Get_size() == pg.size()
         node.Free()
-        others = [r for r in pg._ranks if r != pg._ranks[pg._rank]]
+        ranks = pg.ranks
+        others = [r for r in ranks if r != ranks[pg.rank()]]
         gone = progress.peers_gave_up(pg._board, others, pg._uid)
-        made = Window(pg.comm, CHUNK, pg._timeout_s, gone) if one_node else False
+        made = Window(pg.comm, CHUNK, pg.timeout.total_seconds(), gone) if one_node else False
         pg.attach(_KEY, made, _free)
     return made or None
 
