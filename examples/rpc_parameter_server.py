@@ -1,10 +1,12 @@
 """A parameter server over pycoll.rpc: every rank trains, worker0 keeps the weights.
 
 Run with ``mpiexec -n 4 python examples/rpc_parameter_server.py``.
-A linear model learns y = X @ w_true + noise. The weights live in one
-ParameterServer object on worker0, reached through an RRef; each trainer
-pulls them, computes a gradient on its own shard and pushes it back
-(asynchronous SGD: updates apply in whatever order they arrive). At the end
+A linear model learns y = X @ w_true + noise, on the shards of the
+data-parallel example (examples/data_parallel.py, imported from beside this
+file). The weights live in one ParameterServer object on worker0, reached
+through an RRef; each trainer pulls them, computes a gradient on its own
+shard and pushes it back (asynchronous SGD: updates apply in whatever order
+they arrive). At the end
 every trainer waits on ``all_done``, an ``async_execution`` function whose
 Future completes when the last trainer arrives (no thread of worker0 waits
 meanwhile), and fetches the final weights.
@@ -15,11 +17,9 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+from data_parallel import FEATURES, shard
 
 import pycoll.rpc as rpc
-
-FEATURES = 16
-SAMPLES_PER_RANK = 512
 
 
 class ParameterServer:
@@ -65,15 +65,6 @@ def server(trainers: int) -> rpc.RRef:
 def all_done(ps: rpc.RRef) -> rpc.Future:
     """Completes (with the final weights) once every trainer has arrived."""
     return ps.local_value().arrive()
-
-
-def shard(rank: int) -> tuple:
-    """This rank's training data (the true weights are the same everywhere)."""
-    w_true = np.random.default_rng(0).normal(size=FEATURES).astype(np.float32)
-    rng = np.random.default_rng(1000 + rank)
-    x = rng.normal(size=(SAMPLES_PER_RANK, FEATURES)).astype(np.float32)
-    y = x @ w_true + np.float32(0.01) * rng.normal(size=SAMPLES_PER_RANK).astype(np.float32)
-    return x, y
 
 
 def train(steps: int = 100, lr: float = 0.05) -> dict:

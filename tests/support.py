@@ -16,7 +16,7 @@ import time
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import ml_dtypes
 import numpy as np
@@ -153,6 +153,21 @@ def assert_equal(actual: np.ndarray, expected: np.ndarray) -> None:
     np.testing.assert_array_equal(actual, expected)
 
 
+def bad_root_lists(arg: str, root: str) -> Dict[str, Tuple[Callable[[int], Any], str]]:
+    """The wrong lists of 3-element float64 arrays a root can pass as ``arg``
+    (gather_list, whose root is ``dst``; scatter_list, ``src``), the root
+    rank 0, by name: a function of the group's size making the list, and
+    what the error says."""
+    length = "must hold one entry per rank of the group"
+    return {
+        "missing": (lambda n: None, rf"{arg} is required on {root} \(0\)"),
+        "too short": (lambda n: [np.ones(3)] * max(n - 1, 0), length),
+        "too long": (lambda n: [np.ones(3)] * (n + 1), length),
+        "dtype": (lambda n: [np.ones(3, np.float32)] * n, "float32"),
+        "shape": (lambda n: [np.ones(4)] * n, rf"{arg}\[0\] has shape \(4,\)"),
+    }
+
+
 def count_starts(monkeypatch, cls: Any, sends: Callable[[Any], Any]) -> List[int]:
     """Record the group's sequence number at every ``cls.start`` (one of
     pycoll's staged paths: the ring, the doubling, the pairwise exchange,
@@ -184,6 +199,34 @@ def spy_path(monkeypatch, func: str, name: str) -> List[int]:
 
     monkeypatch.setitem(paths._REGISTRY[func], name, path._replace(start=start))
     return taken
+
+
+def record_arg(monkeypatch, owner: Any, name: str, at: int) -> List[Any]:
+    """Record the positional argument at index ``at`` of every call of
+    ``owner.name`` (a module's function, or a class's method with ``self``
+    at 0), the real function still making the call."""
+    made: List[Any] = []
+    real = getattr(owner, name)
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        made.append(args[at])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, recording)
+    return made
+
+
+def settle(work: Any, async_op: bool) -> None:
+    """What a collective handed back: with ``async_op`` a Work that completes
+    successfully, without it None."""
+    import pycoll
+
+    if async_op:
+        assert isinstance(work, pycoll.Work)
+        assert work.wait() is True
+        assert work.is_completed() and work.is_success()
+    else:
+        assert work is None
 
 
 def count_rings(monkeypatch) -> List[int]:
@@ -452,6 +495,43 @@ def window_chunk(g: Any) -> Optional[int]:
     (pycoll.collectives.shm), or None where it has made none."""
     made = g.attached("shm.window")
     return made.chunk if made else None
+
+
+def small_window(monkeypatch, world_size: int, chunk: int, *thresholds: Tuple[Any, str]) -> None:
+    """Make calls of 16 bytes or more take the node's shared window, in
+    chunks of ``chunk`` bytes: each ``(module, name)`` threshold of
+    ``thresholds`` set to 16, pycoll.collectives.shm.CHUNK to ``chunk``.
+    Skips on one rank, which shares a window with no one."""
+    import pytest
+
+    from pycoll.collectives import shm
+
+    if world_size == 1:
+        pytest.skip("one rank shares no window")
+    for module, name in thresholds:
+        monkeypatch.setattr(module, name, 16)
+    monkeypatch.setattr(shm, "CHUNK", chunk)
+
+
+def check_reduce_scatter_list_form(
+    group: Any, op: str, dtype: Any, where: str, rows: int, rank: int, world_size: int
+) -> None:
+    """reduce_scatter(output, input_list) of ``(rows, 2)`` arrays, the output
+    apart, the list's own entry for this rank (reduced in place), or
+    another rank's (aside): the output holds the reduction of every rank's
+    entry for this rank, the list's other entries are left as they were."""
+    import pycoll
+
+    n, shape = world_size, (rows, 2)
+    ins = [data(rank, dtype, shape, salt=d) for d in range(n)]
+    originals = [x.copy() for x in ins]
+    out = {"apart": np.zeros(shape, dtype), "mine": ins[rank]}.get(where, ins[(rank + 1) % n])
+    pycoll.reduce_scatter(out, ins, op=rop(op), group=group)
+    want = reduce_all(op, [data(r, dtype, shape, salt=rank) for r in range(n)], n)
+    assert_equal(out, want)
+    for x, original in zip(ins, originals):
+        if x is not out:
+            assert_equal(x, original)
 
 
 def group_record(name: str) -> dict:

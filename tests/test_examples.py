@@ -11,8 +11,16 @@ import pycoll
 HERE = os.path.dirname(__file__)
 
 
+EXAMPLES = os.path.join(HERE, "..", "examples")
+
+
 def load_example(name="data_parallel"):
-    path = os.path.join(HERE, "..", "examples", f"{name}.py")
+    """The example ``name`` as a module, its folder on the path as running
+    it puts it there (the parameter server's takes the data-parallel
+    example's shards)."""
+    if EXAMPLES not in sys.path:
+        sys.path.append(EXAMPLES)
+    path = os.path.join(EXAMPLES, f"{name}.py")
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # pycoll.rpc pickles its functions by module name

@@ -12,6 +12,7 @@ from support import (
     fresh_group,
     reduce_all,
     rop,
+    small_window,
     valid_pairs,
     window_chunk,
 )
@@ -149,12 +150,8 @@ def shared(monkeypatch, world_size):
     """A group whose FusedAllReduce calls of 16 bytes or more go through the
     shared window, in chunks of 32 bytes."""
     from pycoll import fusion
-    from pycoll.collectives import shm
 
-    if world_size == 1:
-        pytest.skip("one rank reduces nothing")
-    monkeypatch.setattr(fusion, "SHM_BYTES", 16)
-    monkeypatch.setattr(shm, "CHUNK", 32)
+    small_window(monkeypatch, world_size, 32, (fusion, "SHM_BYTES"))
     yield from fresh_group()
 
 

@@ -51,6 +51,15 @@ def by_rank(reports: List[Dict], size: int = RANKS) -> Dict[int, Dict]:
     return ranks
 
 
+def finished_job(scenario: str, **env: str) -> Dict[int, Dict]:
+    """Run ``scenario`` (:func:`run_job`); the job must end with status 0 and
+    every rank must report once. Each rank's report, by rank."""
+    rc, reports, err, _ = run_job(scenario, **env)
+    ranks = by_rank(reports)
+    assert rc == 0, err
+    return ranks
+
+
 def assert_timed_out(report: Dict, op: str, seq: int, missing: List[int]) -> None:
     assert report["error"] == "DistTimeoutError", report
     assert report["ranks"] == missing, report
@@ -66,9 +75,7 @@ def assert_timed_out(report: Dict, op: str, seq: int, missing: List[int]) -> Non
 
 
 def test_a_rank_skips_a_collective():
-    rc, reports, err, _ = run_job("skip")
-    ranks = by_rank(reports)
-    assert rc == 0, err
+    ranks = finished_job("skip")
     assert ranks[2] == {"rank": 2, "skipped": True}
     for r in (0, 1, 3):
         assert_timed_out(ranks[r], "all_reduce", 2, [2])
@@ -99,9 +106,7 @@ def test_functional_results_of_a_timed_out_group_are_dropped_at_once():
 def test_ranks_call_overlapping_groups_in_different_orders():
     """Groups [0,1,2] ('first') and [1,2,3] ('second'): rank 1 enters first,
     rank 2 second, so each waits for the other."""
-    rc, reports, err, _ = run_job("order")
-    ranks = by_rank(reports)
-    assert rc == 0, err
+    ranks = finished_job("order")
     assert_timed_out(ranks[0], "all_reduce", 1, [2])
     assert_timed_out(ranks[1], "all_reduce", 1, [2])
     assert_timed_out(ranks[2], "all_reduce", 1, [1])
@@ -118,9 +123,7 @@ def test_ranks_call_overlapping_groups_in_different_orders():
 
 
 def test_a_rank_sleeps_past_the_timeout():
-    rc, reports, err, _ = run_job("sleep")
-    ranks = by_rank(reports)
-    assert rc == 0, err
+    ranks = finished_job("sleep")
     for r in (0, 1, 2):
         assert_timed_out(ranks[r], "all_reduce", 2, [3])
         assert (
@@ -132,9 +135,7 @@ def test_a_rank_sleeps_past_the_timeout():
 
 
 def test_a_rank_exits_early():
-    rc, reports, err, _ = run_job("exit")
-    ranks = by_rank(reports)
-    assert rc == 0, err
+    ranks = finished_job("exit")
     assert ranks[3] == {"rank": 3, "exited": True}
     for r in (0, 1, 2):
         assert_timed_out(ranks[r], "all_reduce", 2, [3])
@@ -218,9 +219,7 @@ def test_a_stopped_rank_is_named():
         # Its MPI_Finalize goes on with the abandoned 8 MiB transfer: seen to
         # crash there, and once (CI) to hang past the job's limit.
         pytest.skip("Open MPI's MPI_Finalize crashes or hangs on the abandoned transfer")
-    rc, reports, err, _ = run_job("stop")
-    ranks = by_rank(reports)
-    assert rc == 0, err
+    ranks = finished_job("stop")
     assert_culprit_named(
         ranks,
         3,
@@ -232,9 +231,7 @@ def test_a_stopped_rank_is_named():
 
 def test_a_different_collective_at_the_same_seq_is_named():
     """Rank 1 calls barrier where the others call all_reduce (seq 2)."""
-    rc, reports, err, _ = run_job("barrier")
-    ranks = by_rank(reports)
-    assert rc == 0, err
+    ranks = finished_job("barrier")
     assert_culprit_named(
         ranks,
         1,
@@ -262,17 +259,13 @@ def assert_culprit_named(ranks: Dict[int, Dict], culprit: int, summary: str, lin
 def test_pycoll_timeout_sets_the_default_timeout():
     """PYCOLL_TIMEOUT (seconds) is the default group's timeout: a hang is
     diagnosed without editing the program."""
-    rc, reports, err, _ = run_job("skip", PYCOLL_TIMEOUT="1.5")
-    ranks = by_rank(reports)
-    assert rc == 0, err
+    ranks = finished_job("skip", PYCOLL_TIMEOUT="1.5")
     for r in (0, 1, 3):
         assert_timed_out(ranks[r], "all_reduce", 2, [2])
 
 
 def test_shape_mismatch_under_detail():
-    rc, reports, err, elapsed = run_job("shape", PYCOLL_DEBUG="DETAIL")
-    ranks = by_rank(reports)
-    assert rc == 0, err
+    ranks = finished_job("shape", PYCOLL_DEBUG="DETAIL")
     for r in range(RANKS):
         assert ranks[r]["error"] == "CollectiveMismatchError", ranks[r]
         assert ranks[r]["calls"] == [0, 1, 2, 3]

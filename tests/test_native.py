@@ -29,7 +29,7 @@ from pycoll.errors import DistTimeoutError
 from pycoll.kernels import words
 from pycoll.progress import BUSY
 from pycoll.trace import recorder
-from support import BF16
+from support import BF16, record_arg
 
 CALLS = 4  # plain, kept (compiled), compiled, compiled
 
@@ -102,15 +102,7 @@ def lean_calls(monkeypatch) -> Dict[str, int]:
 @pytest.fixture
 def kept(monkeypatch) -> List[str]:
     """The collective of each call the group kept (pycoll.native._keep)."""
-    calls: List[str] = []
-    real = native._keep
-
-    def counting(pg, state, op, *args):
-        calls.append(op)
-        return real(pg, state, op, *args)
-
-    monkeypatch.setattr(native, "_keep", counting)
-    return calls
+    return record_arg(monkeypatch, native, "_keep", 2)
 
 
 @pytest.fixture
@@ -119,15 +111,7 @@ def keeps(monkeypatch) -> List[str]:
     call found again never does, nor one whose array native.again saw for
     the first time (but for the in-place reduce-scatter's input, which
     native.call itself finds first seen)."""
-    calls: List[str] = []
-    real = native.call
-
-    def counting(pg, op, *args, **kwargs):
-        calls.append(op)
-        return real(pg, op, *args, **kwargs)
-
-    monkeypatch.setattr(native, "call", counting)
-    return calls
+    return record_arg(monkeypatch, native, "call", 1)
 
 
 DTYPES = [np.float32, np.float64, np.int64, np.uint8, np.complex128, np.float16, BF16]
@@ -1290,15 +1274,7 @@ def planned(pg, debug_off):
 @pytest.fixture
 def plan_calls(monkeypatch) -> List[str]:
     """The calls made through a plan's Python path (persistent.Plan.call)."""
-    made: List[str] = []
-    real = persistent.Plan.call
-
-    def counting(self, pg, op, *args, **kwargs):
-        made.append(op)
-        return real(self, pg, op, *args, **kwargs)
-
-    monkeypatch.setattr(persistent.Plan, "call", counting)
-    return made
+    return record_arg(monkeypatch, persistent.Plan, "call", 2)
 
 
 PLANNED = ["all_reduce", "broadcast", "reduce", "all_gather", "all_gather in place",

@@ -28,22 +28,17 @@ import os
 import sys
 
 import numpy as np
+from measuring import rounds_and_sizes, world
 
 import pycoll
-from pycoll import _mpi
 from pycoll.arrays import BFLOAT16
 from pycoll.bench import parse_size
 from pycoll.bench.table import bandwidth_header, bandwidth_row, time_block
 from pycoll.collectives import doubling, shm
 from pycoll.paths import rule as R
 
-pycoll.init_process_group()
-MPI = _mpi.MPI
-comm = MPI.COMM_WORLD
-n, me = comm.size, comm.rank
-rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-SIZES = "1M,4M,8M,16M,32M,64M"
-sizes = [parse_size(s) for s in (sys.argv[2] if len(sys.argv) > 2 else SIZES).split(",")]
+MPI, comm, n, me = world()
+rounds, sizes = rounds_and_sizes(5, "1M,4M,8M,16M,32M,64M")
 name = sys.argv[3] if len(sys.argv) > 3 else "float32"
 dtype = BFLOAT16 if name == "bfloat16" else np.dtype(name)
 op = pycoll.ReduceOp.AVG if len(sys.argv) > 4 and sys.argv[4] == "avg" else pycoll.ReduceOp.SUM

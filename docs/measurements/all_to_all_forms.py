@@ -148,25 +148,33 @@ def forms(
             else:
                 comm.Sendrecv([send, F], peer, 7, [recv, F], peer, 7)
 
-        def x_out(nonblocking: bool) -> Callable[[], np.ndarray]:
+        def exchanged(
+            nonblocking: bool,
+            into: np.ndarray,
+            source: np.ndarray,
+            send: np.ndarray,
+            recv: np.ndarray,
+            result: np.ndarray,
+        ) -> Callable[[], np.ndarray]:
+            """A call that copies ``source`` into ``into``, exchanges ``send``
+            with the other rank into ``recv``, and returns ``result``."""
+
             def f() -> np.ndarray:
-                out[lo:hi] = inp[lo:hi]
-                exchange(inp[plo:phi], out[plo:phi], nonblocking)
-                return out
+                into[...] = source
+                exchange(send, recv, nonblocking)
+                return result
 
             return f
 
-        def x_in(nonblocking: bool) -> Callable[[], np.ndarray]:
-            def f() -> np.ndarray:
-                aside[plo:phi] = buf[plo:phi]
-                exchange(aside[plo:phi], buf[plo:phi], nonblocking)
-                return buf
-
-            return f
-
+        # Out of place this rank's own part copied into the output, in place
+        # the part sent copied aside first: exchanged's arguments.
+        exchanges = {
+            "out of place": (out[lo:hi], inp[lo:hi], inp[plo:phi], out[plo:phi], out),
+            "in place": (aside[plo:phi], buf[plo:phi], aside[plo:phi], buf[plo:phi], buf),
+        }
         for b, name in ((True, "I"), (False, "B")):
-            made[f"{name} exchange, out of place"] = x_out(b)
-            made[f"{name} exchange, in place"] = x_in(b)
+            for form, views in exchanges.items():
+                made[f"{name} exchange, {form}"] = exchanged(b, *views)
     made["I v-form, out of place"] = v_out
     made["I v-form, in place"] = v_in
     made["I v-form, in place, whole copy"] = v_in_whole

@@ -38,6 +38,7 @@ from typing import Any, Callable, Dict, Tuple
 import numpy as np
 import torch
 import torch.distributed as dist
+from measuring import ping_pong
 
 import pycoll
 import pycoll.torch  # noqa: F401  (registers the backend "pycoll")
@@ -144,15 +145,7 @@ ROWS: Dict[str, Row] = {
 if n % 2 == 0:
 
     def send_recv(send: Callable[..., Any], recv: Callable[..., Any]) -> Callable[[], None]:
-        def pair() -> None:
-            if first:
-                send(x, peer)
-                recv(got, peer)
-            else:
-                recv(got, peer)
-                send(x, peer)
-
-        return pair
+        return ping_pong(send, recv, x, got, peer, first)
 
     # Each group's pair made once, not inside the timed call.
     PAIRS = {

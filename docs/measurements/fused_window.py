@@ -22,6 +22,7 @@ part of pycoll:
 import sys
 
 import numpy as np
+from measuring import print_medians
 
 import pycoll
 from pycoll import _mpi, fusion
@@ -80,13 +81,7 @@ for arrays in counts:
             times.setdefault((arrays, name), []).append(comm.allreduce(t, MPI.MAX))
 
 if me == 0:
-    names = ["mpi4py", "window", "packed"]
-    print(f"{n} ranks, {rounds} rounds: median us per call | the case's time / mpi4py's (median)")
-    print(f"{'':10s}" + "".join(f"{k:>12s}" for k in names))
-    for arrays in counts:
-        ref = times[(arrays, "mpi4py")]
-        row = [times[(arrays, k)] for k in names]
-        us = "".join(f"{np.median(t) * 1e6:12.1f}" for t in row)
-        ratio = "".join(f"{np.median([b / a for a, b in zip(ref, t)]):12.2f}" for t in row)
-        print(f"{arrays:6d} KiB{us}\n{'':10s}{ratio}")
+    title = f"{n} ranks, {rounds} rounds: median us per call | the case's time / mpi4py's (median)"
+    rows = {arrays: f"{arrays:6d} KiB" for arrays in counts}
+    print_medians(title, times, rows, ["mpi4py", "window", "packed"], "mpi4py", 1e6, 1, 12)
 pycoll.destroy_process_group()

@@ -23,22 +23,17 @@ reduce-scatter (default 8 B to 1 MiB).
 
 from __future__ import annotations
 
-import sys
 from typing import Callable, Dict, List
 
 import numpy as np
+from measuring import rounds_and_sizes, world
 
 import pycoll
-from pycoll import _mpi
 from pycoll.bench.table import _repeat, rotated
 
-pycoll.init_process_group()
-MPI = _mpi.MPI
-comm = MPI.COMM_WORLD
-n, me = comm.size, comm.rank
+MPI, comm, n, me = world()
 F = MPI.FLOAT
-ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 7
-SIZES = [int(b) for b in sys.argv[2].split(",")] if len(sys.argv) > 2 else [8, 4096, 65536, 1 << 20]
+ROUNDS, SIZES = rounds_and_sizes(7, "8,4K,64K,1M")
 
 
 def cases(per: int) -> Dict[str, Callable[[], List[np.ndarray]]]:

@@ -39,18 +39,14 @@ import functools
 import sys
 from typing import Any, Callable, Dict, Tuple
 
+import measuring
 import numpy as np
 
 import pycoll
-from pycoll import _mpi
 from pycoll.bench.table import _repeat, against, rotated
 
-pycoll.init_process_group()
-MPI = _mpi.MPI
-comm = MPI.COMM_WORLD
-n, me = comm.size, comm.rank
-ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 7
-SIZES = [int(b) for b in sys.argv[2].split(",")] if len(sys.argv) > 2 else [8, 65536]
+MPI, comm, n, me = measuring.world()
+ROUNDS, SIZES = measuring.rounds_and_sizes(7, "8,64K")
 TENSORS = len(sys.argv) > 3 and sys.argv[3] == "torch"
 if TENSORS:
     import torch.distributed as dist
@@ -78,16 +74,7 @@ def sides(k: int) -> Dict[str, Side]:
         send: Callable[[Any, int], Any], recv: Callable[[Any, int], Any], out: Any, into: Any
     ) -> Callable[[], None]:
         """``send(out, peer)`` then ``recv(into, peer)``, or the mirror image."""
-
-        def call() -> None:
-            if first:
-                send(out, peer)
-                recv(into, peer)
-            else:
-                recv(into, peer)
-                send(out, peer)
-
-        return call
+        return measuring.ping_pong(send, recv, out, into, peer, first)
 
     def checked(call: Callable[[], None]) -> Side:
         def check() -> int:

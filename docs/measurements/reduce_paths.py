@@ -25,24 +25,18 @@ TO_ROOT_CHUNKS adds pycoll's path forced with pieces of those sizes
 """
 
 import os
-import sys
 
 import numpy as np
+from measuring import rounds_and_sizes, world
 
 import pycoll
-from pycoll import _mpi
 from pycoll.bench import parse_size
 from pycoll.bench.table import bandwidth_header, bandwidth_row, rotated
 from pycoll.collectives import to_root
 from pycoll.paths import rule as R
 
-pycoll.init_process_group()
-MPI = _mpi.MPI
-comm = MPI.COMM_WORLD
-n, me = comm.size, comm.rank
-rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-SIZES = "256K,1M,4M,16M,64M"
-sizes = [parse_size(s) for s in (sys.argv[2] if len(sys.argv) > 2 else SIZES).split(",")]
+MPI, comm, n, me = world()
+rounds, sizes = rounds_and_sizes(5, "256K,1M,4M,16M,64M")
 DEFAULT = R.to_root_from, R.scattered_from
 
 

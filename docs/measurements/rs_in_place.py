@@ -27,6 +27,7 @@ pycoll:
 import sys
 
 import numpy as np
+from measuring import print_medians
 from mpi4py import MPI
 
 import pycoll
@@ -94,13 +95,7 @@ for nbytes in sizes:
             times.setdefault(key, []).append(comm.allreduce(t, MPI.MAX))
 
 if me == 0:
-    names = list(cases(1))
-    print(f"{n} ranks, {rounds} rounds: median ms per call | raw's time / the case's (median)")
-    print(f"{'':8s}" + "".join(f"{k:>14s}" for k in names))
-    for nbytes in sizes:
-        ref = times[(nbytes, "raw")]
-        row = [times[(nbytes, k)] for k in names]
-        ms = "".join(f"{np.median(t) * 1e3:14.2f}" for t in row)
-        ratio = "".join(f"{np.median([a / b for a, b in zip(ref, t)]):14.2f}" for t in row)
-        print(f"{nbytes >> 20:5d}M  {ms}\n{'':8s}{ratio}")
+    title = f"{n} ranks, {rounds} rounds: median ms per call | raw's time / the case's (median)"
+    rows = {nbytes: f"{nbytes >> 20:5d}M  " for nbytes in sizes}
+    print_medians(title, times, rows, list(cases(1)), "raw", 1e3, 2, 14, base_over=True)
 pycoll.destroy_process_group()

@@ -23,6 +23,7 @@ part of pycoll:
 import sys
 
 import numpy as np
+from measuring import print_medians
 
 import pycoll
 from pycoll import _mpi
@@ -85,13 +86,7 @@ for nbytes in sizes:
         raise SystemExit("a timed call gave a wrong result on some rank")
 
 if me == 0:
-    names = list(cases(1))
-    print(f"{n} ranks, {rounds} rounds: median us per call | the case's time / raw's (median)")
-    print(f"{'':8s}" + "".join(f"{k:>15s}" for k in names))
-    for nbytes in sizes:
-        ref = times[(nbytes, "raw")]
-        row = [times[(nbytes, k)] for k in names]
-        us = "".join(f"{np.median(t) * 1e6:15.1f}" for t in row)
-        ratio = "".join(f"{np.median([b / a for a, b in zip(ref, t)]):15.2f}" for t in row)
-        print(f"{nbytes >> 10:6d}K {us}\n{'':8s}{ratio}")
+    title = f"{n} ranks, {rounds} rounds: median us per call | the case's time / raw's (median)"
+    rows = {nbytes: f"{nbytes >> 10:6d}K " for nbytes in sizes}
+    print_medians(title, times, rows, list(cases(1)), "raw", 1e6, 1, 15)
 pycoll.destroy_process_group()

@@ -21,23 +21,18 @@ compare two versions.
 
 from __future__ import annotations
 
-import sys
 from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 import torch
+from measuring import rounds_and_sizes, world
 
 import pycoll
-from pycoll import _mpi
 from pycoll.bench.table import _repeat, against, rotated
 
-pycoll.init_process_group()
-MPI = _mpi.MPI
-comm = MPI.COMM_WORLD
-n, me = comm.size, comm.rank
+MPI, comm, n, me = world()
 F = MPI.FLOAT
-ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 7
-SIZES = [int(b) for b in sys.argv[2].split(",")] if len(sys.argv) > 2 else [8, 65536]
+ROUNDS, SIZES = rounds_and_sizes(7, "8,64K")
 
 # A side: its call, and a check that fills its inputs, calls and returns the
 # number of elements of its output that differ from what they must be.

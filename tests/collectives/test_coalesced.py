@@ -17,6 +17,8 @@ from support import (
     fresh_group,
     reduce_all,
     rop,
+    settle,
+    small_window,
     valid_pairs,
     window_chunk,
 )
@@ -25,15 +27,6 @@ ASYNC = pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"]
 PAIRS = valid_pairs()
 # Uneven sizes, empty and 0-d arrays among them, so pieces start anywhere.
 SHAPES = [(3,), (2, 2), (), (0,), (5,), (1, 3)]
-
-
-def settle(work, async_op):
-    if async_op:
-        assert isinstance(work, pycoll.Work)
-        assert work.wait() is True
-        assert work.is_completed() and work.is_success()
-    else:
-        assert work is None
 
 
 def gathered(dtype, shape, n, salt):
@@ -275,12 +268,9 @@ def test_detail_checks_a_kept_list(pg, rank, world_size):
 def shared(monkeypatch, world_size):
     """A group whose all-gathers of 16 bytes a rank or more take the window, in
     chunks of 32 bytes (so arrays span chunks and chunks hold many arrays)."""
-    if world_size == 1:
-        pytest.skip("one rank gathers nothing through a window")
-    from pycoll.collectives import coalesced, shm
+    from pycoll.collectives import coalesced
 
-    monkeypatch.setattr(coalesced, "SHM_FROM", 16)
-    monkeypatch.setattr(shm, "CHUNK", 32)
+    small_window(monkeypatch, world_size, 32, (coalesced, "SHM_FROM"))
     yield from fresh_group()
 
 
@@ -356,12 +346,9 @@ def scattering(monkeypatch, world_size):
     """A group whose coalesced reduce-scatters of 16 bytes a rank or more take
     the window, in chunks of 48 bytes of every rank's block (so parts span
     chunks and chunks hold many parts)."""
-    if world_size == 1:
-        pytest.skip("one rank reduces nothing through a window")
-    from pycoll.collectives import coalesced, shm
+    from pycoll.collectives import coalesced
 
-    monkeypatch.setattr(coalesced, "SHM_SCATTER_FROM", 16)
-    monkeypatch.setattr(shm, "CHUNK", 48 * world_size)
+    small_window(monkeypatch, world_size, 48 * world_size, (coalesced, "SHM_SCATTER_FROM"))
     yield from fresh_group()
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import pycoll
-from support import ALL_DTYPES, assert_equal, data
+from support import ALL_DTYPES, assert_equal, bad_root_lists, data
 
 ASYNC = pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
 
@@ -136,12 +136,7 @@ def test_all_gather_into_tensor_64_mib(rank, world_size):
         assert out[r, 0] == -r and out[r, 1] == r and out[r, -1] == r
 
 
-BAD_LISTS = {
-    "missing": (lambda n: None, r"gather_list is required on dst \(0\)"),
-    "too short": (lambda n: [np.ones(3)] * max(n - 1, 0), "one entry per rank of the group"),
-    "dtype": (lambda n: [np.ones(3, np.float32)] * n, "float32"),
-    "shape": (lambda n: [np.ones(4)] * n, r"gather_list\[0\] has shape \(4,\)"),
-}
+BAD_LISTS = bad_root_lists("gather_list", "dst")
 
 
 @pytest.mark.parametrize("async_op", [False, True])

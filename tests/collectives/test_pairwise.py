@@ -23,6 +23,7 @@ from support import (
     LATE_TIMEOUT,
     assert_equal,
     at_detail,
+    check_reduce_scatter_list_form,
     count_starts,
     data,
     fresh_group,
@@ -127,16 +128,7 @@ def test_an_output_over_other_parts_receives_aside(group, forced, rank, world_si
 def test_the_list_form(group, forced, op, dtype, where, rank, world_size):
     """reduce_scatter(output, input_list): the output apart, the list's own
     entry for this rank (reduced in place), or another rank's (aside)."""
-    n, shape = world_size, (K, 2)
-    ins = [data(rank, dtype, shape, salt=d) for d in range(n)]
-    originals = [x.copy() for x in ins]
-    out = {"apart": np.zeros(shape, dtype), "mine": ins[rank]}.get(where, ins[(rank + 1) % n])
-    pycoll.reduce_scatter(out, ins, op=rop(op), group=group)
-    want = reduce_all(op, [data(r, dtype, shape, salt=rank) for r in range(n)], n)
-    assert_equal(out, want)
-    for x, original in zip(ins, originals):
-        if x is not out:
-            assert_equal(x, original)
+    check_reduce_scatter_list_form(group, op, dtype, where, K, rank, world_size)
     assert len(forced) == carried(op, dtype)
 
 

@@ -10,30 +10,17 @@ import numpy as np
 import pytest
 
 import pycoll
-from pycoll import ReduceOp, _mpi, make_premul_sum, persistent
-from support import ALL_DTYPES, PREMUL_SCALE, assert_equal, data, reduce_all, valid_pairs
+from pycoll import ReduceOp, _mpi, persistent
+from support import ALL_DTYPES, assert_equal, data, reduce_all, rop, settle, valid_pairs
 
 PAIRS = valid_pairs()
-
-
-def rop(name):
-    return make_premul_sum(PREMUL_SCALE) if name == "PREMUL_SUM" else getattr(ReduceOp, name)
-
-
-def finish(work, async_op):
-    if async_op:
-        assert isinstance(work, pycoll.Work)
-        assert work.wait() is True
-        assert work.is_completed() and work.is_success()
-    else:
-        assert work is None
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("op,dtype", PAIRS, ids=str)
 def test_all_reduce(op, dtype, async_op, rank, world_size):
     x = data(rank, dtype, (2, 3))
-    finish(pycoll.all_reduce(x, op=rop(op), async_op=async_op), async_op)
+    settle(pycoll.all_reduce(x, op=rop(op), async_op=async_op), async_op)
     assert_equal(x, reduce_all(op, [data(r, dtype, (2, 3)) for r in range(world_size)], world_size))
 
 
@@ -52,7 +39,7 @@ def test_reduce_to_every_root(op, dtype, rank, world_size):
 @pytest.mark.parametrize("op,dtype", PAIRS, ids=str)
 def test_reduce_async(op, dtype, rank, world_size):
     x = data(rank, dtype)
-    finish(pycoll.reduce(x, dst=0, op=rop(op), async_op=True), True)
+    settle(pycoll.reduce(x, dst=0, op=rop(op), async_op=True), True)
     if rank == 0:
         assert_equal(x, reduce_all(op, [data(r, dtype) for r in range(world_size)], world_size))
 
@@ -62,7 +49,7 @@ def test_reduce_async(op, dtype, rank, world_size):
 def test_reduce_scatter(op, dtype, async_op, rank, world_size):
     inputs = [data(rank, dtype, (3,), salt=7 * i) for i in range(world_size)]
     out = np.zeros(3, dtype)
-    finish(pycoll.reduce_scatter(out, inputs, op=rop(op), async_op=async_op), async_op)
+    settle(pycoll.reduce_scatter(out, inputs, op=rop(op), async_op=async_op), async_op)
     mine = [data(r, dtype, (3,), salt=7 * rank) for r in range(world_size)]
     assert_equal(out, reduce_all(op, mine, world_size))
 
@@ -99,7 +86,7 @@ def test_reduce_scatter_tensor(op, dtype, async_op, rank, world_size):
     x = data(rank, dtype, (world_size * 2, 2))
     original = x.copy()
     out = np.zeros((2, 2), dtype)
-    finish(pycoll.reduce_scatter_tensor(out, x, op=rop(op), async_op=async_op), async_op)
+    settle(pycoll.reduce_scatter_tensor(out, x, op=rop(op), async_op=async_op), async_op)
     total = reduce_all(
         op, [data(r, dtype, (world_size * 2, 2)) for r in range(world_size)], world_size
     )
@@ -112,7 +99,7 @@ def test_reduce_scatter_tensor(op, dtype, async_op, rank, world_size):
 def test_all_reduce_coalesced(op, dtype, async_op, rank, world_size):
     shapes = [(3,), (2, 2), (), (0,)]
     xs = [data(rank, dtype, s, salt=i) for i, s in enumerate(shapes)]
-    finish(pycoll.all_reduce_coalesced(xs, op=rop(op), async_op=async_op), async_op)
+    settle(pycoll.all_reduce_coalesced(xs, op=rop(op), async_op=async_op), async_op)
     for i, (x, s) in enumerate(zip(xs, shapes)):
         assert_equal(
             x, reduce_all(op, [data(r, dtype, s, salt=i) for r in range(world_size)], world_size)
@@ -202,7 +189,7 @@ def test_reduce_scatter_tensor_in_place(op, dtype, async_op, rank, world_size):
     x = data(rank, dtype, (world_size * 4,))
     original = x.copy()
     mine = slice(rank * 4, (rank + 1) * 4)
-    finish(pycoll.reduce_scatter_tensor(x[mine], x, op=rop(op), async_op=async_op), async_op)
+    settle(pycoll.reduce_scatter_tensor(x[mine], x, op=rop(op), async_op=async_op), async_op)
     total = reduce_all(
         op, [data(r, dtype, (world_size * 4,)) for r in range(world_size)], world_size
     )
@@ -228,7 +215,7 @@ def test_reduce_scatter_tensor_large_parts(op, dtype, async_op, in_place, rank, 
     original = x.copy()
     mine = slice(rank * k, (rank + 1) * k)
     out = x[mine] if in_place else np.zeros(k, dtype)
-    finish(pycoll.reduce_scatter_tensor(out, x, op=rop(op), async_op=async_op), async_op)
+    settle(pycoll.reduce_scatter_tensor(out, x, op=rop(op), async_op=async_op), async_op)
     total = reduce_all(
         op, [data(r, dtype, (world_size * k,)) for r in range(world_size)], world_size
     )

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import pycoll
-from support import ALL_DTYPES, assert_equal, data
+from support import ALL_DTYPES, assert_equal, bad_root_lists, data
 
 ASYNC = pytest.mark.parametrize("async_op", [False, True], ids=["sync", "async"])
 
@@ -66,12 +66,7 @@ def test_broadcast_64_mib(rank, world_size):
     assert x[1] == 1 and x[n // 2] == n // 2 and x[-1] == np.float32(n - 1)
 
 
-BAD_LISTS = {
-    "missing": (lambda n: None, r"scatter_list is required on src \(0\)"),
-    "too long": (lambda n: [np.ones(3)] * (n + 1), "must hold one entry per rank of the group"),
-    "dtype": (lambda n: [np.ones(3, np.float32)] * n, "float32"),
-    "shape": (lambda n: [np.ones(4)] * n, r"scatter_list\[0\] has shape \(4,\)"),
-}
+BAD_LISTS = bad_root_lists("scatter_list", "src")
 
 
 @pytest.mark.parametrize("async_op", [False, True])

@@ -24,11 +24,13 @@ from support import (
     LATE_TIMEOUT,
     assert_equal,
     at_detail,
+    check_reduce_scatter_list_form,
     data,
     fresh_group,
     reduce_all,
     rop,
     rule_only,
+    small_window,
     spy_path,
     valid_pairs,
     window_chunk,
@@ -41,10 +43,7 @@ SHAPE = (5, 7)  # 35 elements: chunks and slices cut unevenly
 @pytest.fixture
 def tiny(monkeypatch, world_size):
     """Every all_reduce of 16 bytes or more takes the path, in chunks of 32 bytes."""
-    if world_size == 1:
-        pytest.skip("one rank reduces nothing")
-    monkeypatch.setattr(rule, "SHM_BYTES", 16)
-    monkeypatch.setattr(shm, "CHUNK", 32)
+    small_window(monkeypatch, world_size, 32, (rule, "SHM_BYTES"))
 
 
 @pytest.fixture
@@ -324,11 +323,8 @@ def test_ranks_bound_to_a_core_each_are_not_crowded(world_size):
 def scatter_group(monkeypatch, world_size):
     """A group whose reduce_scatter_tensor of 16 bytes or more takes the
     window, in chunks of 48 bytes of every rank's part (parts span chunks)."""
-    if world_size == 1:
-        pytest.skip("one rank reduces nothing")
-    monkeypatch.setattr(rule, "SCATTER_SHM_BYTES", 16)
-    monkeypatch.setattr(rule, "SCATTER_SHM_BYTES_OPEN_MPI", 16)
-    monkeypatch.setattr(shm, "CHUNK", 48 * world_size)
+    knobs = (rule, "SCATTER_SHM_BYTES"), (rule, "SCATTER_SHM_BYTES_OPEN_MPI")
+    small_window(monkeypatch, world_size, 48 * world_size, *knobs)
     yield from fresh_group()
 
 
@@ -409,14 +405,5 @@ def test_reduce_scatter_list_form(scatter_group, op, dtype, where, rank, world_s
     """reduce_scatter(output, input_list) through the window, the list's
     arrays as the blocks: the output apart, the list's own entry for this
     rank (torch's in-place form), or another rank's (received aside)."""
-    n, shape = world_size, (13, 2)
-    ins = [data(rank, dtype, shape, salt=d) for d in range(n)]
-    originals = [x.copy() for x in ins]
-    out = {"apart": np.zeros(shape, dtype), "mine": ins[rank]}.get(where, ins[(rank + 1) % n])
-    pycoll.reduce_scatter(out, ins, op=rop(op), group=scatter_group)
-    want = reduce_all(op, [data(r, dtype, shape, salt=rank) for r in range(n)], n)
-    assert_equal(out, want)
-    for x, original in zip(ins, originals):
-        if x is not out:
-            assert_equal(x, original)  # the other entries are left as they were
+    check_reduce_scatter_list_form(scatter_group, op, dtype, where, 13, rank, world_size)
     assert scattered(scatter_group) == (not (op == "AVG" and np.dtype(dtype).kind == "c"))
