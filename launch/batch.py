@@ -133,7 +133,8 @@ def render(args: argparse.Namespace, kind: str, target: List[str]) -> str:
     launch += {"script": [], "module": ["-m"], "command": ["--"]}[kind] + target
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = ["#!/bin/bash"]
-    if args.scheduler == "slurm":
+    slurm = args.scheduler == "slurm"
+    if slurm:
         lines += [
             f"#SBATCH --job-name={name}",
             f"#SBATCH --nodes={args.nodes}",
@@ -141,12 +142,7 @@ def render(args: argparse.Namespace, kind: str, target: List[str]) -> str:
             f"#SBATCH --time={args.time}",
             "#SBATCH --output=%x-%j.out",
         ]
-        if args.partition:
-            lines.append(f"#SBATCH --partition={args.partition}")
-        if args.account:
-            lines.append(f"#SBATCH --account={args.account}")
-        if args.gpus_per_node:
-            lines.append(f"#SBATCH --gpus-per-node={args.gpus_per_node}")
+        queue, account = "#SBATCH --partition=", "#SBATCH --account="
     else:
         gpus = f":ngpus={args.gpus_per_node}" if args.gpus_per_node else ""
         lines += [
@@ -155,10 +151,13 @@ def render(args: argparse.Namespace, kind: str, target: List[str]) -> str:
             f"#PBS -l walltime={args.time}",
             "#PBS -j oe",
         ]
-        if args.partition:
-            lines.append(f"#PBS -q {args.partition}")
-        if args.account:
-            lines.append(f"#PBS -A {args.account}")
+        queue, account = "#PBS -q ", "#PBS -A "
+    if args.partition:
+        lines.append(queue + args.partition)
+    if args.account:
+        lines.append(account + args.account)
+    if slurm and args.gpus_per_node:
+        lines.append(f"#SBATCH --gpus-per-node={args.gpus_per_node}")
     lines += args.extra
     lines += [
         "",

@@ -19,21 +19,6 @@ from . import _mpi, crosscheck, progress, tuning
 from .progress import uid_of
 from .trace import recorder
 
-__all__ = [
-    "ProcessGroup",
-    "GroupMember",
-    "group",
-    "is_initialized",
-    "is_mpi_available",
-    "get_rank",
-    "get_world_size",
-    "get_backend",
-    "get_node_local_rank",
-    "get_group_rank",
-    "get_global_rank",
-    "get_process_group_ranks",
-]
-
 BACKEND = "mpi"
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 TIMEOUT_ENV = "PYCOLL_TIMEOUT"  # seconds: the default timeout, set without editing code

@@ -147,14 +147,7 @@ def lean(
     return None
 
 
-def _wait(
-    pg: ProcessGroup,
-    op: str,
-    seq: int,
-    request: Any,
-    entry: Optional[List[Any]],
-    finish: Optional[Callable[[], None]],
-) -> None:
+def _wait(pg: ProcessGroup, op: str, seq: int, request: Any, entry: Any, finish: Any) -> None:
     """The end of a synchronous call of :func:`run` and :func:`lean`: wait for
     its request within the group's timeout, then close its flight record's
     entry and make its finishing copy."""

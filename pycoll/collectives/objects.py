@@ -21,15 +21,6 @@ from ..groups import ProcessGroup, resolve
 from ._common import RESERVED_TAG, group_rank, sequenced
 from .p2p import _p2p, _peer, _source
 
-__all__ = [
-    "all_gather_object",
-    "gather_object",
-    "broadcast_object_list",
-    "scatter_object_list",
-    "send_object_list",
-    "recv_object_list",
-]
-
 _CHUNK = 1 << 20
 _INT_MAX = (1 << 31) - 1
 _chunk_type: Any = None

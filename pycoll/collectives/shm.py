@@ -190,11 +190,9 @@ def usable(pg: ProcessGroup, how: Plan, dtype: np.dtype, func: str) -> Optional[
     division in its last sum: real floats only), no aliased device buffers
     in flight on the group, and every rank on one node (see :func:`window`).
     None otherwise."""
-    if pg._size < 2 or pg._aliases:
-        return None
     if how.average and not kernels.divides(dtype):
         return None
-    return window(pg, func)
+    return for_copies(pg, func)
 
 
 def all_reduce(
