@@ -245,6 +245,12 @@ class ProcessGroup:
         measure and choose (pycoll.autotune; tuning.NEVER where none do)."""
         return self._live_from
 
+    def count_child(self) -> int:
+        """Count one more group made from this one and return the count (the
+        new group's name is numbered by it: pycoll.subgroups)."""
+        self._children += 1
+        return self._children
+
     def is_destroyed(self) -> bool:
         """True once :meth:`destroy` has run."""
         return self._destroyed

@@ -47,7 +47,7 @@ def _check_backend(func: str, backend: Optional[str]) -> str:
     """The new group's backend: ``backend`` checked, or the default group's."""
     if backend is None:
         default = STATE.default
-        return default._backend if default is not None else BACKEND
+        return default.name() if default is not None else BACKEND
     return parse_backend(backend, func)
 
 
@@ -126,8 +126,7 @@ def _register(
 
 
 def _child_name(parent: ProcessGroup, kind: str) -> str:
-    parent._children += 1
-    return f"{parent.group_name}/{kind}{parent._children}"
+    return f"{parent.group_name}/{kind}{parent.count_child()}"
 
 
 def new_group(
@@ -210,7 +209,8 @@ def _split(
         comm = parent.comm.Split(MPI.UNDEFINED if color < 0 else color, key=parent.rank())
     if comm == MPI.COMM_NULL:
         return color, None
-    ranks = [parent._ranks[i] for i in sorted(layout[color])]
+    members = parent.ranks
+    ranks = [members[i] for i in sorted(layout[color])]
     return color, _register(func, comm, ranks, f"{name}.{color}", group_timeout, desc, backend)
 
 
@@ -331,4 +331,4 @@ def split_group(
     if split_ranks is None:
         raise ValueError(f"{func}: split_ranks is required (lists of parent group ranks)")
     layout = _disjoint(func, split_ranks, parent.size())
-    return _split(func, parent, layout, "split", timeout, group_desc, parent._backend)[1]
+    return _split(func, parent, layout, "split", timeout, group_desc, parent.name())[1]
