@@ -145,22 +145,27 @@ def _build(kind: str) -> Any:
         def store(x: Any) -> Any:
             return x
 
+    @cuda.jit(device=True)
+    def ordered(code: Any, a: Any, b: Any) -> Any:  # SUM, PRODUCT, MIN, MAX
+        if code == 0:
+            return a + b
+        if code == 1:
+            return a * b
+        if code == 2:
+            return a if a <= b else b
+        return a if a >= b else b
+
     if kind in ("bf16", "f16", "float"):
 
         @cuda.jit(device=True)
         def op2(code: Any, a: Any, b: Any) -> Any:
-            if code == 0:
-                return a + b
-            if code == 1:
-                return a * b
             # MIN/MAX propagate NaN, as numpy.minimum/maximum do
-            if a != a:
-                return a
-            if b != b:
-                return b
-            if code == 2:
-                return a if a <= b else b
-            return a if a >= b else b
+            if code >= 2:
+                if a != a:
+                    return a
+                if b != b:
+                    return b
+            return ordered(code, a, b)
 
     elif kind == "complex":
 
@@ -172,19 +177,13 @@ def _build(kind: str) -> Any:
 
         @cuda.jit(device=True)
         def op2(code: Any, a: Any, b: Any) -> Any:
-            if code == 0:
-                return a + b
-            if code == 1:
-                return a * b
-            if code == 2:
-                return a if a <= b else b
-            if code == 3:
-                return a if a >= b else b
             if code == 4:
                 return a & b
             if code == 5:
                 return a | b
-            return a ^ b
+            if code == 6:
+                return a ^ b
+            return ordered(code, a, b)
 
     @cuda.jit
     def combine_kernel(out: Any, other: Any, code: Any) -> None:
