@@ -2,9 +2,11 @@
 
 Usage: python scripts/summary.py REPORTS_DIR TIMES_FILE CPU_FILE FAILED_RUNS
 
-REPORTS_DIR holds each pass's JUnit XML; TIMES_FILE a line "seconds<TAB>pass"
-per run (scripts/test's ``run``); CPU_FILE the lines of /proc/stat's "cpu"
-taken at the start and the end of the passes (and of the set-up before them).
+REPORTS_DIR holds each pass's JUnit XML; TIMES_FILE a line
+"wall seconds<TAB>CPU seconds<TAB>pass" per run (scripts/test's ``run``: the
+CPU time, user and system, of the processes the run started and waited
+for); CPU_FILE the lines of /proc/stat's "cpu" taken at the start and the end
+of the passes (and of the set-up before them).
 Prints the time per pass, the 20 slowest tests, the 15 files that cost the
 most over all passes, how busy the cores were, then the closing line
 "totals: N passed, N failed, N skipped" (a run that failed outside pytest,
@@ -51,10 +53,13 @@ def main(reports: str, times: str, cpu: str, failed_runs: int) -> int:
             slow.append((seconds, run, name))
             per_file[case.get("classname", "") or "?"] += seconds  # (the module's dotted path)
     if os.path.exists(times):
-        rows = [line.split("\t", 1) for line in open(times).read().splitlines() if line]
-        print("\n== time per pass (wall seconds; several run at once)")
-        for seconds, name in sorted(rows, key=lambda r: -float(r[0])):
-            print(f"{float(seconds):7.0f}  {name}")
+        rows = [line.split("\t", 2) for line in open(times).read().splitlines() if line]
+        print("\n== time per pass (wall and CPU seconds; several run at once)")
+        print("   wall      cpu  pass")
+        for seconds, cpu_s, name in sorted(rows, key=lambda r: -float(r[0])):
+            print(f"{float(seconds):7.0f}  {float(cpu_s):7.0f}  {name}")
+        total = sum(float(r[1]) for r in rows)
+        print(f"         {total:7.0f}  CPU seconds of every pass")
     if slow:
         print("\n== the 20 slowest tests (seconds, pass, test)")
         for seconds, run, name in sorted(slow, reverse=True)[:20]:
