@@ -186,8 +186,7 @@ def all_to_all(
         input_tensor_list: one array per rank; entry i goes to group rank i.
     """
     func = "all_to_all"
-    pg = resolve(group, func)
-    if pg is None:
+    if (pg := resolve(group, func)) is None:
         return None
     n = pg._size
     outs = [
@@ -286,11 +285,10 @@ def all_to_all_single(
         >>> # after:  rank 0 output [0, 10]; rank 1 output [1, 2, 11]
     """
     func = "all_to_all_single"
-    pg = STATE.default
-    if group is not None or pg is None:
-        pg = resolve(group, func)  # raises before init; None for a non-member
-        if pg is None:
-            return None
+    if ((pg := STATE.default) is None or group is not None) and (
+        pg := resolve(group, func)  # raises before init; None for a non-member
+    ) is None:
+        return None
     n = pg._size
     even = output_split_sizes is None and input_split_sizes is None
     kept = None  # False where native.call may keep the call (see reduce.all_reduce)

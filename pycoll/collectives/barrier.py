@@ -87,8 +87,7 @@ def monitored_barrier(
             confirmation did not come in time. ``ranks`` holds the missing ranks.
     """
     func = "monitored_barrier"
-    pg = resolve(group, func)
-    if pg is None:
+    if (pg := resolve(group, func)) is None:
         return None
     seconds = to_seconds(pg.timeout if timeout is None else timeout)
     # No DETAIL fingerprint here (call=None): exchanging it would wait for

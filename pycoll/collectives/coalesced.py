@@ -505,8 +505,7 @@ def all_gather_into_tensor_coalesced(
         input_tensors: this rank's arrays.
     """
     func = "all_gather_into_tensor_coalesced"
-    pg = resolve(group, func)
-    if pg is None:
+    if (pg := resolve(group, func)) is None:
         return None
     n = pg.size()
     outs, ins = _pairs(func, output_tensors, input_tensors, "output_tensors", "input_tensors")
@@ -560,8 +559,7 @@ def reduce_scatter_tensor_coalesced(
             output's size.
     """
     func = "reduce_scatter_tensor_coalesced"
-    pg = resolve(group, func)
-    if pg is None:
+    if (pg := resolve(group, func)) is None:
         return None
     n = pg.size()
     outs, ins = _pairs(func, output_tensors, input_tensors, "output_tensors", "input_tensors")

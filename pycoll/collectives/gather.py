@@ -106,8 +106,7 @@ def all_gather(
         >>> out                      # both ranks: [array([0., 0.]), array([1., 1.])]
     """
     func = "all_gather"
-    pg = resolve(group, func)
-    if pg is None:
+    if (pg := resolve(group, func)) is None:
         return None
     n = pg._size
     # The common case (a plain contiguous input, a list of n plain contiguous
@@ -179,11 +178,10 @@ def all_gather_into_tensor(
         input_tensor: this rank's contribution.
     """
     func = "all_gather_into_tensor"
-    pg = STATE.default
-    if group is not None or pg is None:
-        pg = resolve(group, func)  # raises before init; None for a non-member
-        if pg is None:
-            return None
+    if ((pg := STATE.default) is None or group is not None) and (
+        pg := resolve(group, func)  # raises before init; None for a non-member
+    ) is None:
+        return None
     n = pg._size
     out, inp = output_tensor, input_tensor
     kept = None  # False where native.call may keep the call (see reduce.all_reduce)
@@ -372,8 +370,7 @@ def all_gather_coalesced(
         input_tensor_list: this rank's arrays.
     """
     func = "all_gather_coalesced"
-    pg = resolve(group, func)
-    if pg is None:
+    if (pg := resolve(group, func)) is None:
         return None
     n = pg._size
     inputs = coalesced.checked(func, "input_tensor_list", input_tensor_list, check_input)
@@ -422,8 +419,7 @@ def gather(
         dst: global rank that receives.
     """
     func = "gather"
-    pg = resolve(group, func)
-    if pg is None:
+    if (pg := resolve(group, func)) is None:
         return None
     n = pg._size
     root = group_rank(pg, dst, "dst", func)

@@ -139,8 +139,7 @@ def all_gather_object(
         >>> out                      # both ranks: [{'rank': 0}, {'rank': 1}]
     """
     func = "all_gather_object"
-    pg = resolve(group, func)
-    if pg is None:
+    if (pg := resolve(group, func)) is None:
         return None
     n = pg.size()
     _check_slots(func, "object_list", object_list, n)
@@ -188,8 +187,7 @@ def gather_object(
         dst: global rank that receives.
     """
     func = "gather_object"
-    pg = resolve(group, func)
-    if pg is None:
+    if (pg := resolve(group, func)) is None:
         return None
     n = pg.size()
     root = group_rank(pg, dst, "dst", func)
@@ -247,8 +245,7 @@ def broadcast_object_list(
         device: accepted for torch.distributed compatibility; unused.
     """
     func = "broadcast_object_list"
-    pg = resolve(group, func)
-    if pg is None:
+    if (pg := resolve(group, func)) is None:
         return None
     root = group_rank(pg, src, "src", func)
     _check_slots(func, "object_list", object_list, None)
@@ -292,8 +289,7 @@ def scatter_object_list(
         src: global rank that sends.
     """
     func = "scatter_object_list"
-    pg = resolve(group, func)
-    if pg is None:
+    if (pg := resolve(group, func)) is None:
         return None
     n = pg.size()
     root = group_rank(pg, src, "src", func)
@@ -369,8 +365,7 @@ def send_object_list(
     Not a collective: only ``dst`` must call :func:`recv_object_list`.
     """
     func = "send_object_list"
-    pg = resolve(group, func)
-    if pg is None:
+    if (pg := resolve(group, func)) is None:
         return None
     if dst is None:
         raise ValueError(f"{func}: dst is required (the global rank to send to)")

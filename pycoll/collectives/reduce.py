@@ -253,11 +253,10 @@ def reduce(
         dst: global rank that receives the result.
     """
     func = "reduce"
-    pg = STATE.default
-    if group is not None or pg is None:
-        pg = resolve(group, func)  # raises before init; None for a non-member
-        if pg is None:
-            return None
+    if ((pg := STATE.default) is None or group is not None) and (
+        pg := resolve(group, func)  # raises before init; None for a non-member
+    ) is None:
+        return None
     looked = False  # for the same call as before on this array, known by the global dst
     kept = None  # False where native.call may keep the call (see all_reduce)
     if (
@@ -373,8 +372,7 @@ def reduce_scatter(
         input_list: one array per rank of the group, each shaped like ``output``.
     """
     func = "reduce_scatter"
-    pg = resolve(group, func)
-    if pg is None:
+    if (pg := resolve(group, func)) is None:
         return None
     n = pg._size
     # The common case (a plain contiguous writeable output, a list of n plain
@@ -457,11 +455,10 @@ def reduce_scatter_tensor(
             ``[i * output.size, (i + 1) * output.size)`` of the flattened sum.
     """
     func = "reduce_scatter_tensor"
-    pg = STATE.default
-    if group is not None or pg is None:
-        pg = resolve(group, func)  # raises before init; None for a non-member
-        if pg is None:
-            return None
+    if ((pg := STATE.default) is None or group is not None) and (
+        pg := resolve(group, func)  # raises before init; None for a non-member
+    ) is None:
+        return None
     n = pg._size
     kept = None  # False where native.call may keep the call (see all_reduce)
     if (  # the same call as before on these arrays: compiled (pycoll.native)

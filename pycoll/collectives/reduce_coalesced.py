@@ -64,8 +64,7 @@ def all_reduce_coalesced(
     many small arrays cost about as much as one array of their total size.
     """
     func = "all_reduce_coalesced"
-    pg = resolve(group, func)
-    if pg is None:
+    if (pg := resolve(group, func)) is None:
         return None
     fusions = pg.attached(_FUSIONS)
     fused = fusions.find(tensors, op) if fusions is not None else None

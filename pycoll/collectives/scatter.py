@@ -68,11 +68,10 @@ def broadcast(
         src: global rank that sends.
     """
     func = "broadcast"
-    pg = STATE.default
-    if group is not None or pg is None:
-        pg = resolve(group, func)  # raises before init; None for a non-member
-        if pg is None:
-            return None
+    if ((pg := STATE.default) is None or group is not None) and (
+        pg := resolve(group, func)  # raises before init; None for a non-member
+    ) is None:
+        return None
     looked = False  # for the same call as before on this array, known by the global src
     kept = None  # False where native.call may keep the call (see reduce.all_reduce)
     if (
@@ -191,8 +190,7 @@ def scatter(
         src: global rank that sends.
     """
     func = "scatter"
-    pg = resolve(group, func)
-    if pg is None:
+    if (pg := resolve(group, func)) is None:
         return None
     n = pg._size
     root = group_rank(pg, src, "src", func)

@@ -116,6 +116,38 @@ def _reraise(exc: BaseException) -> None:
     raise mapped from None
 
 
+def _tensor_pairs(func: str, labels: Any, options: Callable[[], Any], reduces: bool) -> Any:
+    """The group's method for lists of (output, input) tensor pairs of pycoll's
+    ``func`` (``func`` for one pair, ``func_coalesced`` for the list: see
+    ``ProcessGroupPycoll._each``), reducing with the options' op where
+    ``reduces``."""
+    one, together = getattr(pycoll, func), getattr(pycoll, f"{func}_coalesced")
+
+    def method(
+        self: ProcessGroupPycoll,
+        outputs: List[torch.Tensor],
+        inputs: List[torch.Tensor],
+        opts: Any = None,
+    ) -> TorchWork:
+        opts = opts if opts is not None else options()
+        extra = (_op(opts.reduceOp, func),) if reduces else ()
+        return self._each(opts, outputs, inputs, func, labels, one, together, *extra)
+
+    return method
+
+
+def _one_pair(pairs: str) -> Any:
+    """The group's method for one (output, input) pair: its method ``pairs``
+    on a list of one."""
+
+    def method(
+        self: ProcessGroupPycoll, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> TorchWork:
+        return getattr(self, pairs)([output], [input], opts)
+
+    return method
+
+
 class ProcessGroupPycoll(dist.ProcessGroup):
     """A torch process group whose operations run on pycoll over MPI.
 
@@ -295,30 +327,11 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         ins = _arrays(input_lists[0], "reduce_scatter", "input_list")
         return self._run(opts, outputs, pycoll.reduce_scatter, out, ins, op)
 
-    def reduce_scatter_single(
-        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
-    ) -> TorchWork:
-        return self.reduce_scatter_single_coalesced([output], [input], opts)
-
-    _reduce_scatter_base = reduce_scatter_single
-
-    def reduce_scatter_single_coalesced(
-        self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
-    ) -> TorchWork:
-        opts = opts if opts is not None else dist.ReduceScatterOptions()
-        op = _op(opts.reduceOp, "reduce_scatter_tensor")
-        return self._each(
-            opts,
-            outputs,
-            inputs,
-            "reduce_scatter_tensor",
-            ("output", "input"),
-            pycoll.reduce_scatter_tensor,
-            pycoll.reduce_scatter_tensor_coalesced,
-            op,
-        )
-
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    # reduce_scatter_tensor's lists, and a list of one (_reduce_scatter_base)
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced = _tensor_pairs(
+        "reduce_scatter_tensor", ("output", "input"), dist.ReduceScatterOptions, True
+    )
+    reduce_scatter_single = _reduce_scatter_base = _one_pair("reduce_scatter_single_coalesced")
 
     # -- copies ----------------------------------------------------------------------
 
@@ -350,28 +363,11 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         xs = [_array(t, func, "input") for t in inputs]
         return self._run(opts, output_lists, pycoll.all_gather_coalesced, outs, xs)
 
-    def all_gather_single(
-        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
-    ) -> TorchWork:
-        return self.all_gather_single_coalesced([output], [input], opts)
-
-    _allgather_base = all_gather_single
-
-    def all_gather_single_coalesced(
-        self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
-    ) -> TorchWork:
-        opts = opts if opts is not None else AllgatherOptions()
-        return self._each(
-            opts,
-            outputs,
-            inputs,
-            "all_gather_into_tensor",
-            ("output_tensor", "input_tensor"),
-            pycoll.all_gather_into_tensor,
-            pycoll.all_gather_into_tensor_coalesced,
-        )
-
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    # all_gather_into_tensor's lists, and a list of one (_allgather_base)
+    all_gather_single_coalesced = allgather_into_tensor_coalesced = _tensor_pairs(
+        "all_gather_into_tensor", ("output_tensor", "input_tensor"), AllgatherOptions, False
+    )
+    all_gather_single = _allgather_base = _one_pair("all_gather_single_coalesced")
 
     def gather(
         self,
