@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from .hosts import Host
@@ -24,33 +25,20 @@ class LauncherError(RuntimeError):
     """No usable launcher, or one that cannot do what was asked."""
 
 
+@dataclass
 class Job:
     """What to run, where, in vendor-neutral terms."""
 
-    def __init__(
-        self,
-        nprocs: int,
-        program: List[str],  # what each rank runs (pycoll's rank wrapper and the target)
-        hosts: Optional[List[Host]] = None,  # None: this machine (or the allocation)
-        ppn: Optional[int] = None,
-        bind: Optional[str] = None,
-        env: Optional[Dict[str, str]] = None,  # set on every rank
-        # Variables the ranks get from the launcher's own environment, by name:
-        # their values never appear on the launcher's command line (secrets).
-        forward: Optional[List[str]] = None,
-        srun_mpi: str = "pmi2",  # srun's PMI plugin: pmi2 (MPICH, Intel MPI), pmix (Open MPI)
-    ) -> None:
-        self.nprocs = nprocs
-        self.program = program
-        self.hosts = hosts
-        self.ppn = ppn
-        self.bind = bind
-        self.env: Dict[str, str] = {} if env is None else env
-        self.forward: List[str] = [] if forward is None else forward
-        self.srun_mpi = srun_mpi
-
-    def __repr__(self) -> str:
-        return f"Job({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
+    nprocs: int
+    program: List[str]  # what each rank runs (pycoll's rank wrapper and the target)
+    hosts: Optional[List[Host]] = None  # None: this machine (or the allocation)
+    ppn: Optional[int] = None
+    bind: Optional[str] = None
+    env: Dict[str, str] = field(default_factory=dict)  # set on every rank
+    # Variables the ranks get from the launcher's own environment, by name:
+    # their values never appear on the launcher's command line (secrets).
+    forward: List[str] = field(default_factory=list)
+    srun_mpi: str = "pmi2"  # srun's PMI plugin: pmi2 (MPICH, Intel MPI), pmix (Open MPI)
 
 
 class Family(NamedTuple):

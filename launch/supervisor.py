@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
 from . import wire
@@ -33,35 +34,24 @@ EXIT_START = 1
 START_ATTEMPTS = 3  # launcher starts, when it fails at start-up for a passing reason
 
 
+@dataclass
 class Options:
     """How pycoll-run supervises a job (the command line's choices)."""
 
-    def __init__(
-        self,
-        tag: bool = True,
-        # Tag with the host too ([3@node2]): the ranks run on more hosts than this one.
-        tag_host: bool = False,
-        output_dir: Optional[str] = None,
-        timeout: Optional[float] = None,
-        start_timeout: float = 120.0,
-        gpus_per_rank: Optional[str] = None,  # "N" or "auto"
-        advertise: str = "127.0.0.1",  # the address ranks reach pycoll-run at
-        # Where output goes instead of stdout/stderr: sink(rank or None, stream,
-        # line). pycoll.testing collects a job's output this way.
-        sink: Optional[Callable[[Optional[int], int, str], None]] = None,
-        # A moving time limit: called often, returns a time.monotonic() deadline
-        # (or None); pycoll.testing gives each test of a job its own timeout so.
-        deadline: Optional[Callable[[], Optional[float]]] = None,
-    ) -> None:
-        self.tag = tag
-        self.tag_host = tag_host
-        self.output_dir = output_dir
-        self.timeout = timeout
-        self.start_timeout = start_timeout
-        self.gpus_per_rank = gpus_per_rank
-        self.advertise = advertise
-        self.sink = sink
-        self.deadline = deadline
+    tag: bool = True
+    # Tag with the host too ([3@node2]): the ranks run on more hosts than this one.
+    tag_host: bool = False
+    output_dir: Optional[str] = None
+    timeout: Optional[float] = None
+    start_timeout: float = 120.0
+    gpus_per_rank: Optional[str] = None  # "N" or "auto"
+    advertise: str = "127.0.0.1"  # the address ranks reach pycoll-run at
+    # Where output goes instead of stdout/stderr: sink(rank or None, stream,
+    # line). pycoll.testing collects a job's output this way.
+    sink: Optional[Callable[[Optional[int], int, str], None]] = None
+    # A moving time limit: called often, returns a time.monotonic() deadline
+    # (or None); pycoll.testing gives each test of a job its own timeout so.
+    deadline: Optional[Callable[[], Optional[float]]] = None
 
 
 class RankState:
