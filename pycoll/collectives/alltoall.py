@@ -285,10 +285,9 @@ def all_to_all_single(
         >>> # after:  rank 0 output [0, 10]; rank 1 output [1, 2, 11]
     """
     func = "all_to_all_single"
-    if ((pg := STATE.default) is None or group is not None) and (
-        pg := resolve(group, func)  # raises before init; None for a non-member
-    ) is None:
-        return None
+    if (pg := STATE.default) is None or group is not None:
+        if (pg := resolve(group, func)) is None:  # raises before init; None: not a member
+            return None
     n = pg._size
     even = output_split_sizes is None and input_split_sizes is None
     kept = None  # False where native.call may keep the call (see reduce.all_reduce)

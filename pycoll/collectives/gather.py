@@ -178,10 +178,9 @@ def all_gather_into_tensor(
         input_tensor: this rank's contribution.
     """
     func = "all_gather_into_tensor"
-    if ((pg := STATE.default) is None or group is not None) and (
-        pg := resolve(group, func)  # raises before init; None for a non-member
-    ) is None:
-        return None
+    if (pg := STATE.default) is None or group is not None:
+        if (pg := resolve(group, func)) is None:  # raises before init; None: not a member
+            return None
     n = pg._size
     out, inp = output_tensor, input_tensor
     kept = None  # False where native.call may keep the call (see reduce.all_reduce)

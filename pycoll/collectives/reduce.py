@@ -253,10 +253,9 @@ def reduce(
         dst: global rank that receives the result.
     """
     func = "reduce"
-    if ((pg := STATE.default) is None or group is not None) and (
-        pg := resolve(group, func)  # raises before init; None for a non-member
-    ) is None:
-        return None
+    if (pg := STATE.default) is None or group is not None:
+        if (pg := resolve(group, func)) is None:  # raises before init; None: not a member
+            return None
     looked = False  # for the same call as before on this array, known by the global dst
     kept = None  # False where native.call may keep the call (see all_reduce)
     if (
@@ -455,10 +454,9 @@ def reduce_scatter_tensor(
             ``[i * output.size, (i + 1) * output.size)`` of the flattened sum.
     """
     func = "reduce_scatter_tensor"
-    if ((pg := STATE.default) is None or group is not None) and (
-        pg := resolve(group, func)  # raises before init; None for a non-member
-    ) is None:
-        return None
+    if (pg := STATE.default) is None or group is not None:
+        if (pg := resolve(group, func)) is None:  # raises before init; None: not a member
+            return None
     n = pg._size
     kept = None  # False where native.call may keep the call (see all_reduce)
     if (  # the same call as before on these arrays: compiled (pycoll.native)

@@ -68,10 +68,9 @@ def broadcast(
         src: global rank that sends.
     """
     func = "broadcast"
-    if ((pg := STATE.default) is None or group is not None) and (
-        pg := resolve(group, func)  # raises before init; None for a non-member
-    ) is None:
-        return None
+    if (pg := STATE.default) is None or group is not None:
+        if (pg := resolve(group, func)) is None:  # raises before init; None: not a member
+            return None
     looked = False  # for the same call as before on this array, known by the global src
     kept = None  # False where native.call may keep the call (see reduce.all_reduce)
     if (
