@@ -19,10 +19,11 @@ from typing import Any, Callable, Dict, List
 import numpy as np
 
 from pycoll import _mpi, crosscheck, kernels
+from pycoll._env import nbytes
 from pycoll.arrays import mpi_datatype
 from pycoll.collectives._common import group_rank, run
 from pycoll.groups import resolve
-from pycoll.ops import env_bytes, plan
+from pycoll.ops import plan
 from pycoll.reduceop import ReduceOp
 
 from . import runtime
@@ -33,7 +34,7 @@ __all__ = ["chunk_bytes", "chunked", "pipelined"]
 
 def chunk_bytes() -> int:
     """The chunk size (``PYCOLL_STAGE_CHUNK`` bytes; 0 turns chunking off)."""
-    value = env_bytes("PYCOLL_STAGE_CHUNK", "the whole array at once")
+    value = nbytes("PYCOLL_STAGE_CHUNK", "the whole array at once")
     return DEFAULT_CHUNK if value is None else value
 
 

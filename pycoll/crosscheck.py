@@ -42,7 +42,6 @@ waits").
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from array import array
@@ -50,7 +49,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _mpi, progress
+from . import _env, _mpi, progress
 from .errors import CollectiveMismatchError, DistBackendError
 
 __all__ = ["ENV_VAR", "key", "reduction_bits"]
@@ -174,16 +173,10 @@ def describe(k: int, ranks: List[int]) -> str:
 
 def every_from_env() -> int:
     """PYCOLL_CHECK_EVERY: 0 (off) or a power of two; default 128."""
-    raw = os.environ.get(ENV_VAR, "").strip()
-    if not raw:
-        return DEFAULT_EVERY
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0 or (value and value & (value - 1)) or value == 1:
-        raise ValueError(f"{ENV_VAR} must be 0 (no check) or a power of two from 2 up, got {raw!r}")
-    return value
+    return _env.number(
+        ENV_VAR, int, DEFAULT_EVERY, lambda v: v == 0 or (v > 1 and not v & (v - 1)),
+        "0 (no check) or a power of two from 2 up",
+    )  # fmt: skip
 
 
 # Read once per process by init_process_group (pycoll.groups); the fast paths

@@ -15,7 +15,7 @@ import warnings
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import _mpi, crosscheck, progress, tuning
+from . import _env, _mpi, crosscheck, progress, tuning
 from .progress import uid_of
 from .trace import recorder
 
@@ -30,18 +30,10 @@ def default_timeout() -> timedelta:
     Raises:
         ValueError: the variable is not a positive number of seconds.
     """
-    raw = os.environ.get(TIMEOUT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_TIMEOUT
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0 or seconds == float("inf"):
-        raise ValueError(
-            f"The value of {TIMEOUT_ENV} must be a positive number of seconds "
-            f"(e.g. {TIMEOUT_ENV}=60), got {raw!r}"
-        )
+    seconds = _env.number(
+        TIMEOUT_ENV, float, DEFAULT_TIMEOUT.total_seconds(), lambda s: 0 < s < float("inf"),
+        f"a positive number of seconds (e.g. {TIMEOUT_ENV}=60)",
+    )  # fmt: skip
     return timedelta(seconds=seconds)
 
 

@@ -11,17 +11,16 @@ which a reduction takes pycoll's ring are here, with the rule that chooses it.
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
 
-from . import _mpi, crosscheck, kernels
+from . import _env, _mpi, crosscheck, kernels
 from .arrays import check_dtype, dtype_kind, mpi_datatype
 from .reduceop import MEMBERS, NAMES, ReduceOp, check_pair
 
-__all__ = ["Plan", "plan", "free_user_ops", "env_bytes"]
+__all__ = ["Plan", "plan", "free_user_ops"]
 
 
 class Plan(NamedTuple):
@@ -110,24 +109,13 @@ def order_matters(name: str, dtype: np.dtype) -> bool:
     return name in ("MIN", "MAX") and dtype_kind(dtype) in ("float", "half")
 
 
-def env_bytes(name: str, zero: str) -> Optional[int]:
-    """The environment variable ``name``, a size in bytes, or None where it is
-    not set (``zero`` says what 0 means, for the error message)."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return None
-    if not text.isdigit():
-        raise ValueError(f"{name}={text!r}: set it to a number of bytes (0: {zero})")
-    return int(text)
-
-
 # all_reduce calls with a Plan.split op from this many bytes go through
 # pycoll's ring (measured crossovers: docs/benchmarks.md, "Which path wins
 # where"). On two ranks MPI's own way (every element combined once, in one
 # exchange) is as fast up to 4 MiB and the ring faster from 8 MiB; on more, the
 # ring from 4 MiB. PYCOLL_SPLIT_BYTES, where set, is the size for every number
 # of ranks.
-_SET = env_bytes("PYCOLL_SPLIT_BYTES", "never split")
+_SET = _env.nbytes("PYCOLL_SPLIT_BYTES", "never split")
 SPLIT_BYTES = 4 << 20 if _SET is None else _SET
 SPLIT_BYTES_TWO_RANKS = 8 << 20 if _SET is None else _SET
 # And MPI's own ops (float32 SUM...) from this many bytes, on any number of

@@ -41,8 +41,9 @@ from typing import Any, Callable, Optional, Tuple
 import numpy as np
 
 from .. import _mpi, debug, native, paths, watch
+from .._env import nbytes
 from ..groups import ProcessGroup
-from ..ops import env_bytes, order_matters
+from ..ops import order_matters
 from ..work import Work
 from ._common import lean, plain, run
 from .ring import side
@@ -88,7 +89,7 @@ __all__ = [
 # exchange). PYCOLL_PAIR_BYTES, where set, is the size below which every
 # all_reduce, reduce and reduce-scatter on two ranks is made here, on every
 # MPI and in either wait mode (0: never).
-_SET = env_bytes("PYCOLL_PAIR_BYTES", "never")
+_SET = nbytes("PYCOLL_PAIR_BYTES", "never")
 BYTES = 64 << 10 if _SET is None else _SET
 MPICH_FROM = 16 << 10
 SCATTER_BELOW = {"Open MPI": 256 << 10, "MPICH": 1 << 20}

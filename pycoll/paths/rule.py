@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Dict, Optional, Tuple
 
 from .. import _mpi, watch
-from ..ops import RING_BYTES, RING_MPIS, SPLIT_BYTES, SPLIT_BYTES_TWO_RANKS, env_bytes
+from .._env import nbytes
+from ..ops import RING_BYTES, RING_MPIS, SPLIT_BYTES, SPLIT_BYTES_TWO_RANKS
 
 if TYPE_CHECKING:
     from . import Call
@@ -73,7 +74,7 @@ def ring_takes(c: Call) -> Optional[str]:
 # 0.7-1.3x below. pycoll's ring comes first (from RING_BYTES, or SPLIT_BYTES
 # for its ops), faster still. 0 turns the window off. PYCOLL_SHM_BYTES, where
 # set, is this size and SHM_BYTES_MPICH, for any number of ranks and any MPI.
-SHM_SET = env_bytes("PYCOLL_SHM_BYTES", "never through the shared window")
+SHM_SET = nbytes("PYCOLL_SHM_BYTES", "never through the shared window")
 SHM_BYTES = 32 << 20 if SHM_SET is None else SHM_SET
 # On MPICH the window is taken from this size already, up to where the ring
 # takes over, in groups whose size is not a power of two: there MPICH adds
@@ -116,7 +117,7 @@ PAIR_BELOW = 8 << 20
 # window was faster (docs/measurements/all_reduce_paths.py), so larger groups
 # keep MPI's call. PYCOLL_DOUBLING_BYTES, where set, is this size on every MPI
 # and in either wait mode (0: never).
-_DOUBLING_SET = env_bytes("PYCOLL_DOUBLING_BYTES", "never")
+_DOUBLING_SET = nbytes("PYCOLL_DOUBLING_BYTES", "never")
 DOUBLING_BYTES = 64 << 10 if _DOUBLING_SET is None else _DOUBLING_SET
 
 
@@ -200,7 +201,7 @@ SCATTER_SHM_BYTES_OPEN_MPI = 1 << 20
 # 4 ranks it was no faster than MPI's call or the window, so larger groups keep
 # the rule above. PYCOLL_PAIRWISE_BYTES, where set, is this size on every MPI
 # (0: never).
-_PAIRWISE_SET = env_bytes("PYCOLL_PAIRWISE_BYTES", "never")
+_PAIRWISE_SET = nbytes("PYCOLL_PAIRWISE_BYTES", "never")
 PAIRWISE_BYTES = 1 << 20 if _PAIRWISE_SET is None else _PAIRWISE_SET
 PAIRWISE_BYTES_OPEN_MPI = 256 << 10 if _PAIRWISE_SET is None else _PAIRWISE_SET
 
@@ -238,7 +239,7 @@ def scatter_window_takes(c: Call) -> Optional[str]:
 # pycoll's MPI call took 0.85-1.06x, and 0.17x at 64 MiB. Larger groups keep
 # MPI's call (not measured); other MPIs too, the path was not measured against
 # them. PYCOLL_TO_ROOT_BYTES, where set, is this size on every MPI (0: never).
-_TO_ROOT_SET = env_bytes("PYCOLL_TO_ROOT_BYTES", "never")
+_TO_ROOT_SET = nbytes("PYCOLL_TO_ROOT_BYTES", "never")
 TO_ROOT_BYTES = 64 << 10 if _TO_ROOT_SET is None else _TO_ROOT_SET
 TO_ROOT_BYTES_OPEN_MPI = 8 << 20 if _TO_ROOT_SET is None else _TO_ROOT_SET
 
@@ -271,7 +272,7 @@ def to_root_takes(c: Call) -> Optional[str]:
 # faster (docs/measurements/reduce_paths.py). On Open MPI the same two calls
 # took 1.0-1.7x its reduce's time, so it keeps its own. PYCOLL_SCATTERED_BYTES,
 # where set, is this size on every MPI (0: never).
-_SCATTERED_SET = env_bytes("PYCOLL_SCATTERED_BYTES", "never")
+_SCATTERED_SET = nbytes("PYCOLL_SCATTERED_BYTES", "never")
 SCATTERED_BYTES = 16 << 20 if _SCATTERED_SET is None else _SCATTERED_SET
 
 

@@ -49,7 +49,7 @@ import weakref
 from collections import deque
 from typing import Any, Dict, List, Optional, Tuple
 
-from .. import crosscheck, progress
+from .. import _env, crosscheck, progress
 
 RECORDS_ENV = "PYCOLL_FLIGHT_RECORDS"
 DIR_ENV = "PYCOLL_FLIGHT_DIR"
@@ -83,19 +83,11 @@ def records_from_env() -> int:
     Raises:
         ValueError: the value is not a whole number of entries, 0 or more.
     """
-    raw = os.environ.get(RECORDS_ENV, "").strip()
-    if not raw:
-        return DEFAULT_RECORDS
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(
-            f"{RECORDS_ENV} must be the number of operations the flight recorder keeps per "
-            f"group (e.g. {RECORDS_ENV}=4096), or 0 to turn it off; got {raw!r}"
-        )
-    return value
+    return _env.number(
+        RECORDS_ENV, int, DEFAULT_RECORDS, lambda v: v >= 0,
+        f"the number of operations the flight recorder keeps per group "
+        f"(e.g. {RECORDS_ENV}=4096), or 0 to turn it off",
+    )  # fmt: skip
 
 
 def attach(pg: Any) -> None:
